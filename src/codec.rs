@@ -1,0 +1,241 @@
+//! The record envelope and the payload codec. bincode is used only here, so it can be
+//! swapped without touching the rest (it is unmaintained upstream; 2.0.1 is pinned).
+//!
+//! Every stored value is framed (all integers little-endian):
+//!
+//! ```text
+//! offset  size  field
+//! 0       2     magic  "OJ" (0x4f 0x4a)
+//! 2       1     format version (1)
+//! 3       1     record kind (see RecordKind)
+//! 4       4     payload length, u32
+//! 8       4     CRC-32 (IEEE, crc32fast) over bytes 0..8 followed by the payload
+//! 12      len   payload: bincode 2, fixed-width little-endian integers
+//! ```
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// The two magic bytes that start every stored value.
+pub const MAGIC: [u8; 2] = *b"OJ";
+/// The record (and file) format version this build reads and writes.
+pub const FORMAT_VERSION: u8 = 1;
+/// Bytes before the payload.
+pub const HEADER_LEN: usize = 12;
+/// The largest payload bincode may decode (or allocate for) in one record, except result
+/// payload bytes, which are not decoded by bincode.
+pub const DECODE_LIMIT: usize = 1 << 20;
+
+/// What a framed value holds.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RecordKind {
+    /// A `meta` table entry.
+    Meta = 1,
+    /// An event of the journal.
+    Event = 2,
+    /// A receipt row.
+    Receipt = 3,
+    /// A scope row.
+    Scope = 4,
+    /// A result payload.
+    Result = 5,
+}
+
+impl RecordKind {
+    /// The kind for a byte, if any.
+    pub fn from_byte(b: u8) -> Option<RecordKind> {
+        Some(match b {
+            1 => RecordKind::Meta,
+            2 => RecordKind::Event,
+            3 => RecordKind::Receipt,
+            4 => RecordKind::Scope,
+            5 => RecordKind::Result,
+            _ => return None,
+        })
+    }
+}
+
+/// Why a stored value was rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// Fewer bytes than a header.
+    Short(usize),
+    /// The magic is not `OJ`.
+    BadMagic([u8; 2]),
+    /// A format version newer than this build's.
+    NewerVersion(u8),
+    /// A different record kind than the table holds.
+    WrongKind {
+        /// The kind byte stored.
+        found: u8,
+        /// The kind the table holds.
+        expected: RecordKind,
+    },
+    /// The length field disagrees with the stored size.
+    BadLength {
+        /// The length field.
+        declared: u32,
+        /// The payload bytes present.
+        actual: usize,
+    },
+    /// The CRC does not match.
+    BadCrc {
+        /// The CRC field.
+        stored: u32,
+        /// The CRC of the bytes present.
+        computed: u32,
+    },
+    /// The payload does not decode.
+    Decode(String),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::Short(n) => write!(
+                f,
+                "value of {n} bytes is shorter than the {HEADER_LEN}-byte header"
+            ),
+            FrameError::BadMagic(m) => {
+                write!(f, "bad magic {:02x}{:02x} (expected 4f4a)", m[0], m[1])
+            }
+            FrameError::NewerVersion(v) => write!(
+                f,
+                "record format version {v} is newer than {FORMAT_VERSION}"
+            ),
+            FrameError::WrongKind { found, expected } => {
+                write!(
+                    f,
+                    "record kind {found} where kind {} ({expected:?}) belongs",
+                    *expected as u8
+                )
+            }
+            FrameError::BadLength { declared, actual } => {
+                write!(
+                    f,
+                    "declared payload length {declared} but {actual} bytes are stored"
+                )
+            }
+            FrameError::BadCrc { stored, computed } => {
+                write!(
+                    f,
+                    "CRC mismatch (stored {stored:08x}, computed {computed:08x})"
+                )
+            }
+            FrameError::Decode(e) => write!(f, "payload does not decode: {e}"),
+        }
+    }
+}
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard()
+        .with_little_endian()
+        .with_fixed_int_encoding()
+        .with_limit::<DECODE_LIMIT>()
+}
+
+fn crc_of(header8: &[u8], payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(header8);
+    h.update(payload);
+    h.finalize()
+}
+
+/// Frames `payload` as a record of `kind`.
+pub fn frame(kind: RecordKind, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(&MAGIC);
+    out.push(FORMAT_VERSION);
+    out.push(kind as u8);
+    // Payloads are bounded far below 4 GiB by the result limit (64 MiB ceiling).
+    let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+    out.extend_from_slice(&len.to_le_bytes());
+    let crc = crc_of(&out[0..8], payload);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Checks the envelope of `bytes` and returns its kind byte and payload. The kind is not
+/// checked here (see [`unframe`]).
+pub fn unframe_any(bytes: &[u8]) -> Result<(u8, &[u8]), FrameError> {
+    if bytes.len() < HEADER_LEN {
+        return Err(FrameError::Short(bytes.len()));
+    }
+    let magic = [bytes[0], bytes[1]];
+    if magic != MAGIC {
+        return Err(FrameError::BadMagic(magic));
+    }
+    let declared = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+    let payload = &bytes[HEADER_LEN..];
+    if declared as usize != payload.len() {
+        return Err(FrameError::BadLength {
+            declared,
+            actual: payload.len(),
+        });
+    }
+    let stored = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+    let computed = crc_of(&bytes[0..8], payload);
+    if stored != computed {
+        return Err(FrameError::BadCrc { stored, computed });
+    }
+    // The version is checked after the CRC, so a flipped version byte reads as corruption.
+    if bytes[2] > FORMAT_VERSION {
+        return Err(FrameError::NewerVersion(bytes[2]));
+    }
+    Ok((bytes[3], payload))
+}
+
+/// Checks the envelope of `bytes`, that it holds a record of `kind`, and returns the payload.
+pub fn unframe(kind: RecordKind, bytes: &[u8]) -> Result<&[u8], FrameError> {
+    let (found, payload) = unframe_any(bytes)?;
+    if found != kind as u8 {
+        return Err(FrameError::WrongKind {
+            found,
+            expected: kind,
+        });
+    }
+    Ok(payload)
+}
+
+/// Encodes `value` as a framed record of `kind`.
+pub fn encode<T: Serialize>(kind: RecordKind, value: &T) -> Vec<u8> {
+    frame(kind, &encode_payload(value))
+}
+
+/// Encodes `value` with bincode, without a frame.
+pub fn encode_payload<T: Serialize>(value: &T) -> Vec<u8> {
+    match bincode::serde::encode_to_vec(value, config()) {
+        Ok(v) => v,
+        Err(e) => {
+            // Our record types contain only strings, integers, vectors and enums, which
+            // always encode; the limit only applies to decoding.
+            debug_assert!(false, "bincode encode failed: {e}");
+            Vec::new()
+        }
+    }
+}
+
+/// Decodes a bincode payload that must be consumed entirely.
+pub fn decode_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, FrameError> {
+    let (value, used) = decode_prefix(payload)?;
+    if used != payload.len() {
+        return Err(FrameError::Decode(format!(
+            "{} trailing bytes after the record",
+            payload.len() - used
+        )));
+    }
+    Ok(value)
+}
+
+/// Decodes a bincode value at the start of `payload`, returning it and the bytes used.
+pub fn decode_prefix<T: DeserializeOwned>(payload: &[u8]) -> Result<(T, usize), FrameError> {
+    bincode::serde::decode_from_slice(payload, config())
+        .map_err(|e| FrameError::Decode(e.to_string()))
+}
+
+/// Decodes a framed record of `kind`.
+pub fn decode<T: DeserializeOwned>(kind: RecordKind, bytes: &[u8]) -> Result<T, FrameError> {
+    decode_payload(unframe(kind, bytes)?)
+}

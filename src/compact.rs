@@ -1,0 +1,192 @@
+//! Compaction: firing due timers in bounded batches, and the background compactor.
+
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::engine::{self, Fired};
+use crate::error::{Error, ErrorKind, Result};
+use crate::journal::Inner;
+use crate::store::{TimerKind, View};
+
+/// What one [`Journal::compact`](crate::Journal::compact) call did, per clock.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct CompactionReport {
+    /// Running operations whose lease expired (now `InDoubt`).
+    pub lease_expired: u64,
+    /// Deliveries whose retry budget was spent.
+    pub exhausted: u64,
+    /// Results whose acknowledgement expired.
+    pub ack_expired: u64,
+    /// Results retired (payload dropped, audit record kept).
+    pub retired: u64,
+    /// Operations purged with their events (audit retention passed).
+    pub purged: u64,
+    /// Superseded scope revision events purged.
+    pub revision_events_purged: u64,
+    /// Write transactions used.
+    pub batches: u32,
+    /// Wall time spent.
+    #[serde(serialize_with = "ser_duration_ms")]
+    pub elapsed: Duration,
+}
+
+fn ser_duration_ms<S: serde::Serializer>(
+    d: &Duration,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1000.0)
+}
+
+impl CompactionReport {
+    fn add(&mut self, f: &Fired) {
+        self.lease_expired += f.lease_expired;
+        self.exhausted += f.exhausted;
+        self.ack_expired += f.ack_expired;
+        self.retired += f.retired;
+        self.purged += f.purged;
+        self.revision_events_purged += f.revision_events_purged;
+    }
+
+    /// Total transitions fired.
+    pub fn total(&self) -> u64 {
+        self.lease_expired
+            + self.exhausted
+            + self.ack_expired
+            + self.retired
+            + self.purged
+            + self.revision_events_purged
+    }
+}
+
+fn delta(after: Fired, before: Fired) -> Fired {
+    Fired {
+        lease_expired: after.lease_expired - before.lease_expired,
+        exhausted: after.exhausted - before.exhausted,
+        ack_expired: after.ack_expired - before.ack_expired,
+        retired: after.retired - before.retired,
+        purged: after.purged - before.purged,
+        revision_events_purged: after.revision_events_purged - before.revision_events_purged,
+    }
+}
+
+/// Whether any timer that compaction fires is due (checked on a read snapshot, so an idle
+/// journal's compaction writes nothing).
+fn anything_due(inner: &Inner) -> Result<bool> {
+    let (snap, now) = inner.read()?;
+    for kind in [
+        TimerKind::Lease,
+        TimerKind::Exhaust,
+        TimerKind::AckTimeout,
+        TimerKind::Retain,
+        TimerKind::Purge,
+    ] {
+        if !snap.tables.timers_due(kind, now.0, 1)?.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(!snap.tables.scope_timers_due(now.0, 1)?.is_empty())
+}
+
+pub(crate) fn run(inner: &Inner) -> Result<CompactionReport> {
+    let start = Instant::now();
+    let mut report = CompactionReport::default();
+    inner.check_writable()?;
+    if anything_due(inner)? {
+        let limit = inner.cfg.compaction_batch;
+        loop {
+            let (more, fired) = inner.write(false, move |ctx| {
+                let before = ctx.fired;
+                let more = engine::compact_batch(ctx, limit)?;
+                Ok((more, delta(ctx.fired, before)))
+            })?;
+            report.batches += 1;
+            report.add(&fired);
+            if !more {
+                break;
+            }
+        }
+    }
+    report.elapsed = start.elapsed();
+    Ok(report)
+}
+
+/// A running background compactor. Dropping it stops the thread and waits for it; a
+/// batch in progress finishes first, so no work is lost.
+#[derive(Debug)]
+pub struct CompactorHandle {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<Option<Error>>>,
+}
+
+impl CompactorHandle {
+    pub(crate) fn spawn(inner: Weak<Inner>, interval: Duration) -> CompactorHandle {
+        let (tx, rx) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("opjournal-compactor".into())
+            .spawn(move || {
+                loop {
+                    match rx.recv_timeout(interval) {
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Ok(()) | Err(RecvTimeoutError::Disconnected) => return None,
+                    }
+                    // Hold the journal only during a pass, so dropping it is not delayed.
+                    let Some(inner) = inner.upgrade() else {
+                        return None;
+                    };
+                    if let Err(e) = pass(&inner) {
+                        // A poisoned or closed journal ends the thread; the error is kept
+                        // for `stop`. Other errors are retried at the next interval.
+                        if matches!(e.kind(), ErrorKind::Poisoned | ErrorKind::Closed) {
+                            return Some(e);
+                        }
+                    }
+                }
+            });
+        match thread {
+            Ok(t) => CompactorHandle {
+                stop: Some(tx),
+                thread: Some(t),
+            },
+            // Without a thread there is nothing to stop; `compact()` still works.
+            Err(_) => CompactorHandle {
+                stop: None,
+                thread: None,
+            },
+        }
+    }
+
+    /// Stops the compactor and waits for it. Returns the error that ended it early, if
+    /// any (for example [`ErrorKind::Poisoned`]).
+    pub fn stop(mut self) -> Option<Error> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Option<Error> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        self.thread.take().and_then(|t| t.join().ok().flatten())
+    }
+}
+
+fn pass(inner: &Arc<Inner>) -> Result<()> {
+    run(inner)?;
+    let journal = crate::Journal {
+        inner: inner.clone(),
+    };
+    let r = journal.flush();
+    // The handle shares `inner`; forgetting it is not needed as Journal has no Drop.
+    drop(journal);
+    r
+}
+
+impl Drop for CompactorHandle {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

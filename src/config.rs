@@ -1,0 +1,334 @@
+//! Journal configuration: the clocks, bounds and policies, set on [`JournalBuilder`].
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::{Error, Result};
+use crate::journal::Journal;
+
+/// How the journal file is shared between processes.
+///
+/// The choice trades single-caller commit latency for live inspection; see the README's
+/// "Performance" section for the figures on this kind of machine.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Sharing {
+    /// One writer process; any number of read-only processes (such as `opjournal ls` or
+    /// `opjournal verify`) may open the file while it runs and see its committed state.
+    /// Every commit takes two syncs (redb's two-phase commit), which readers need.
+    #[default]
+    LiveReaders,
+    /// The writer excludes every other process: the CLI cannot open the file while the
+    /// journal is open. Commits take one sync, and acknowledgements and delivery counts
+    /// are committed without a sync of their own.
+    Exclusive,
+}
+
+/// Who holds a scope's mutation lock.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ScopeLock {
+    /// An operation holds the lock while it is `Running` (the default): one mutation at a
+    /// time per scope.
+    #[default]
+    Serial,
+    /// An operation holds the lock while it is `Running` and, once terminal, until its
+    /// result is acknowledged or the acknowledgement expires. Clients then see each result
+    /// before the next mutation starts.
+    HoldUntilAck,
+}
+
+/// The delivery retry budget: how often and how long a result is pushed again.
+///
+/// Attempt `n` (1-based) schedules the next one after a delay drawn uniformly from
+/// `[0, min(initial · 2^(n-1), max)]` ("full jitter"), deterministic per operation and
+/// attempt. After `attempts` deliveries without an acknowledgement, and one more full
+/// backoff for the last one to be acknowledged, the delivery is `Exhausted`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Deliveries before the budget is spent (default 8).
+    pub attempts: u32,
+    /// The first backoff, and the grace before a fresh result counts as due for a push
+    /// (default 1 s).
+    pub initial_backoff: Duration,
+    /// The longest backoff (default 5 min).
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 8,
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The largest result payload accepted by default: 4 MiB.
+pub const DEFAULT_MAX_RESULT_BYTES: u64 = 4 << 20;
+/// The hard ceiling for `max_result_bytes`: 64 MiB.
+pub const MAX_RESULT_BYTES_CEILING: u64 = 64 << 20;
+
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub lease: Duration,
+    pub retry: RetryPolicy,
+    pub ack_timeout: Duration,
+    pub result_retention: Duration,
+    pub audit_retention: Duration,
+    pub session_window: u32,
+    pub scope_lock: ScopeLock,
+    pub max_result_bytes: u64,
+    pub sharing: Sharing,
+    pub compaction_batch: usize,
+    pub quick_repair: bool,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            lease: Duration::from_secs(5 * 60),
+            retry: RetryPolicy::default(),
+            ack_timeout: Duration::from_secs(15 * 60),
+            result_retention: Duration::from_secs(7 * 24 * 3600),
+            audit_retention: Duration::from_secs(90 * 24 * 3600),
+            session_window: 64,
+            scope_lock: ScopeLock::Serial,
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+            sharing: Sharing::LiveReaders,
+            compaction_batch: 1000,
+            quick_repair: true,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("lease", &self.lease)
+            .field("retry", &self.retry)
+            .field("ack_timeout", &self.ack_timeout)
+            .field("result_retention", &self.result_retention)
+            .field("audit_retention", &self.audit_retention)
+            .field("session_window", &self.session_window)
+            .field("scope_lock", &self.scope_lock)
+            .field("max_result_bytes", &self.max_result_bytes)
+            .field("sharing", &self.sharing)
+            .field("compaction_batch", &self.compaction_batch)
+            .field("quick_repair", &self.quick_repair)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Config {
+    fn validate(&self) -> Result<()> {
+        let positive = |what: &'static str, d: Duration| {
+            if d.as_millis() == 0 {
+                Err(Error::invalid(
+                    what,
+                    &format!("{d:?}"),
+                    "it must be at least one millisecond",
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        positive("lease", self.lease)?;
+        positive("ack timeout", self.ack_timeout)?;
+        positive("result retention", self.result_retention)?;
+        positive("audit retention", self.audit_retention)?;
+        positive("initial backoff", self.retry.initial_backoff)?;
+        if self.retry.max_backoff < self.retry.initial_backoff {
+            return Err(Error::invalid(
+                "max backoff",
+                &format!("{:?}", self.retry.max_backoff),
+                format!(
+                    "it must be at least the initial backoff ({:?})",
+                    self.retry.initial_backoff
+                ),
+            ));
+        }
+        if self.retry.attempts == 0 {
+            return Err(Error::invalid(
+                "retry attempts",
+                "0",
+                "at least one delivery attempt is needed",
+            ));
+        }
+        if self.result_retention < self.ack_timeout {
+            return Err(Error::invalid(
+                "result retention",
+                &format!("{:?}", self.result_retention),
+                format!(
+                    "it must be at least the acknowledgement timeout ({:?}), so an unacknowledged result stays retrievable until its acknowledgement expires",
+                    self.ack_timeout
+                ),
+            ));
+        }
+        if self.audit_retention < self.result_retention {
+            return Err(Error::invalid(
+                "audit retention",
+                &format!("{:?}", self.audit_retention),
+                format!(
+                    "it must be at least the result retention ({:?})",
+                    self.result_retention
+                ),
+            ));
+        }
+        if self.session_window == 0 {
+            return Err(Error::invalid(
+                "session window",
+                "0",
+                "a session needs room for at least one unacknowledged result",
+            ));
+        }
+        if self.max_result_bytes > MAX_RESULT_BYTES_CEILING {
+            return Err(Error::invalid(
+                "max result bytes",
+                &self.max_result_bytes.to_string(),
+                format!("the ceiling is {MAX_RESULT_BYTES_CEILING} bytes"),
+            ));
+        }
+        if self.compaction_batch == 0 {
+            return Err(Error::invalid(
+                "compaction batch",
+                "0",
+                "a batch must fire at least one timer",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Configures and opens a [`Journal`]. Every setting has a default (DESIGN.md §6).
+///
+/// Durations apply to transitions made after the journal is opened with them: deadlines
+/// are computed when an operation changes state and stored with it.
+///
+/// # Example
+///
+/// ```
+/// use opjournal::{Journal, ScopeLock};
+/// use std::time::Duration;
+///
+/// let dir = tempfile::tempdir()?;
+/// let journal = Journal::builder()
+///     .ack_timeout(Duration::from_secs(600))
+///     .scope_lock(ScopeLock::HoldUntilAck)
+///     .open(dir.path().join("project.opj"))?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Default)]
+#[must_use]
+pub struct JournalBuilder {
+    config: Config,
+}
+
+impl JournalBuilder {
+    /// A builder with every default.
+    pub fn new() -> Self {
+        JournalBuilder::default()
+    }
+
+    /// The execution lease (default 5 min): a `Running` operation whose claim holder neither
+    /// completes, releases nor extends within it becomes `InDoubt`.
+    pub fn lease(mut self, d: Duration) -> Self {
+        self.config.lease = d;
+        self
+    }
+
+    /// The delivery retry budget (default 8 attempts, 1 s doubling to 5 min).
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.config.retry = policy;
+        self
+    }
+
+    /// How long a terminal result waits for its acknowledgement (default 15 min). Past it,
+    /// the result is `AckExpired`: its session window slot and any hold-until-ack scope
+    /// lock are freed.
+    pub fn ack_timeout(mut self, d: Duration) -> Self {
+        self.config.ack_timeout = d;
+        self
+    }
+
+    /// How long a result payload is kept after the outcome (default 7 days). Past it the
+    /// operation is `Retired`: the payload is dropped, the audit record stays.
+    pub fn result_retention(mut self, d: Duration) -> Self {
+        self.config.result_retention = d;
+        self
+    }
+
+    /// How long the audit record is kept after the outcome (default 90 days). Past it the
+    /// operation and its events are purged and the id is unknown again.
+    pub fn audit_retention(mut self, d: Duration) -> Self {
+        self.config.audit_retention = d;
+        self
+    }
+
+    /// The most unacknowledged results one session may have (default 64).
+    pub fn session_window(mut self, n: u32) -> Self {
+        self.config.session_window = n;
+        self
+    }
+
+    /// The scope lock policy (default [`ScopeLock::Serial`]).
+    pub fn scope_lock(mut self, policy: ScopeLock) -> Self {
+        self.config.scope_lock = policy;
+        self
+    }
+
+    /// The largest accepted result payload in bytes (default 4 MiB, at most 64 MiB).
+    pub fn max_result_bytes(mut self, n: u64) -> Self {
+        self.config.max_result_bytes = n;
+        self
+    }
+
+    /// How the file is shared between processes (default [`Sharing::LiveReaders`]).
+    pub fn sharing(mut self, sharing: Sharing) -> Self {
+        self.config.sharing = sharing;
+        self
+    }
+
+    /// The most timers one compaction batch fires (default 1,000). Each batch is one write
+    /// transaction, so a foreground call waits behind at most one batch.
+    pub fn compaction_batch(mut self, n: usize) -> Self {
+        self.config.compaction_batch = n;
+        self
+    }
+
+    /// Whether each commit records redb's allocator state so that reopening after a crash
+    /// is quick and read-only opens of a crashed file work (default `true`).
+    pub fn quick_repair(mut self, enabled: bool) -> Self {
+        self.config.quick_repair = enabled;
+        self
+    }
+
+    /// The clock (default [`SystemClock`]). Use [`ManualClock`](crate::ManualClock) in tests.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.config.clock = Arc::new(clock);
+        self
+    }
+
+    /// Opens the journal at `path`, creating it if missing.
+    ///
+    /// Operations that were `Running` when the file was last closed are `InDoubt` after
+    /// this returns: the process that held their claims is gone, and nothing is re-run.
+    ///
+    /// # Errors
+    ///
+    /// - [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for an inconsistent
+    ///   configuration (for example a result retention shorter than the ack timeout);
+    /// - [`ErrorKind::Locked`](crate::ErrorKind::Locked) if another handle has it open;
+    /// - [`ErrorKind::NotAJournal`](crate::ErrorKind::NotAJournal) for another kind of file;
+    /// - [`ErrorKind::UnsupportedFormat`](crate::ErrorKind::UnsupportedFormat) for a newer format;
+    /// - [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt) or [`ErrorKind::Io`](crate::ErrorKind::Io).
+    pub fn open(self, path: impl AsRef<Path>) -> Result<Journal> {
+        self.config.validate()?;
+        Journal::open_with(path.as_ref(), self.config)
+    }
+}

@@ -1,0 +1,1291 @@
+//! The state machine: how events fold into receipts, which index entries a receipt
+//! implies, which clock transitions are due, and the commands that validate input and
+//! append events.
+//!
+//! Invariants, relied on by `repair` and `verify`:
+//! - every receipt is the fold of its operation's events ([`transition`]);
+//! - every index entry is a function of one receipt ([`index_entries`]) or of a scope's
+//!   revision events (scope timers);
+//! - a command validates against the *effective* state (clocks applied, nothing written)
+//!   and returns a refusal before any write; only then does it materialize due
+//!   transitions and append its own event.
+
+use std::time::Duration;
+
+use crate::clock::{Timestamp, duration_ms};
+use crate::config::Config;
+use crate::error::{Error, ErrorKind, Result};
+use crate::record::{
+    Deadlines, DeliveryRecord, DoneRecord, Event, EventKind, ExecRecord, InDoubtCause, OutcomeKind,
+    ReceiptRecord, ResolvedAs, ResultInfo, RevisionCause, ScopeRecord, StateRecord,
+};
+use crate::store::{IndexEntry, TimerKind, View, WriteTables};
+use crate::types::{
+    Admission, Claim, DeliveryState, ExecutionStatus, OpResult, Operation, Outcome, Receipt,
+    Replay, Resolution, StaleBasePolicy,
+};
+use crate::validate;
+
+/// The most changed assets one result may list, and the longest asset name.
+pub(crate) const MAX_ASSETS: usize = 256;
+pub(crate) const MAX_ASSET_BYTES: usize = 256;
+/// The longest failure message.
+pub(crate) const MAX_MESSAGE_BYTES: usize = 16 * 1024;
+
+/// Counts of what compaction (or any materialization) fired.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Fired {
+    pub lease_expired: u64,
+    pub exhausted: u64,
+    pub ack_expired: u64,
+    pub retired: u64,
+    pub purged: u64,
+    pub revision_events_purged: u64,
+}
+
+/// A write transaction in progress, with the time of its batch.
+pub(crate) struct Ctx<'a, 'txn> {
+    pub t: &'a mut WriteTables<'txn>,
+    pub now: Timestamp,
+    pub cfg: &'a Config,
+    pub state: &'a mut StateRecord,
+    pub fired: Fired,
+}
+
+// ---------------------------------------------------------------------------------------
+// Pure functions: fold, index entries, clocks, views.
+// ---------------------------------------------------------------------------------------
+
+fn state_name(rec: &ReceiptRecord) -> String {
+    match &rec.state {
+        ExecRecord::Running { .. } => "running".into(),
+        ExecRecord::InDoubt { .. } => "in doubt".into(),
+        ExecRecord::Vacant { .. } => "released".into(),
+        ExecRecord::Done(d) => {
+            let s = match (&d.outcome, d.retired_at) {
+                (_, Some(_)) => "retired",
+                (OutcomeKind::Applied { .. }, None) => "applied",
+                (OutcomeKind::Failed { .. }, None) => "failed",
+            };
+            format!("{s} ({})", d.delivery.state.name())
+        }
+    }
+}
+
+/// Applies one event to an operation's receipt. `Err` names an event that does not fit
+/// the receipt (a journal that is not a valid history).
+pub(crate) fn transition(
+    old: Option<&ReceiptRecord>,
+    ev: &Event,
+) -> std::result::Result<ReceiptRecord, String> {
+    let id = ev
+        .operation_id
+        .as_deref()
+        .ok_or_else(|| format!("{} event without an operation id", ev.kind.name()))?;
+    let misfit = |rec: Option<&ReceiptRecord>| {
+        format!(
+            "{} event does not apply to operation `{id}` in state {}",
+            ev.kind.name(),
+            rec.map_or_else(|| "unknown".to_string(), state_name)
+        )
+    };
+    match &ev.kind {
+        EventKind::Submitted {
+            attempt,
+            intent_name,
+            intent_hash,
+            scope,
+            session,
+            base_revision,
+            lease_until,
+            hold_until_ack,
+        } => {
+            if let Some(rec) = old
+                && !matches!(rec.state, ExecRecord::Vacant { .. })
+            {
+                return Err(misfit(old));
+            }
+            Ok(ReceiptRecord {
+                operation_id: id.to_string(),
+                attempt: *attempt,
+                intent_name: intent_name.clone(),
+                intent_hash: *intent_hash,
+                scope: scope.clone(),
+                session: session.clone(),
+                base_revision: *base_revision,
+                epoch: ev.seq,
+                hold_until_ack: *hold_until_ack,
+                submitted_at: ev.at,
+                state: ExecRecord::Running {
+                    lease_until: *lease_until,
+                },
+            })
+        }
+        EventKind::LeaseExtended { epoch, lease_until } => {
+            let mut rec = old.cloned().ok_or_else(|| misfit(old))?;
+            match &mut rec.state {
+                ExecRecord::Running { lease_until: l } if rec.epoch == *epoch => {
+                    *l = *lease_until;
+                    Ok(rec)
+                }
+                _ => Err(misfit(old)),
+            }
+        }
+        EventKind::Completed {
+            epoch,
+            outcome,
+            result,
+            deadlines,
+        } => {
+            let mut rec = old.cloned().ok_or_else(|| misfit(old))?;
+            if rec.epoch != *epoch
+                || !matches!(
+                    rec.state,
+                    ExecRecord::Running { .. } | ExecRecord::InDoubt { .. }
+                )
+            {
+                return Err(misfit(old));
+            }
+            rec.state = ExecRecord::Done(done_record(
+                ev,
+                outcome.clone(),
+                *result,
+                *deadlines,
+                Some(*epoch),
+            ));
+            Ok(rec)
+        }
+        EventKind::Released { epoch, purge_at } => {
+            let mut rec = old.cloned().ok_or_else(|| misfit(old))?;
+            if rec.epoch != *epoch
+                || !matches!(
+                    rec.state,
+                    ExecRecord::Running { .. } | ExecRecord::InDoubt { .. }
+                )
+            {
+                return Err(misfit(old));
+            }
+            rec.state = ExecRecord::Vacant {
+                since: ev.at,
+                purge_at: *purge_at,
+            };
+            Ok(rec)
+        }
+        EventKind::LeaseExpired { epoch, cause } => {
+            let mut rec = old.cloned().ok_or_else(|| misfit(old))?;
+            match rec.state {
+                ExecRecord::Running { lease_until } if rec.epoch == *epoch => {
+                    rec.state = ExecRecord::InDoubt {
+                        since: ev.at,
+                        cause: *cause,
+                        lease_until,
+                    };
+                    Ok(rec)
+                }
+                _ => Err(misfit(old)),
+            }
+        }
+        EventKind::Resolved { resolution } => {
+            let mut rec = old.cloned().ok_or_else(|| misfit(old))?;
+            if !matches!(
+                rec.state,
+                ExecRecord::Running { .. } | ExecRecord::InDoubt { .. }
+            ) {
+                return Err(misfit(old));
+            }
+            rec.state = match resolution {
+                ResolvedAs::NotApplied { purge_at } => ExecRecord::Vacant {
+                    since: ev.at,
+                    purge_at: *purge_at,
+                },
+                ResolvedAs::Completed {
+                    outcome,
+                    result,
+                    deadlines,
+                } => ExecRecord::Done(done_record(ev, outcome.clone(), *result, *deadlines, None)),
+            };
+            Ok(rec)
+        }
+        EventKind::Delivered {
+            count,
+            next_due,
+            final_attempt,
+        } => {
+            let mut rec = old.cloned().ok_or_else(|| misfit(old))?;
+            let ExecRecord::Done(d) = &mut rec.state else {
+                return Err(misfit(old));
+            };
+            d.delivery.count = *count;
+            d.delivery.last_delivered_at = Some(ev.at);
+            if matches!(
+                d.delivery.state,
+                DeliveryState::Pending | DeliveryState::Delivered
+            ) {
+                d.delivery.state = DeliveryState::Delivered;
+                d.delivery.next_due = *next_due;
+                d.delivery.final_attempt = *final_attempt;
+            }
+            Ok(rec)
+        }
+        EventKind::Acknowledged { .. } => {
+            let mut rec = old.cloned().ok_or_else(|| misfit(old))?;
+            let ExecRecord::Done(d) = &mut rec.state else {
+                return Err(misfit(old));
+            };
+            d.delivery.state = DeliveryState::Acknowledged;
+            d.delivery.acknowledged_at = Some(ev.at);
+            Ok(rec)
+        }
+        EventKind::AckExpired => {
+            let mut rec = old.cloned().ok_or_else(|| misfit(old))?;
+            match &mut rec.state {
+                ExecRecord::Done(d) if d.delivery.state.is_open() => {
+                    d.delivery.state = DeliveryState::AckExpired;
+                    Ok(rec)
+                }
+                _ => Err(misfit(old)),
+            }
+        }
+        EventKind::Exhausted => {
+            let mut rec = old.cloned().ok_or_else(|| misfit(old))?;
+            match &mut rec.state {
+                ExecRecord::Done(d)
+                    if matches!(
+                        d.delivery.state,
+                        DeliveryState::Pending | DeliveryState::Delivered
+                    ) =>
+                {
+                    d.delivery.state = DeliveryState::Exhausted;
+                    Ok(rec)
+                }
+                _ => Err(misfit(old)),
+            }
+        }
+        EventKind::Retired => {
+            let mut rec = old.cloned().ok_or_else(|| misfit(old))?;
+            match &mut rec.state {
+                ExecRecord::Done(d) if d.retired_at.is_none() => {
+                    d.retired_at = Some(ev.at);
+                    d.result_seq = None;
+                    Ok(rec)
+                }
+                _ => Err(misfit(old)),
+            }
+        }
+        EventKind::RevisionAdvanced { .. } => Err("a scope event has no receipt".to_string()),
+    }
+}
+
+fn done_record(
+    ev: &Event,
+    outcome: OutcomeKind,
+    result: ResultInfo,
+    deadlines: Deadlines,
+    completed_by: Option<u64>,
+) -> DoneRecord {
+    DoneRecord {
+        outcome,
+        completed_at: ev.at,
+        completed_by,
+        result_seq: Some(ev.seq),
+        result,
+        deadlines,
+        retired_at: None,
+        delivery: DeliveryRecord {
+            state: DeliveryState::Pending,
+            count: 0,
+            next_due: deadlines.first_push,
+            final_attempt: false,
+            last_delivered_at: None,
+            acknowledged_at: None,
+        },
+    }
+}
+
+/// The index entries a receipt implies. Indexes hold exactly the union of these.
+pub(crate) fn index_entries(rec: &ReceiptRecord) -> Vec<IndexEntry> {
+    let mut out = Vec::new();
+    match &rec.state {
+        ExecRecord::Running { lease_until } => {
+            out.push(IndexEntry::Timer(TimerKind::Lease, lease_until.0));
+            if let Some(scope) = &rec.scope {
+                out.push(IndexEntry::Hold(scope.clone()));
+            }
+        }
+        ExecRecord::InDoubt { .. } => out.push(IndexEntry::InDoubt),
+        ExecRecord::Vacant { purge_at, .. } => {
+            out.push(IndexEntry::Timer(TimerKind::Purge, purge_at.0))
+        }
+        ExecRecord::Done(d) => {
+            if d.retired_at.is_some() {
+                out.push(IndexEntry::Timer(TimerKind::Purge, d.deadlines.purge.0));
+            } else {
+                out.push(IndexEntry::Timer(TimerKind::Retain, d.deadlines.retain.0));
+                if d.delivery.state.is_open() {
+                    out.push(IndexEntry::Timer(TimerKind::AckTimeout, d.deadlines.ack.0));
+                    if let Some(session) = &rec.session {
+                        out.push(IndexEntry::Window(session.clone(), d.deadlines.ack.0));
+                    }
+                    if rec.hold_until_ack
+                        && let Some(scope) = &rec.scope
+                    {
+                        out.push(IndexEntry::Hold(scope.clone()));
+                    }
+                }
+                if matches!(
+                    d.delivery.state,
+                    DeliveryState::Pending | DeliveryState::Delivered
+                ) {
+                    if !d.delivery.final_attempt {
+                        out.push(IndexEntry::Timer(
+                            TimerKind::Redeliver,
+                            d.delivery.next_due.0,
+                        ));
+                    } else if d.delivery.next_due < d.deadlines.ack {
+                        out.push(IndexEntry::Timer(TimerKind::Exhaust, d.delivery.next_due.0));
+                    }
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The clock transitions due for `rec` at `now`, in the order they happened, and whether
+/// the record is due for purging after them.
+pub(crate) fn due_transitions(rec: &ReceiptRecord, now: Timestamp) -> (Vec<EventKind>, bool) {
+    match &rec.state {
+        ExecRecord::Running { lease_until } if now >= *lease_until => (
+            vec![EventKind::LeaseExpired {
+                epoch: rec.epoch,
+                cause: InDoubtCause::LeaseTimeout,
+            }],
+            false,
+        ),
+        ExecRecord::Done(d) => {
+            let mut out = Vec::new();
+            let mut delivery = d.delivery.state;
+            if matches!(delivery, DeliveryState::Pending | DeliveryState::Delivered)
+                && d.delivery.final_attempt
+                && now >= d.delivery.next_due
+                && d.delivery.next_due < d.deadlines.ack
+            {
+                out.push(EventKind::Exhausted);
+                delivery = DeliveryState::Exhausted;
+            }
+            if delivery.is_open() && now >= d.deadlines.ack {
+                out.push(EventKind::AckExpired);
+            }
+            if d.retired_at.is_none() && now >= d.deadlines.retain {
+                out.push(EventKind::Retired);
+            }
+            (out, now >= d.deadlines.purge)
+        }
+        ExecRecord::Vacant { purge_at, .. } => (Vec::new(), now >= *purge_at),
+        _ => (Vec::new(), false),
+    }
+}
+
+/// The record as it stands at `now` with every clock applied, without writing anything.
+/// `None` when the audit retention has passed (the id is unknown).
+pub(crate) fn effective(rec: &ReceiptRecord, now: Timestamp) -> Option<ReceiptRecord> {
+    let (events, purge) = due_transitions(rec, now);
+    if purge {
+        return None;
+    }
+    let mut cur = rec.clone();
+    for kind in events {
+        let ev = Event {
+            seq: 0,
+            at: now,
+            operation_id: Some(rec.operation_id.clone()),
+            kind,
+        };
+        match transition(Some(&cur), &ev) {
+            Ok(next) => cur = next,
+            Err(_) => {
+                // due_transitions only yields transitions that fit; keep the last good state.
+                debug_assert!(false, "due transition did not apply");
+                break;
+            }
+        }
+    }
+    Some(cur)
+}
+
+/// Whether the (effective) record holds its scope's lock.
+fn holds_lock(rec: &ReceiptRecord) -> bool {
+    match &rec.state {
+        ExecRecord::Running { .. } => true,
+        ExecRecord::Done(d) => {
+            rec.hold_until_ack && d.retired_at.is_none() && d.delivery.state.is_open()
+        }
+        _ => false,
+    }
+}
+
+/// The public receipt for an effective record; `None` for a vacant (unknown) id.
+pub(crate) fn view(rec: &ReceiptRecord) -> Option<Receipt> {
+    let mut r = Receipt {
+        operation_id: rec.operation_id.clone(),
+        attempt: rec.attempt,
+        intent_name: rec.intent_name.clone(),
+        intent_hash: rec.intent_hash,
+        scope: rec.scope.clone(),
+        session: rec.session.clone(),
+        base_revision: rec.base_revision,
+        result_revision: None,
+        status: ExecutionStatus::Running,
+        failure: None,
+        applied: None,
+        in_doubt_cause: None,
+        delivery: None,
+        delivery_count: 0,
+        epoch: rec.epoch,
+        submitted_at: rec.submitted_at,
+        lease_until: None,
+        completed_at: None,
+        acknowledged_at: None,
+        next_delivery_at: None,
+        ack_deadline: None,
+        retain_until: None,
+        purge_at: None,
+        result_size: None,
+    };
+    match &rec.state {
+        ExecRecord::Vacant { .. } => return None,
+        ExecRecord::Running { lease_until } => r.lease_until = Some(*lease_until),
+        ExecRecord::InDoubt {
+            cause, lease_until, ..
+        } => {
+            r.status = ExecutionStatus::InDoubt;
+            r.in_doubt_cause = Some(*cause);
+            r.lease_until = Some(*lease_until);
+        }
+        ExecRecord::Done(d) => {
+            match &d.outcome {
+                OutcomeKind::Applied { result_revision } => {
+                    r.status = ExecutionStatus::Applied;
+                    r.result_revision = Some(*result_revision);
+                    r.applied = Some(true);
+                }
+                OutcomeKind::Failed { message } => {
+                    r.status = ExecutionStatus::Failed;
+                    r.failure = Some(message.clone());
+                    r.applied = Some(false);
+                }
+            }
+            if d.retired_at.is_some() {
+                r.status = ExecutionStatus::Retired;
+            } else {
+                r.result_size = Some(d.result.len);
+            }
+            r.delivery = Some(d.delivery.state);
+            r.delivery_count = d.delivery.count;
+            r.completed_at = Some(d.completed_at);
+            r.acknowledged_at = d.delivery.acknowledged_at;
+            if matches!(
+                d.delivery.state,
+                DeliveryState::Pending | DeliveryState::Delivered
+            ) && d.retired_at.is_none()
+            {
+                r.next_delivery_at = Some(d.delivery.next_due);
+            }
+            r.ack_deadline = Some(d.deadlines.ack);
+            r.retain_until = Some(d.deadlines.retain);
+            r.purge_at = Some(d.deadlines.purge);
+        }
+    }
+    Some(r)
+}
+
+/// The delay before the push after delivery `n` (1-based): `min(initial · 2^(n-1), max)`.
+pub(crate) fn backoff(cfg: &Config, n: u32) -> Duration {
+    let initial = cfg.retry.initial_backoff;
+    let factor = 1u32.checked_shl(n.saturating_sub(1)).unwrap_or(u32::MAX);
+    initial
+        .checked_mul(factor)
+        .unwrap_or(cfg.retry.max_backoff)
+        .min(cfg.retry.max_backoff)
+}
+
+/// Full jitter: a delay in `[0, cap]`, deterministic per operation, epoch and attempt.
+pub(crate) fn jitter(operation_id: &str, epoch: u64, attempt: u32, cap: Duration) -> Duration {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"opjournal.jitter.v1\0");
+    h.update(operation_id.as_bytes());
+    h.update(epoch.to_le_bytes());
+    h.update(attempt.to_le_bytes());
+    let digest = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    let cap_ms = duration_ms(cap);
+    let r = u64::from_le_bytes(first);
+    Duration::from_millis(if cap_ms == u64::MAX {
+        r
+    } else {
+        r % (cap_ms + 1)
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Reads shared by the read path and the write path.
+// ---------------------------------------------------------------------------------------
+
+/// The effective record of `id` at `now` (`None`: unknown or purged-due).
+pub(crate) fn effective_of<V: View>(
+    v: &V,
+    id: &str,
+    now: Timestamp,
+) -> Result<Option<ReceiptRecord>> {
+    Ok(v.receipt(id)?.and_then(|r| effective(&r, now)))
+}
+
+/// The public receipt of `id` at `now`.
+pub(crate) fn lookup<V: View>(v: &V, id: &str, now: Timestamp) -> Result<Option<Receipt>> {
+    Ok(effective_of(v, id, now)?.as_ref().and_then(view))
+}
+
+/// The recorded result of an effective, unretired, terminal record.
+pub(crate) fn result_of<V: View>(v: &V, rec: &ReceiptRecord) -> Result<Option<OpResult>> {
+    let ExecRecord::Done(d) = &rec.state else {
+        return Ok(None);
+    };
+    let Some(seq) = d.result_seq else {
+        return Ok(None);
+    };
+    match v.result(seq, &rec.operation_id)? {
+        Some(r) => Ok(Some(r)),
+        None => Err(Error::corrupt(
+            "results",
+            seq,
+            format!("the result of operation `{}` is missing", rec.operation_id),
+        )),
+    }
+}
+
+/// A replay of an effective terminal record with its result.
+pub(crate) fn replay_of<V: View>(v: &V, rec: &ReceiptRecord) -> Result<Option<Replay>> {
+    let Some(receipt) = view(rec) else {
+        return Ok(None);
+    };
+    let Some(result) = result_of(v, rec)? else {
+        return Ok(None);
+    };
+    Ok(Some(Replay {
+        receipt,
+        result,
+        replayed: true,
+    }))
+}
+
+/// The answer for an id that is known (not unknown/vacant), or `None` for fresh work.
+pub(crate) fn answer_known<V: View>(
+    v: &V,
+    eff: Option<&ReceiptRecord>,
+    op: &Operation,
+) -> Result<Option<Admission>> {
+    let Some(rec) = eff else { return Ok(None) };
+    if matches!(rec.state, ExecRecord::Vacant { .. }) {
+        return Ok(None);
+    }
+    if rec.intent_hash != op.intent.hash() {
+        return Err(Error::new(ErrorKind::IntentMismatch {
+            operation_id: op.id.clone(),
+            recorded: rec.intent_hash,
+            submitted: op.intent.hash(),
+        }));
+    }
+    let Some(receipt) = view(rec) else {
+        return Ok(None);
+    };
+    Ok(Some(match &rec.state {
+        ExecRecord::Running { .. } => Admission::InProgress(receipt),
+        ExecRecord::InDoubt { .. } => Admission::InDoubt(receipt),
+        ExecRecord::Done(d) if d.retired_at.is_some() => Admission::Expired(receipt),
+        ExecRecord::Done(_) => match result_of(v, rec)? {
+            Some(result) => Admission::Replay(Replay {
+                receipt,
+                result,
+                replayed: true,
+            }),
+            None => Admission::Expired(receipt),
+        },
+        ExecRecord::Vacant { .. } => return Ok(None),
+    }))
+}
+
+/// Validates an operation's own fields (before any lookup).
+pub(crate) fn validate_operation(op: &Operation) -> Result<()> {
+    validate::name("operation id", &op.id)?;
+    if let Some(scope) = &op.scope {
+        validate::name("scope", scope)?;
+    }
+    if let Some(session) = &op.session {
+        validate::name("session", session)?;
+    }
+    Ok(())
+}
+
+/// The checks for fresh work: stale base, scope busy, window full. Writes nothing.
+fn check_fresh<V: View>(v: &V, now: Timestamp, cfg: &Config, op: &Operation) -> Result<()> {
+    if let Some(scope) = &op.scope {
+        if let (Some(base), StaleBasePolicy::Strict) = (op.base_revision, op.stale_base) {
+            let current = v.scope_revision(scope)?;
+            if base < current {
+                return Err(Error::new(ErrorKind::StaleBase {
+                    scope: scope.clone(),
+                    base,
+                    current,
+                }));
+            }
+        }
+        for holder in v.holders(scope)? {
+            if holder == op.id {
+                continue;
+            }
+            if let Some(rec) = effective_of(v, &holder, now)?
+                && holds_lock(&rec)
+            {
+                return Err(Error::new(ErrorKind::ScopeBusy {
+                    scope: scope.clone(),
+                    holder,
+                }));
+            }
+        }
+    }
+    if let Some(session) = &op.session {
+        let limit = cfg.session_window as usize;
+        let live = v.window_after(session, now.0, limit)?;
+        if live.len() >= limit
+            && let Some((deadline, oldest)) = live.first()
+        {
+            return Err(Error::new(ErrorKind::WindowFull {
+                session: session.clone(),
+                limit: cfg.session_window,
+                oldest: oldest.clone(),
+                frees_at: Timestamp(*deadline),
+            }));
+        }
+    }
+    Ok(())
+}
+
+fn validate_outcome(cfg: &Config, outcome: &Outcome) -> Result<()> {
+    let size = outcome.result.bytes.len() as u64;
+    if size > cfg.max_result_bytes {
+        return Err(Error::new(ErrorKind::ResultTooLarge {
+            size,
+            limit: cfg.max_result_bytes,
+        }));
+    }
+    if let OutcomeKind::Failed { message } = &outcome.kind
+        && message.len() > MAX_MESSAGE_BYTES
+    {
+        return Err(Error::new(ErrorKind::ResultTooLarge {
+            size: message.len() as u64,
+            limit: MAX_MESSAGE_BYTES as u64,
+        }));
+    }
+    let assets = &outcome.result.changed_assets;
+    if assets.len() > MAX_ASSETS {
+        return Err(Error::invalid(
+            "changed assets",
+            &format!("{} assets", assets.len()),
+            format!("at most {MAX_ASSETS} assets may be listed"),
+        ));
+    }
+    if let Some(a) = assets.iter().find(|a| a.len() > MAX_ASSET_BYTES) {
+        return Err(Error::invalid(
+            "changed asset",
+            a,
+            format!(
+                "it is {} bytes long; the limit is {MAX_ASSET_BYTES}",
+                a.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn terminal_deadlines(now: Timestamp, cfg: &Config) -> Deadlines {
+    Deadlines {
+        ack: now.saturating_add(cfg.ack_timeout),
+        retain: now.saturating_add(cfg.result_retention),
+        purge: now.saturating_add(cfg.audit_retention),
+        first_push: now.saturating_add(cfg.retry.initial_backoff),
+    }
+}
+
+fn result_info(result: &OpResult) -> ResultInfo {
+    ResultInfo {
+        len: result.bytes.len() as u64,
+        crc32: crc32fast::hash(&result.bytes),
+        assets: result.changed_assets.len() as u32,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Writes.
+// ---------------------------------------------------------------------------------------
+
+/// Applies an appended event to the indexes: the receipt (and its index entries) or the
+/// scope. Used by the live write path and by `repair`, so both produce the same indexes.
+pub(crate) fn apply(t: &mut WriteTables<'_>, ev: &Event) -> Result<()> {
+    match &ev.kind {
+        EventKind::RevisionAdvanced {
+            scope, revision, ..
+        } => {
+            advance_scope(t, scope, *revision, ev, true)?;
+        }
+        _ => {
+            let id = ev.operation_id.as_deref().unwrap_or("");
+            let old = t.receipt(id)?;
+            let new =
+                transition(old.as_ref(), ev).map_err(|m| Error::corrupt("events", ev.seq, m))?;
+            let old_entries = old.as_ref().map(index_entries).unwrap_or_default();
+            let new_entries = index_entries(&new);
+            for e in old_entries.iter().filter(|e| !new_entries.contains(e)) {
+                t.remove_index(id, e)?;
+            }
+            for e in new_entries.iter().filter(|e| !old_entries.contains(e)) {
+                t.insert_index(id, e)?;
+            }
+            t.put_receipt(&new)?;
+            let applied_rev = match &ev.kind {
+                EventKind::Completed {
+                    outcome: OutcomeKind::Applied { result_revision },
+                    ..
+                }
+                | EventKind::Resolved {
+                    resolution:
+                        ResolvedAs::Completed {
+                            outcome: OutcomeKind::Applied { result_revision },
+                            ..
+                        },
+                } => Some(*result_revision),
+                _ => None,
+            };
+            if let (Some(rev), Some(scope)) = (applied_rev, &new.scope) {
+                advance_scope(t, scope, rev, ev, false)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Moves a scope's revision to `revision` if it is ahead (or, for revision events, equal:
+/// a checkpoint re-anchors the current revision). A revision event that stops being the
+/// anchor gets a purge timer.
+fn advance_scope(
+    t: &mut WriteTables<'_>,
+    scope: &str,
+    revision: u64,
+    ev: &Event,
+    is_revision_event: bool,
+) -> Result<()> {
+    let current = t.scope(scope)?;
+    let cur_rev = current.as_ref().map_or(0, |s| s.revision);
+    let takes_over = revision > cur_rev || (is_revision_event && revision == cur_rev);
+    if !takes_over {
+        if is_revision_event {
+            superseded(t, ev)?;
+        }
+        return Ok(());
+    }
+    if let Some(old) = &current
+        && let Some(old_ev) = t.event(old.anchor_seq)?
+    {
+        superseded(t, &old_ev)?;
+    }
+    t.put_scope(&ScopeRecord {
+        scope: scope.to_string(),
+        revision,
+        anchor_seq: ev.seq,
+        updated_at: ev.at,
+    })
+}
+
+/// A revision event that no longer anchors its scope becomes purgeable.
+fn superseded(t: &mut WriteTables<'_>, ev: &Event) -> Result<()> {
+    if let EventKind::RevisionAdvanced { purge_at, .. } = &ev.kind {
+        t.put_scope_timer(purge_at.0, ev.seq)?;
+    }
+    Ok(())
+}
+
+impl Ctx<'_, '_> {
+    /// Appends an event and applies it.
+    pub(crate) fn append(&mut self, operation_id: Option<&str>, kind: EventKind) -> Result<Event> {
+        let seq = self.state.next_seq;
+        self.state.next_seq = seq
+            .checked_add(1)
+            .ok_or_else(|| Error::corrupt("meta", "state", "event sequence exhausted"))?;
+        match &kind {
+            EventKind::LeaseExpired { .. } => self.fired.lease_expired += 1,
+            EventKind::Exhausted => self.fired.exhausted += 1,
+            EventKind::AckExpired => self.fired.ack_expired += 1,
+            EventKind::Retired => self.fired.retired += 1,
+            _ => {}
+        }
+        let ev = Event {
+            seq,
+            at: self.now,
+            operation_id: operation_id.map(str::to_string),
+            kind,
+        };
+        self.t.put_event(&ev)?;
+        apply(self.t, &ev)?;
+        Ok(ev)
+    }
+
+    /// Records every clock transition due for `id` and purges it if due. Returns the
+    /// record as it stands afterwards (`None` if absent or purged).
+    pub(crate) fn materialize(&mut self, id: &str) -> Result<Option<ReceiptRecord>> {
+        let Some(rec) = self.t.receipt(id)? else {
+            return Ok(None);
+        };
+        let (events, purge) = due_transitions(&rec, self.now);
+        for kind in events {
+            if let EventKind::Retired = kind
+                && let ExecRecord::Done(d) = &rec.state
+                && let Some(seq) = d.result_seq
+            {
+                self.t.delete_result(seq)?;
+            }
+            self.append(Some(id), kind)?;
+        }
+        if purge {
+            if let Some(rec) = self.t.receipt(id)? {
+                self.purge(&rec)?;
+            }
+            return Ok(None);
+        }
+        self.t.receipt(id)
+    }
+
+    /// Removes an operation, its events, its result and its index entries. If one of its
+    /// events anchors its scope's revision, a checkpoint event keeps the revision.
+    fn purge(&mut self, rec: &ReceiptRecord) -> Result<()> {
+        let id = rec.operation_id.as_str();
+        let seqs = self.t.op_event_seqs(id)?;
+        if let Some(scope) = &rec.scope
+            && let Some(s) = self.t.scope(scope)?
+            && seqs.contains(&s.anchor_seq)
+        {
+            let purge_at = self.now.saturating_add(self.cfg.audit_retention);
+            self.append(
+                None,
+                EventKind::RevisionAdvanced {
+                    scope: scope.clone(),
+                    revision: s.revision,
+                    cause: RevisionCause::Checkpoint,
+                    purge_at,
+                },
+            )?;
+        }
+        for seq in seqs {
+            self.t.delete_event(seq, Some(id))?;
+        }
+        if let ExecRecord::Done(d) = &rec.state
+            && let Some(seq) = d.result_seq
+        {
+            self.t.delete_result(seq)?;
+        }
+        for e in index_entries(rec) {
+            self.t.remove_index(id, &e)?;
+        }
+        self.t.delete_receipt(id)?;
+        self.fired.purged += 1;
+        Ok(())
+    }
+
+    /// Purges a superseded revision event whose audit retention passed.
+    fn purge_revision_event(&mut self, due: u64, seq: u64) -> Result<()> {
+        self.t.delete_scope_timer(due, seq)?;
+        if let Some(ev) = self.t.event(seq)?
+            && let EventKind::RevisionAdvanced { scope, .. } = &ev.kind
+        {
+            let anchored = self.t.scope(scope)?.is_some_and(|s| s.anchor_seq == seq);
+            if !anchored {
+                self.t.delete_event(seq, None)?;
+                self.fired.revision_events_purged += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `submit`, in a write transaction (DESIGN.md §4).
+pub(crate) fn submit(ctx: &mut Ctx<'_, '_>, op: &Operation) -> Result<Admission> {
+    let eff = effective_of(&*ctx.t, &op.id, ctx.now)?;
+    if let Some(answer) = answer_known(&*ctx.t, eff.as_ref(), op)? {
+        return Ok(answer);
+    }
+    check_fresh(&*ctx.t, ctx.now, ctx.cfg, op)?;
+    // Validated: from here on, writes. Record what is due for the old record (it may be
+    // purged), then the new attempt.
+    let prior = ctx.materialize(&op.id)?;
+    let attempt = match &prior {
+        Some(rec) => rec.attempt.saturating_add(1),
+        None => 1,
+    };
+    let lease_until = ctx.now.saturating_add(ctx.cfg.lease);
+    let hold_until_ack = ctx.cfg.scope_lock == crate::config::ScopeLock::HoldUntilAck;
+    let ev = ctx.append(
+        Some(&op.id),
+        EventKind::Submitted {
+            attempt,
+            intent_name: op.intent.name().to_string(),
+            intent_hash: op.intent.hash(),
+            scope: op.scope.clone(),
+            session: op.session.clone(),
+            base_revision: op.base_revision,
+            lease_until,
+            hold_until_ack,
+        },
+    )?;
+    Ok(Admission::Fresh(Claim {
+        operation_id: op.id.clone(),
+        epoch: ev.seq,
+        attempt,
+        lease_until,
+        scope: op.scope.clone(),
+        base_revision: op.base_revision,
+    }))
+}
+
+fn stale(claim: &Claim, state: impl Into<String>) -> Error {
+    Error::new(ErrorKind::StaleClaim {
+        operation_id: claim.operation_id.clone(),
+        claim_epoch: claim.epoch,
+        state: state.into(),
+    })
+}
+
+/// Checks that `claim` is current and its operation is Running or InDoubt (effective).
+fn check_claim<V: View>(v: &V, now: Timestamp, claim: &Claim) -> Result<ReceiptRecord> {
+    let Some(rec) = effective_of(v, &claim.operation_id, now)? else {
+        return Err(stale(
+            claim,
+            "the operation is unknown (purged or never submitted)",
+        ));
+    };
+    if rec.epoch != claim.epoch {
+        return Err(stale(
+            claim,
+            format!(
+                "attempt {} with epoch {} is current, and it is {}",
+                rec.attempt,
+                rec.epoch,
+                state_name(&rec)
+            ),
+        ));
+    }
+    match &rec.state {
+        ExecRecord::Running { .. } | ExecRecord::InDoubt { .. } => Ok(rec),
+        ExecRecord::Vacant { .. } => Err(stale(claim, "the claim was released")),
+        ExecRecord::Done(d) if d.completed_by == Some(claim.epoch) => Err(stale(
+            claim,
+            format!(
+                "it was already completed through this claim and is {}",
+                state_name(&rec)
+            ),
+        )),
+        ExecRecord::Done(_) => Err(stale(
+            claim,
+            format!("the embedder resolved it; it is {}", state_name(&rec)),
+        )),
+    }
+}
+
+/// `complete`: the claim holder records the outcome.
+pub(crate) fn complete(ctx: &mut Ctx<'_, '_>, claim: &Claim, outcome: &Outcome) -> Result<Receipt> {
+    let rec = check_claim(&*ctx.t, ctx.now, claim)?;
+    validate_outcome(ctx.cfg, outcome)?;
+    if let (OutcomeKind::Applied { result_revision }, Some(scope)) = (&outcome.kind, &rec.scope) {
+        let current = ctx.t.scope_revision(scope)?;
+        if *result_revision <= current {
+            return Err(Error::new(ErrorKind::RevisionNotForward {
+                scope: scope.clone(),
+                revision: *result_revision,
+                current,
+            }));
+        }
+    }
+    ctx.materialize(&claim.operation_id)?;
+    let ev = ctx.append(
+        Some(&claim.operation_id),
+        EventKind::Completed {
+            epoch: claim.epoch,
+            outcome: outcome.kind.clone(),
+            result: result_info(&outcome.result),
+            deadlines: terminal_deadlines(ctx.now, ctx.cfg),
+        },
+    )?;
+    ctx.t
+        .put_result(ev.seq, &claim.operation_id, &outcome.result)?;
+    current_view(ctx, &claim.operation_id)
+}
+
+fn current_view(ctx: &mut Ctx<'_, '_>, id: &str) -> Result<Receipt> {
+    ctx.t
+        .receipt(id)?
+        .as_ref()
+        .and_then(view)
+        .ok_or_else(|| Error::corrupt("receipts", id, "the receipt vanished after a write"))
+}
+
+/// `release`: the claim holder gives the id back (no effect happened).
+pub(crate) fn release(ctx: &mut Ctx<'_, '_>, claim: &Claim) -> Result<()> {
+    check_claim(&*ctx.t, ctx.now, claim)?;
+    ctx.materialize(&claim.operation_id)?;
+    let purge_at = ctx.now.saturating_add(ctx.cfg.audit_retention);
+    ctx.append(
+        Some(&claim.operation_id),
+        EventKind::Released {
+            epoch: claim.epoch,
+            purge_at,
+        },
+    )?;
+    Ok(())
+}
+
+/// `extend_lease`: the claim holder pushes its lease to `now + by`.
+pub(crate) fn extend_lease(ctx: &mut Ctx<'_, '_>, claim: &Claim, by: Duration) -> Result<Claim> {
+    let rec = check_claim(&*ctx.t, ctx.now, claim)?;
+    if let ExecRecord::InDoubt { lease_until, .. } = rec.state {
+        return Err(Error::new(ErrorKind::LeaseExpired {
+            operation_id: claim.operation_id.clone(),
+            expired_at: lease_until,
+        }));
+    }
+    let lease_until = ctx.now.saturating_add(by);
+    ctx.append(
+        Some(&claim.operation_id),
+        EventKind::LeaseExtended {
+            epoch: claim.epoch,
+            lease_until,
+        },
+    )?;
+    let mut out = claim.clone();
+    out.lease_until = lease_until;
+    Ok(out)
+}
+
+fn known_or_unknown<V: View>(v: &V, id: &str, now: Timestamp) -> Result<ReceiptRecord> {
+    match effective_of(v, id, now)? {
+        Some(rec) if !matches!(rec.state, ExecRecord::Vacant { .. }) => Ok(rec),
+        _ => Err(Error::new(ErrorKind::UnknownOperation {
+            operation_id: id.to_string(),
+        })),
+    }
+}
+
+/// `resolve`: the embedder records how an InDoubt operation ended.
+pub(crate) fn resolve(
+    ctx: &mut Ctx<'_, '_>,
+    id: &str,
+    resolution: &Resolution,
+) -> Result<Option<Receipt>> {
+    let rec = known_or_unknown(&*ctx.t, id, ctx.now)?;
+    if !matches!(rec.state, ExecRecord::InDoubt { .. }) {
+        let state = match &rec.state {
+            ExecRecord::Running { lease_until } => {
+                format!(
+                    "running under a live lease until {lease_until}; only in-doubt operations are resolved"
+                )
+            }
+            _ => format!(
+                "{}; only in-doubt operations are resolved",
+                state_name(&rec)
+            ),
+        };
+        return Err(Error::new(ErrorKind::InvalidState {
+            operation_id: id.to_string(),
+            action: "resolve",
+            state,
+        }));
+    }
+    match resolution {
+        Resolution::NotApplied => {
+            ctx.materialize(id)?;
+            let purge_at = ctx.now.saturating_add(ctx.cfg.audit_retention);
+            ctx.append(
+                Some(id),
+                EventKind::Resolved {
+                    resolution: ResolvedAs::NotApplied { purge_at },
+                },
+            )?;
+            Ok(None)
+        }
+        Resolution::Completed(outcome) => {
+            validate_outcome(ctx.cfg, outcome)?;
+            ctx.materialize(id)?;
+            let ev = ctx.append(
+                Some(id),
+                EventKind::Resolved {
+                    resolution: ResolvedAs::Completed {
+                        outcome: outcome.kind.clone(),
+                        result: result_info(&outcome.result),
+                        deadlines: terminal_deadlines(ctx.now, ctx.cfg),
+                    },
+                },
+            )?;
+            ctx.t.put_result(ev.seq, id, &outcome.result)?;
+            current_view(ctx, id).map(Some)
+        }
+    }
+}
+
+fn done_or_refuse<'r>(rec: &'r ReceiptRecord, action: &'static str) -> Result<&'r DoneRecord> {
+    match &rec.state {
+        ExecRecord::Done(d) => Ok(d),
+        _ => Err(Error::new(ErrorKind::InvalidState {
+            operation_id: rec.operation_id.clone(),
+            action,
+            state: format!(
+                "{}; only terminal operations have a result",
+                state_name(rec)
+            ),
+        })),
+    }
+}
+
+/// `delivered`: one delivery attempt of the result.
+pub(crate) fn delivered(ctx: &mut Ctx<'_, '_>, id: &str) -> Result<Receipt> {
+    let rec = known_or_unknown(&*ctx.t, id, ctx.now)?;
+    let d = done_or_refuse(&rec, "record a delivery of")?;
+    if d.retired_at.is_some() {
+        return Err(Error::new(ErrorKind::InvalidState {
+            operation_id: id.to_string(),
+            action: "record a delivery of",
+            state: "retired: its result was dropped, so there is nothing to deliver".into(),
+        }));
+    }
+    let count = d.delivery.count.saturating_add(1);
+    let (next_due, final_attempt) = if matches!(
+        d.delivery.state,
+        DeliveryState::Pending | DeliveryState::Delivered
+    ) {
+        let cap = backoff(ctx.cfg, count);
+        if count >= ctx.cfg.retry.attempts {
+            (ctx.now.saturating_add(cap), true)
+        } else {
+            (
+                ctx.now.saturating_add(jitter(id, rec.epoch, count, cap)),
+                false,
+            )
+        }
+    } else {
+        (d.delivery.next_due, d.delivery.final_attempt)
+    };
+    ctx.materialize(id)?;
+    ctx.append(
+        Some(id),
+        EventKind::Delivered {
+            count,
+            next_due,
+            final_attempt,
+        },
+    )?;
+    current_view(ctx, id)
+}
+
+/// `acknowledge`: the client saw the result. Idempotent.
+pub(crate) fn acknowledge(ctx: &mut Ctx<'_, '_>, id: &str) -> Result<Receipt> {
+    let rec = known_or_unknown(&*ctx.t, id, ctx.now)?;
+    let d = done_or_refuse(&rec, "acknowledge")?;
+    if d.delivery.state == DeliveryState::Acknowledged {
+        return view(&rec).ok_or_else(|| Error::corrupt("receipts", id, "vacant after a check"));
+    }
+    let late = d.delivery.state == DeliveryState::AckExpired;
+    ctx.materialize(id)?;
+    ctx.append(Some(id), EventKind::Acknowledged { late })?;
+    current_view(ctx, id)
+}
+
+/// `advance_revision`: the embedder reports a change made outside the journal.
+pub(crate) fn advance_revision(ctx: &mut Ctx<'_, '_>, scope: &str, revision: u64) -> Result<u64> {
+    validate::name("scope", scope)?;
+    let current = ctx.t.scope_revision(scope)?;
+    if revision < current {
+        return Err(Error::new(ErrorKind::RevisionNotForward {
+            scope: scope.to_string(),
+            revision,
+            current,
+        }));
+    }
+    if revision == current {
+        return Ok(current);
+    }
+    let purge_at = ctx.now.saturating_add(ctx.cfg.audit_retention);
+    ctx.append(
+        None,
+        EventKind::RevisionAdvanced {
+            scope: scope.to_string(),
+            revision,
+            cause: RevisionCause::External,
+            purge_at,
+        },
+    )?;
+    Ok(revision)
+}
+
+/// At open: every operation still `Running` lost its claim holder.
+pub(crate) fn mark_running_in_doubt(ctx: &mut Ctx<'_, '_>) -> Result<u64> {
+    let running = ctx.t.timers_due(TimerKind::Lease, u64::MAX, usize::MAX)?;
+    let mut n = 0;
+    for (_, id) in running {
+        if let Some(rec) = ctx.t.receipt(&id)?
+            && let ExecRecord::Running { .. } = rec.state
+        {
+            ctx.append(
+                Some(&id),
+                EventKind::LeaseExpired {
+                    epoch: rec.epoch,
+                    cause: InDoubtCause::Reopened,
+                },
+            )?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// The timer kinds compaction fires, in order.
+const FIRED_KINDS: [TimerKind; 5] = [
+    TimerKind::Lease,
+    TimerKind::Exhaust,
+    TimerKind::AckTimeout,
+    TimerKind::Retain,
+    TimerKind::Purge,
+];
+
+/// One compaction batch: fires up to `limit` due timers. Returns whether more may be due.
+pub(crate) fn compact_batch(ctx: &mut Ctx<'_, '_>, limit: usize) -> Result<bool> {
+    let mut ops: Vec<String> = Vec::new();
+    for kind in FIRED_KINDS {
+        let room = limit.saturating_sub(ops.len());
+        for (_, id) in ctx.t.timers_due(kind, ctx.now.0, room)? {
+            if !ops.contains(&id) {
+                ops.push(id);
+            }
+        }
+    }
+    let before = ctx.fired;
+    for id in &ops {
+        ctx.materialize(id)?;
+    }
+    let room = limit.saturating_sub(ops.len());
+    let scope_due = ctx.t.scope_timers_due(ctx.now.0, room)?;
+    for (due, seq) in &scope_due {
+        ctx.purge_revision_event(*due, *seq)?;
+    }
+    let handled = ops.len() + scope_due.len();
+    let progressed = ctx.fired != before || !scope_due.is_empty();
+    Ok(handled >= limit && progressed)
+}

@@ -1,0 +1,433 @@
+//! The one public error type, with a matchable [`ErrorKind`].
+//!
+//! Every message names the values involved and the next step. The underlying cause (a redb
+//! or I/O error) is reachable through [`std::error::Error::source`] and never repeated in
+//! `Display`.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::clock::Timestamp;
+use crate::intent::IntentHash;
+
+/// A specialized `Result` for journal operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The error returned by every fallible journal call.
+///
+/// Match on [`Error::kind`]; print with `Display` (one line, lowercase, with the next step)
+/// and walk [`std::error::Error::source`] for the cause.
+pub struct Error {
+    inner: Box<Inner>,
+}
+
+struct Inner {
+    kind: ErrorKind,
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+/// What went wrong. Variants carry the values a caller needs to react.
+///
+/// Errors marked *writes nothing* are refusals: the journal file is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Bad input (writes nothing): an operation id, scope, session, intent name or
+    /// configuration value that breaks a documented rule.
+    InvalidInput {
+        /// Which input (`operation id`, `scope`, `lease`, ...).
+        what: &'static str,
+        /// The offending value, shortened for display.
+        value: String,
+        /// The rule it breaks.
+        reason: String,
+    },
+    /// A result payload (or failure message, or asset list) larger than the configured limit
+    /// (writes nothing).
+    ResultTooLarge {
+        /// Size of what was given, in bytes.
+        size: u64,
+        /// The limit, in bytes.
+        limit: u64,
+    },
+    /// The operation id is recorded with a different intent (writes nothing). The client
+    /// reused an id for different work; it must pick a new id.
+    IntentMismatch {
+        /// The operation id.
+        operation_id: String,
+        /// The intent hash on record.
+        recorded: IntentHash,
+        /// The intent hash just submitted.
+        submitted: IntentHash,
+    },
+    /// The client's base revision is older than the scope's revision (writes nothing).
+    StaleBase {
+        /// The scope.
+        scope: String,
+        /// The base revision the client saw.
+        base: u64,
+        /// The scope's current revision.
+        current: u64,
+    },
+    /// Another operation holds the scope's mutation lock (writes nothing).
+    ScopeBusy {
+        /// The scope.
+        scope: String,
+        /// The operation holding the lock.
+        holder: String,
+    },
+    /// The session already has the maximum number of unacknowledged results (writes nothing).
+    WindowFull {
+        /// The session.
+        session: String,
+        /// The window size.
+        limit: u32,
+        /// The oldest unacknowledged operation of the session.
+        oldest: String,
+        /// When the oldest result's acknowledgement expires and frees a slot.
+        frees_at: Timestamp,
+    },
+    /// The claim is not the operation's current claim (writes nothing): another attempt,
+    /// a resolution or a release happened since it was handed out.
+    StaleClaim {
+        /// The operation id.
+        operation_id: String,
+        /// The epoch the claim carries.
+        claim_epoch: u64,
+        /// What the operation's record says now.
+        state: String,
+    },
+    /// The claim's lease has expired; it can no longer be extended (writes nothing). The
+    /// claim holder may still complete or release while nothing else resolved the operation.
+    LeaseExpired {
+        /// The operation id.
+        operation_id: String,
+        /// When the lease expired.
+        expired_at: Timestamp,
+    },
+    /// A revision that does not move the scope forward (writes nothing).
+    RevisionNotForward {
+        /// The scope.
+        scope: String,
+        /// The revision given.
+        revision: u64,
+        /// The scope's current revision.
+        current: u64,
+    },
+    /// The call does not apply to the operation in its current state (writes nothing).
+    InvalidState {
+        /// The operation id.
+        operation_id: String,
+        /// What was attempted.
+        action: &'static str,
+        /// The operation's state.
+        state: String,
+    },
+    /// No operation with this id is recorded (writes nothing).
+    UnknownOperation {
+        /// The operation id.
+        operation_id: String,
+    },
+    /// A stored record failed its CRC or could not be decoded. Run `opjournal verify`, then
+    /// `opjournal repair`.
+    Corrupt {
+        /// The table holding the record.
+        table: String,
+        /// The record's key.
+        key: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The file is not an opjournal journal (not a redb file, or a redb file without a
+    /// journal's tables).
+    NotAJournal {
+        /// The file.
+        path: PathBuf,
+        /// Why it is not one.
+        detail: String,
+    },
+    /// Another handle (in this or another process) has the journal open for writing.
+    Locked {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file's format version is not the one this build reads.
+    UnsupportedFormat {
+        /// The version found in the file.
+        found: u32,
+        /// The version this build reads and writes.
+        supported: u32,
+    },
+    /// An earlier commit failed with an I/O error; this handle refuses further writes. Drop
+    /// the journal and open it again: reopening recovers the last durable state, and the
+    /// operation ids make retries safe.
+    Poisoned,
+    /// An I/O error from the file system or the storage engine.
+    Io,
+    /// The journal is closed (its handle was dropped while a background task still ran).
+    Closed,
+    /// A storage-engine error that is none of the above.
+    Storage,
+}
+
+impl Error {
+    pub(crate) fn new(kind: ErrorKind) -> Self {
+        Error {
+            inner: Box::new(Inner { kind, source: None }),
+        }
+    }
+
+    pub(crate) fn with_source(
+        kind: ErrorKind,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        Error {
+            inner: Box::new(Inner {
+                kind,
+                source: Some(source.into()),
+            }),
+        }
+    }
+
+    /// What went wrong, for matching.
+    pub fn kind(&self) -> &ErrorKind {
+        &self.inner.kind
+    }
+
+    /// Whether this is a refusal that wrote nothing: the journal is unchanged and the call
+    /// may be retried with corrected input.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self.kind(),
+            ErrorKind::InvalidInput { .. }
+                | ErrorKind::ResultTooLarge { .. }
+                | ErrorKind::IntentMismatch { .. }
+                | ErrorKind::StaleBase { .. }
+                | ErrorKind::ScopeBusy { .. }
+                | ErrorKind::WindowFull { .. }
+                | ErrorKind::StaleClaim { .. }
+                | ErrorKind::LeaseExpired { .. }
+                | ErrorKind::RevisionNotForward { .. }
+                | ErrorKind::InvalidState { .. }
+                | ErrorKind::UnknownOperation { .. }
+        )
+    }
+
+    pub(crate) fn invalid(what: &'static str, value: &str, reason: impl Into<String>) -> Self {
+        Error::new(ErrorKind::InvalidInput {
+            what,
+            value: shorten(value, 80),
+            reason: reason.into(),
+        })
+    }
+
+    pub(crate) fn corrupt(
+        table: impl Into<String>,
+        key: impl fmt::Display,
+        detail: impl Into<String>,
+    ) -> Self {
+        Error::new(ErrorKind::Corrupt {
+            table: table.into(),
+            key: shorten(&key.to_string(), 120),
+            detail: detail.into(),
+        })
+    }
+
+    pub(crate) fn io(err: std::io::Error) -> Self {
+        Error::with_source(ErrorKind::Io, err)
+    }
+}
+
+/// Shortens `s` to at most `max` characters for messages, marking the cut.
+pub(crate) fn shorten(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        let mut out: String = s.chars().take(max).collect();
+        out.push('…');
+        out
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind() {
+            ErrorKind::InvalidInput {
+                what,
+                value,
+                reason,
+            } => {
+                write!(f, "invalid {what} `{value}`: {reason}")
+            }
+            ErrorKind::ResultTooLarge { size, limit } => write!(
+                f,
+                "result of {size} bytes exceeds the limit of {limit} bytes; \
+                 store large payloads elsewhere and record a reference, or raise `max_result_bytes`"
+            ),
+            ErrorKind::IntentMismatch {
+                operation_id,
+                recorded,
+                submitted,
+            } => write!(
+                f,
+                "operation `{operation_id}` is recorded with intent `{recorded}` but was submitted \
+                 with intent `{submitted}`; an operation id names one intent, so use a new id for new work"
+            ),
+            ErrorKind::StaleBase {
+                scope,
+                base,
+                current,
+            } => write!(
+                f,
+                "base revision {base} of scope `{scope}` is stale (current revision is {current}); \
+                 refresh the client and resubmit against revision {current}"
+            ),
+            ErrorKind::ScopeBusy { scope, holder } => write!(
+                f,
+                "scope `{scope}` is busy with operation `{holder}`; retry after it completes or \
+                 its lease expires"
+            ),
+            ErrorKind::WindowFull {
+                session,
+                limit,
+                oldest,
+                frees_at,
+            } => write!(
+                f,
+                "session `{session}` already has {limit} unacknowledged results (oldest `{oldest}`); \
+                 acknowledge results, or retry after {frees_at} when the oldest acknowledgement expires"
+            ),
+            ErrorKind::StaleClaim {
+                operation_id,
+                claim_epoch,
+                state,
+            } => write!(
+                f,
+                "claim with epoch {claim_epoch} on operation `{operation_id}` is stale ({state}); \
+                 the effect must not be recorded through this claim: look the operation up instead"
+            ),
+            ErrorKind::LeaseExpired {
+                operation_id,
+                expired_at,
+            } => write!(
+                f,
+                "lease on operation `{operation_id}` expired at {expired_at} and cannot be extended; \
+                 complete or release the claim now, or resolve the operation"
+            ),
+            ErrorKind::RevisionNotForward {
+                scope,
+                revision,
+                current,
+            } => write!(
+                f,
+                "revision {revision} does not move scope `{scope}` forward (current revision is \
+                 {current}); report a revision greater than {current}"
+            ),
+            ErrorKind::InvalidState {
+                operation_id,
+                action,
+                state,
+            } => write!(
+                f,
+                "cannot {action} operation `{operation_id}`: it is {state}"
+            ),
+            ErrorKind::UnknownOperation { operation_id } => write!(
+                f,
+                "no operation `{operation_id}` is recorded (never submitted, released, or purged)"
+            ),
+            ErrorKind::Corrupt { table, key, detail } => write!(
+                f,
+                "corrupt record in table `{table}` at key `{key}`: {detail}; \
+                 run `opjournal verify` and then `opjournal repair`"
+            ),
+            ErrorKind::NotAJournal { path, detail } => write!(
+                f,
+                "`{}` is not an opjournal journal: {detail}",
+                path.display()
+            ),
+            ErrorKind::Locked { path } => write!(
+                f,
+                "journal `{}` is open for writing by another handle (this or another process); \
+                 close it first, or share one `Journal` through an `Arc`",
+                path.display()
+            ),
+            ErrorKind::UnsupportedFormat { found, supported } => write!(
+                f,
+                "journal format version {found} is not supported by this build, which reads \
+                 version {supported}; use a matching opjournal version"
+            ),
+            ErrorKind::Poisoned => write!(
+                f,
+                "an earlier commit failed with an I/O error, so this handle refuses writes; \
+                 drop the journal and open it again"
+            ),
+            ErrorKind::Io => write!(f, "I/O error on the journal file"),
+            ErrorKind::Closed => write!(f, "the journal is closed"),
+            ErrorKind::Storage => write!(f, "storage engine error"),
+        }
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.inner.kind);
+        d.field("message", &self.to_string());
+        if let Some(source) = &self.inner.source {
+            d.field("source", source);
+        }
+        d.finish()
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner
+            .source
+            .as_ref()
+            .map(|s| s.as_ref() as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// Classifies a redb error. I/O errors become [`ErrorKind::Io`], detected corruption becomes
+/// [`ErrorKind::Corrupt`], a previous I/O error becomes [`ErrorKind::Poisoned`].
+impl From<redb::Error> for Error {
+    fn from(err: redb::Error) -> Self {
+        match err {
+            redb::Error::Io(io) => Error::io(io),
+            redb::Error::PreviousIo => Error::new(ErrorKind::Poisoned),
+            redb::Error::Corrupted(detail) => {
+                Error::corrupt("(redb)", "(page)", format!("storage engine: {detail}"))
+            }
+            redb::Error::DatabaseAlreadyOpen => Error::new(ErrorKind::Locked {
+                path: PathBuf::new(),
+            }),
+            other => Error::with_source(ErrorKind::Storage, other),
+        }
+    }
+}
+
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Error {
+            fn from(err: $t) -> Self {
+                Error::from(redb::Error::from(err))
+            }
+        }
+    )*};
+}
+from_redb!(
+    redb::StorageError,
+    redb::TableError,
+    redb::TransactionError,
+    redb::CommitError,
+    redb::DatabaseError,
+    redb::CompactionError,
+    redb::SetDurabilityError
+);
+
+impl From<std::io::Error> for Error {
+    fn from(err: std::io::Error) -> Self {
+        Error::io(err)
+    }
+}

@@ -1,0 +1,854 @@
+//! The [`Journal`] handle: opening, the group committer, and the public API.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use redb::{Database, Durability, ReadTransaction, ReadableDatabase, ReadableTableMetadata};
+
+use crate::clock::Timestamp;
+use crate::codec::FORMAT_VERSION;
+use crate::compact::{CompactionReport, CompactorHandle};
+use crate::config::{Config, JournalBuilder, Sharing};
+use crate::engine::{self, Ctx};
+use crate::error::{Error, ErrorKind, Result};
+use crate::record::{Event, FormatRecord, StateRecord};
+use crate::store::{ReadTables, TimerKind, View, WriteTables};
+use crate::types::{Admission, Claim, OpResult, Operation, Outcome, Receipt, Replay, Resolution};
+
+/// The first nine bytes of every redb file.
+pub(crate) const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
+
+/// An open operation journal: one redb file.
+///
+/// `Journal` is `Send + Sync`; share one handle between threads with an `Arc`. Calls are
+/// synchronous (async embedders use `spawn_blocking`). Every call that changes execution
+/// state is durable (synced) before it returns `Ok`; concurrent callers share commits.
+///
+/// # Example
+///
+/// ```
+/// use opjournal::{Admission, Intent, Journal, Operation, Outcome};
+/// use serde_json::json;
+///
+/// let dir = tempfile::tempdir()?;
+/// let journal = Journal::open(dir.path().join("project.opj"))?;
+/// let intent = Intent::from_json("scene.add_light", &json!({"near": "door"}))?;
+/// let op = Operation::new("op_7f3", intent).scope("scene/main").base_revision(183);
+///
+/// let Admission::Fresh(claim) = journal.submit(op.clone())? else { unreachable!() };
+/// // ... apply the change to the project, producing revision 184 ...
+/// journal.complete(&claim, Outcome::applied(184, b"light-1".to_vec()))?;
+///
+/// // The client reconnects and asks again: the outcome is replayed, not re-applied.
+/// match journal.submit(op)? {
+///     Admission::Replay(replay) => assert_eq!(replay.result.bytes, b"light-1"),
+///     other => panic!("expected a replay, got {other:?}"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Journal {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    db: Database,
+    pub(crate) cfg: Config,
+    path: PathBuf,
+    high_water: AtomicU64,
+    poisoned: AtomicBool,
+    /// Whether a commit without a sync ([`Sharing::Exclusive`] lazy writes) awaits one.
+    unsynced: AtomicBool,
+    committer: Committer,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("path", &self.inner.path)
+            .field("config", &self.inner.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Group commit.
+//
+// Callers enqueue jobs. Whoever finds no leader becomes the leader: it takes every queued
+// job, runs them in one write transaction, commits once (one sync), and hands each caller
+// its own answer. Jobs queued meanwhile form the next batch. A lone caller leads its own
+// batch at once, so it waits for nothing but its own commit.
+// ---------------------------------------------------------------------------------------
+
+struct Committer {
+    queue: Mutex<Queue>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: Vec<Box<dyn Job>>,
+    leader: bool,
+}
+
+/// A queued call. `run` may be called more than once (a batch is retried without a job
+/// that hit a corrupt record), so jobs keep their inputs.
+trait Job: Send {
+    fn lazy(&self) -> bool;
+    fn run(&mut self, ctx: &mut Ctx<'_, '_>) -> std::result::Result<(), RunFailure>;
+    fn finish(&mut self, commit: std::result::Result<(), &Error>);
+    fn fail(&mut self, err: Error);
+}
+
+/// Why a job aborted its batch.
+enum RunFailure {
+    /// A corrupt record: only this job fails; the batch is retried without it.
+    Isolated,
+    /// Storage failure: the whole batch fails and the handle is poisoned.
+    Fatal(Error),
+}
+
+type Slot<T> = Arc<Mutex<Option<Result<T>>>>;
+
+struct TypedJob<T, F> {
+    lazy: bool,
+    f: F,
+    result: Option<Result<T>>,
+    slot: Slot<T>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding these locks leaves consistent data (plain fields), so the
+    // poison flag is ignored rather than propagated as a second panic.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A fresh copy of an error for every caller of a failed batch.
+fn copy_error(e: &Error) -> Error {
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        message.push_str(": ");
+        message.push_str(&s.to_string());
+        source = s.source();
+    }
+    Error::with_source(e.kind().clone(), message)
+}
+
+impl<T, F> Job for TypedJob<T, F>
+where
+    T: Send + 'static,
+    F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send,
+{
+    fn lazy(&self) -> bool {
+        self.lazy
+    }
+
+    fn run(&mut self, ctx: &mut Ctx<'_, '_>) -> std::result::Result<(), RunFailure> {
+        let r = (self.f)(ctx);
+        let failure = match &r {
+            Err(e) if matches!(e.kind(), ErrorKind::Corrupt { .. }) => Some(RunFailure::Isolated),
+            Err(e) if !e.is_refusal() => Some(RunFailure::Fatal(copy_error(e))),
+            _ => None,
+        };
+        self.result = Some(r);
+        match failure {
+            Some(f) => Err(f),
+            None => Ok(()),
+        }
+    }
+
+    fn finish(&mut self, commit: std::result::Result<(), &Error>) {
+        let out = match commit {
+            Ok(()) => self
+                .result
+                .take()
+                .unwrap_or_else(|| Err(Error::new(ErrorKind::Storage))),
+            Err(e) => Err(copy_error(e)),
+        };
+        *lock(&self.slot) = Some(out);
+    }
+
+    fn fail(&mut self, err: Error) {
+        let out = match self.result.take() {
+            Some(Err(own)) => Err(own),
+            _ => Err(err),
+        };
+        *lock(&self.slot) = Some(out);
+    }
+}
+
+impl Committer {
+    fn new() -> Self {
+        Committer {
+            queue: Mutex::new(Queue::default()),
+            cv: Condvar::new(),
+        }
+    }
+}
+
+/// Fills every job's slot with an error if the leader unwinds, so no caller waits forever.
+struct BatchGuard<'a> {
+    jobs: Vec<Box<dyn Job>>,
+    inner: &'a Inner,
+}
+
+impl Drop for BatchGuard<'_> {
+    fn drop(&mut self) {
+        if !self.jobs.is_empty() {
+            self.inner.poisoned.store(true, Ordering::SeqCst);
+            for mut job in self.jobs.drain(..) {
+                job.fail(Error::new(ErrorKind::Poisoned));
+            }
+        }
+        let mut q = lock(&self.inner.committer.queue);
+        q.leader = false;
+        self.inner.committer.cv.notify_all();
+    }
+}
+
+impl Inner {
+    /// The journal's time: the clock, never below the high-water mark.
+    pub(crate) fn now(&self) -> Timestamp {
+        let t = self.cfg.clock.now().0;
+        let prev = self.high_water.fetch_max(t, Ordering::SeqCst);
+        Timestamp(prev.max(t))
+    }
+
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(Error::new(ErrorKind::Poisoned));
+        }
+        Ok(())
+    }
+
+    /// Runs `f` in a (possibly shared) write transaction and returns once its change is
+    /// committed: synced, unless `lazy` and the journal is [`Sharing::Exclusive`].
+    pub(crate) fn write<T, F>(&self, lazy: bool, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send + 'static,
+    {
+        self.check_writable()?;
+        let slot: Slot<T> = Arc::new(Mutex::new(None));
+        let job = TypedJob {
+            lazy,
+            f,
+            result: None,
+            slot: slot.clone(),
+        };
+        let c = &self.committer;
+        let mut q = lock(&c.queue);
+        q.jobs.push(Box::new(job));
+        loop {
+            if let Some(r) = lock(&slot).take() {
+                return r;
+            }
+            if !q.leader && !q.jobs.is_empty() {
+                q.leader = true;
+                let jobs = std::mem::take(&mut q.jobs);
+                drop(q);
+                let guard = BatchGuard { jobs, inner: self };
+                self.execute(guard);
+                q = lock(&c.queue);
+                continue;
+            }
+            q = c.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn execute(&self, mut guard: BatchGuard<'_>) {
+        loop {
+            if self.poisoned.load(Ordering::SeqCst) {
+                for mut job in guard.jobs.drain(..) {
+                    job.fail(Error::new(ErrorKind::Poisoned));
+                }
+                return;
+            }
+            match self.try_batch(&mut guard.jobs) {
+                BatchOutcome::Done => return,
+                BatchOutcome::Retry(index) => {
+                    // The job hit a corrupt record: it fails alone (with its own error),
+                    // the rest run again in a fresh transaction.
+                    let mut job = guard.jobs.remove(index);
+                    job.fail(Error::new(ErrorKind::Storage));
+                    if guard.jobs.is_empty() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn try_batch(&self, jobs: &mut Vec<Box<dyn Job>>) -> BatchOutcome {
+        let fail_all = |jobs: &mut Vec<Box<dyn Job>>, e: Error, poison: bool| {
+            if poison {
+                self.poisoned.store(true, Ordering::SeqCst);
+            }
+            for mut job in jobs.drain(..) {
+                job.finish(Err(&e));
+            }
+            BatchOutcome::Done
+        };
+        let now = self.now();
+        let mut txn = match self.db.begin_write() {
+            Ok(t) => t,
+            Err(e) => return fail_all(jobs, Error::from(e), true),
+        };
+        txn.set_quick_repair(self.cfg.quick_repair);
+        let lazy = jobs.iter().all(|j| j.lazy()) && self.cfg.sharing == Sharing::Exclusive;
+        if lazy && let Err(e) = txn.set_durability(Durability::None) {
+            return fail_all(jobs, Error::from(e), false);
+        }
+        let run = (|| -> std::result::Result<(), (Option<usize>, Error)> {
+            let mut t = WriteTables::open(&txn).map_err(|e| (None, e))?;
+            let mut state = t.state().map_err(|e| (None, e))?;
+            state.clock_high_water = state.clock_high_water.max(now);
+            let mut ctx = Ctx {
+                t: &mut t,
+                now,
+                cfg: &self.cfg,
+                state: &mut state,
+                fired: Default::default(),
+            };
+            for (i, job) in jobs.iter_mut().enumerate() {
+                match job.run(&mut ctx) {
+                    Ok(()) => {}
+                    Err(RunFailure::Isolated) => {
+                        return Err((Some(i), Error::new(ErrorKind::Storage)));
+                    }
+                    Err(RunFailure::Fatal(e)) => return Err((None, e)),
+                }
+            }
+            let state = ctx.state.clone();
+            t.put_state(&state).map_err(|e| (None, e))?;
+            Ok(())
+        })();
+        match run {
+            Ok(()) => {}
+            Err((isolated, e)) => {
+                let _ = txn.abort();
+                return match isolated {
+                    Some(i) => BatchOutcome::Retry(i),
+                    None => fail_all(jobs, e, true),
+                };
+            }
+        }
+        match txn.commit() {
+            Ok(()) => {
+                self.unsynced.store(lazy, Ordering::SeqCst);
+                for mut job in jobs.drain(..) {
+                    job.finish(Ok(()));
+                }
+                BatchOutcome::Done
+            }
+            // Never retry a commit on this handle after an I/O error (the fsyncgate
+            // lesson): poison it; reopening recovers the last durable state.
+            Err(e) => fail_all(jobs, Error::from(e), true),
+        }
+    }
+
+    /// A read snapshot and the time to judge it by.
+    pub(crate) fn read(&self) -> Result<(Snapshot, Timestamp)> {
+        let txn = self.db.begin_read()?;
+        let tables = ReadTables::open(&txn)?;
+        Ok((Snapshot { tables, _txn: txn }, self.now()))
+    }
+}
+
+enum BatchOutcome {
+    Done,
+    Retry(usize),
+}
+
+/// A read transaction and its tables.
+pub(crate) struct Snapshot {
+    pub(crate) tables: ReadTables,
+    _txn: ReadTransaction,
+}
+
+fn open_error(path: &Path, err: redb::DatabaseError) -> Error {
+    match err {
+        redb::DatabaseError::DatabaseAlreadyOpen | redb::DatabaseError::LockProtocolMismatch => {
+            Error::new(ErrorKind::Locked {
+                path: path.to_path_buf(),
+            })
+        }
+        redb::DatabaseError::UpgradeRequired(v) => Error::new(ErrorKind::NotAJournal {
+            path: path.to_path_buf(),
+            detail: format!(
+                "it is a redb file of an older file format ({v}) that this build does not read"
+            ),
+        }),
+        other => Error::from(other),
+    }
+}
+
+/// Refuses a file that exists, is not empty and is not a redb file, before redb sees it.
+pub(crate) fn check_redb_magic(path: &Path) -> Result<()> {
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(e)),
+    };
+    let mut head = [0u8; 9];
+    let mut n = 0;
+    while n < head.len() {
+        match f.read(&mut head[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io(e)),
+        }
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    if n < head.len() || head != REDB_MAGIC {
+        return Err(Error::new(ErrorKind::NotAJournal {
+            path: path.to_path_buf(),
+            detail: "it does not start with the redb file signature".into(),
+        }));
+    }
+    Ok(())
+}
+
+/// Checks the format record of an existing journal.
+pub(crate) fn check_format(
+    path: &Path,
+    format: Option<FormatRecord>,
+    has_other_tables: bool,
+) -> Result<bool> {
+    match format {
+        Some(f) if f.format_version == u32::from(FORMAT_VERSION) => Ok(true),
+        Some(f) => Err(Error::new(ErrorKind::UnsupportedFormat {
+            found: f.format_version,
+            supported: u32::from(FORMAT_VERSION),
+        })),
+        None if has_other_tables => Err(Error::new(ErrorKind::NotAJournal {
+            path: path.to_path_buf(),
+            detail: "it is a redb database without the journal's `meta` table".into(),
+        })),
+        None => Ok(false),
+    }
+}
+
+impl Journal {
+    /// A builder to configure the clocks, bounds and policies before opening.
+    pub fn builder() -> JournalBuilder {
+        JournalBuilder::new()
+    }
+
+    /// Opens (or creates) the journal at `path` with every default.
+    ///
+    /// # Errors
+    ///
+    /// As [`JournalBuilder::open`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Journal> {
+        JournalBuilder::new().open(path)
+    }
+
+    pub(crate) fn open_with(path: &Path, cfg: Config) -> Result<Journal> {
+        check_redb_magic(path)?;
+        let mut builder = redb::Builder::new();
+        builder.set_concurrency_mode(match cfg.sharing {
+            Sharing::LiveReaders => redb::ConcurrencyMode::SingleWriter,
+            Sharing::Exclusive => redb::ConcurrencyMode::ExclusiveWriter,
+        });
+        let db = builder.create(path).map_err(|e| open_error(path, e))?;
+        let now_clock = cfg.clock.now();
+        let mut txn = db.begin_write()?;
+        txn.set_quick_repair(cfg.quick_repair);
+        let high_water;
+        {
+            let names: Vec<String> = {
+                use redb::TableHandle;
+                txn.list_tables()?.map(|h| h.name().to_string()).collect()
+            };
+            let has_meta = names.iter().any(|n| n == "meta");
+            let mut t = WriteTables::open(&txn)?;
+            let format = if has_meta { t.format()? } else { None };
+            let exists = check_format(path, format, !names.is_empty())?;
+            let mut state = if exists {
+                t.state()?
+            } else {
+                t.put_format(&FormatRecord {
+                    format_version: u32::from(FORMAT_VERSION),
+                    created_at: now_clock,
+                    created_by: format!("opjournal {}", env!("CARGO_PKG_VERSION")),
+                })?;
+                StateRecord {
+                    clock_high_water: now_clock,
+                    next_seq: 1,
+                }
+            };
+            let now = state.clock_high_water.max(now_clock);
+            state.clock_high_water = now;
+            let mut ctx = Ctx {
+                t: &mut t,
+                now,
+                cfg: &cfg,
+                state: &mut state,
+                fired: Default::default(),
+            };
+            engine::mark_running_in_doubt(&mut ctx)?;
+            let state = ctx.state.clone();
+            t.put_state(&state)?;
+            high_water = state.clock_high_water;
+        }
+        txn.commit()?;
+        Ok(Journal {
+            inner: Arc::new(Inner {
+                db,
+                cfg,
+                path: path.to_path_buf(),
+                high_water: AtomicU64::new(high_water.0),
+                poisoned: AtomicBool::new(false),
+                unsynced: AtomicBool::new(false),
+                committer: Committer::new(),
+            }),
+        })
+    }
+
+    /// The journal file's path.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The journal's current time: the clock, never below the persisted high-water mark.
+    pub fn now(&self) -> Timestamp {
+        self.inner.now()
+    }
+
+    /// Submits an operation. Lookup by operation id comes first; checks for fresh work
+    /// follow (DESIGN.md §4). A `Fresh` admission is durable before this returns.
+    ///
+    /// # Errors
+    ///
+    /// Refusals that write nothing: [`ErrorKind::InvalidInput`] (bad id, scope or session),
+    /// [`ErrorKind::IntentMismatch`] (the id is recorded with another intent),
+    /// [`ErrorKind::StaleBase`], [`ErrorKind::ScopeBusy`], [`ErrorKind::WindowFull`].
+    /// Storage errors: [`ErrorKind::Corrupt`], [`ErrorKind::Io`], [`ErrorKind::Poisoned`].
+    pub fn submit(&self, op: Operation) -> Result<Admission> {
+        engine::validate_operation(&op)?;
+        // Fast path: a known id is answered from a read snapshot without the writer.
+        {
+            let (snap, now) = self.inner.read()?;
+            let eff = engine::effective_of(&snap.tables, &op.id, now)?;
+            if let Some(answer) = engine::answer_known(&snap.tables, eff.as_ref(), &op)? {
+                return Ok(answer);
+            }
+        }
+        self.inner.write(false, move |ctx| engine::submit(ctx, &op))
+    }
+
+    /// Records the outcome of a claimed operation (durable before it returns).
+    ///
+    /// Accepted while the claim is current, also after its lease expired as long as
+    /// nothing else resolved the operation.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::StaleClaim`] (another attempt, a release or a resolution happened),
+    /// [`ErrorKind::RevisionNotForward`] (an applied revision not ahead of the scope's),
+    /// [`ErrorKind::ResultTooLarge`], [`ErrorKind::InvalidInput`] (asset list); all write
+    /// nothing, and the claim stays usable. Storage errors as for [`Journal::submit`].
+    pub fn complete(&self, claim: &Claim, outcome: Outcome) -> Result<Receipt> {
+        let claim = claim.clone();
+        self.inner
+            .write(false, move |ctx| engine::complete(ctx, &claim, &outcome))
+    }
+
+    /// Gives the id back: the work was rejected before any effect. The id becomes unknown
+    /// (reusable); its history is kept until the audit retention passes.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::StaleClaim`]; storage errors as for [`Journal::submit`].
+    pub fn release(&self, claim: &Claim) -> Result<()> {
+        let claim = claim.clone();
+        self.inner
+            .write(false, move |ctx| engine::release(ctx, &claim))
+    }
+
+    /// Extends the claim's lease by the configured lease duration from now, and returns
+    /// the claim with its new expiry.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::LeaseExpired`] once the lease has expired (complete or release
+    /// instead), [`ErrorKind::StaleClaim`]; storage errors as for [`Journal::submit`].
+    pub fn extend_lease(&self, claim: &Claim) -> Result<Claim> {
+        let by = self.inner.cfg.lease;
+        self.extend_lease_by(claim, by)
+    }
+
+    /// Extends the claim's lease to `by` from now.
+    ///
+    /// # Errors
+    ///
+    /// As [`Journal::extend_lease`], and [`ErrorKind::InvalidInput`] for a zero duration.
+    pub fn extend_lease_by(&self, claim: &Claim, by: Duration) -> Result<Claim> {
+        if by.is_zero() {
+            return Err(Error::invalid(
+                "lease extension",
+                "0s",
+                "it must be positive",
+            ));
+        }
+        let claim = claim.clone();
+        self.inner
+            .write(false, move |ctx| engine::extend_lease(ctx, &claim, by))
+    }
+
+    /// Records how an `InDoubt` operation ended, after the embedder looked at the real
+    /// project state. Returns the receipt, or `None` for [`Resolution::NotApplied`] (the
+    /// id is unknown again; the next submit is attempt + 1).
+    ///
+    /// A resolved applied revision moves the scope only if it is ahead of it.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not in doubt),
+    /// [`ErrorKind::ResultTooLarge`]; storage errors as for [`Journal::submit`].
+    pub fn resolve(&self, operation_id: &str, resolution: Resolution) -> Result<Option<Receipt>> {
+        let id = operation_id.to_string();
+        self.inner
+            .write(false, move |ctx| engine::resolve(ctx, &id, &resolution))
+    }
+
+    /// Records one delivery attempt of a terminal operation's result (first send or
+    /// redelivery) and schedules the next push. Durable lazily: a crash can lose it,
+    /// which only causes a recognizable redelivery.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not terminal, or
+    /// retired); storage errors as for [`Journal::submit`].
+    pub fn delivered(&self, operation_id: &str) -> Result<Receipt> {
+        let id = operation_id.to_string();
+        self.inner
+            .write(true, move |ctx| engine::delivered(ctx, &id))
+    }
+
+    /// Records the client's acknowledgement. Idempotent; an acknowledgement after expiry
+    /// is accepted and recorded as late. Durable lazily, like [`Journal::delivered`].
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not terminal);
+    /// storage errors as for [`Journal::submit`].
+    pub fn acknowledge(&self, operation_id: &str) -> Result<Receipt> {
+        let id = operation_id.to_string();
+        self.inner
+            .write(true, move |ctx| engine::acknowledge(ctx, &id))
+    }
+
+    /// Reports a change of `scope` made outside the journal (a user editing by hand).
+    /// Revisions only move forward; reporting the current revision again is a no-op.
+    /// Returns the scope's revision.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::RevisionNotForward`] for an older revision, [`ErrorKind::InvalidInput`]
+    /// for a bad scope; storage errors as for [`Journal::submit`].
+    pub fn advance_revision(&self, scope: &str, revision: u64) -> Result<u64> {
+        let scope = scope.to_string();
+        self.inner.write(false, move |ctx| {
+            engine::advance_revision(ctx, &scope, revision)
+        })
+    }
+
+    /// Makes lazily committed acknowledgements and delivery counts durable now.
+    ///
+    /// # Errors
+    ///
+    /// Storage errors; [`ErrorKind::Poisoned`].
+    pub fn flush(&self) -> Result<()> {
+        if !self.inner.unsynced.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.inner.write(false, |_ctx| Ok(()))
+    }
+
+    /// The receipt of `operation_id` with every clock applied, or `None` if the id is
+    /// unknown (never submitted, released, resolved as not applied, or purged).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn lookup(&self, operation_id: &str) -> Result<Option<Receipt>> {
+        let (snap, now) = self.inner.read()?;
+        engine::lookup(&snap.tables, operation_id, now)
+    }
+
+    /// The recorded result of a terminal, unretired operation.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn result(&self, operation_id: &str) -> Result<Option<OpResult>> {
+        let (snap, now) = self.inner.read()?;
+        match engine::effective_of(&snap.tables, operation_id, now)? {
+            Some(rec) => engine::result_of(&snap.tables, &rec),
+            None => Ok(None),
+        }
+    }
+
+    /// The operation's events, oldest first (all attempts still retained).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn history(&self, operation_id: &str) -> Result<Vec<Event>> {
+        let (snap, _) = self.inner.read()?;
+        let mut out = Vec::new();
+        for seq in snap.tables.op_event_seqs(operation_id)? {
+            if let Some(ev) = snap.tables.event(seq)? {
+                out.push(ev);
+            }
+        }
+        Ok(out)
+    }
+
+    /// What to push to `session` after a reconnect: its terminal results that are neither
+    /// acknowledged nor expired, oldest first, each with its result.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn undelivered(&self, session: &str) -> Result<Vec<Replay>> {
+        let (snap, now) = self.inner.read()?;
+        let mut out = Vec::new();
+        for (_, id) in snap.tables.window_after(session, now.0, usize::MAX)? {
+            if let Some(rec) = engine::effective_of(&snap.tables, &id, now)?
+                && let Some(replay) = engine::replay_of(&snap.tables, &rec)?
+                && replay.receipt.delivery.is_some_and(|d| d.is_open())
+            {
+                out.push(replay);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Results whose next push is due, earliest first, at most `limit`. Exhausted and
+    /// expired deliveries are not returned. Record each push with [`Journal::delivered`].
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn due_redeliveries(&self, limit: usize) -> Result<Vec<Replay>> {
+        let (snap, now) = self.inner.read()?;
+        let mut out = Vec::new();
+        // Entries past their ack deadline may still be indexed until compaction runs;
+        // scan past them, but not unboundedly.
+        let candidates =
+            snap.tables
+                .timers_due(TimerKind::Redeliver, now.0, limit.saturating_mul(4).max(64))?;
+        for (_, id) in candidates {
+            if out.len() >= limit {
+                break;
+            }
+            if let Some(rec) = engine::effective_of(&snap.tables, &id, now)?
+                && let Some(replay) = engine::replay_of(&snap.tables, &rec)?
+                && matches!(
+                    replay.receipt.delivery,
+                    Some(crate::DeliveryState::Pending | crate::DeliveryState::Delivered)
+                )
+                && replay.receipt.next_delivery_at.is_some_and(|t| t <= now)
+            {
+                out.push(replay);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Operations in doubt (including `Running` ones whose lease has expired), oldest
+    /// lease first. Each needs [`Journal::resolve`].
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn in_doubt(&self) -> Result<Vec<Receipt>> {
+        let (snap, now) = self.inner.read()?;
+        let mut ids: Vec<String> = Vec::new();
+        for (_, id) in snap
+            .tables
+            .timers_due(TimerKind::Lease, now.0, usize::MAX)?
+        {
+            ids.push(id);
+        }
+        for entry in redb::ReadableTable::iter(snap.tables.in_doubt_t())? {
+            let (k, _) = entry?;
+            ids.push(k.value().to_string());
+        }
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(r) = engine::lookup(&snap.tables, &id, now)?
+                && r.status == crate::ExecutionStatus::InDoubt
+            {
+                out.push(r);
+            }
+        }
+        out.sort_by_key(|r| r.lease_until);
+        Ok(out)
+    }
+
+    /// The scope's current revision (0 if never recorded).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn scope_revision(&self, scope: &str) -> Result<u64> {
+        let (snap, _) = self.inner.read()?;
+        snap.tables.scope_revision(scope)
+    }
+
+    /// Fires every due timer now, in bounded batches (one write transaction each).
+    ///
+    /// # Errors
+    ///
+    /// Storage errors; [`ErrorKind::Poisoned`].
+    pub fn compact(&self) -> Result<CompactionReport> {
+        crate::compact::run(&self.inner)
+    }
+
+    /// Starts a background thread that runs [`Journal::compact`] (and makes lazy writes
+    /// durable) every `interval`. Dropping the handle stops and joins it.
+    pub fn spawn_compactor(&self, interval: Duration) -> CompactorHandle {
+        CompactorHandle::spawn(Arc::downgrade(&self.inner), interval)
+    }
+
+    /// Counts by status and delivery state, and file facts.
+    ///
+    /// Reads every receipt: its cost grows with the journal.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn stats(&self) -> Result<crate::Stats> {
+        let (snap, now) = self.inner.read()?;
+        let mut stats = crate::stats::collect(&snap.tables, now)?;
+        stats.file_bytes = std::fs::metadata(&self.inner.path)
+            .map(|m| m.len())
+            .unwrap_or(0);
+        Ok(stats)
+    }
+
+    /// Whether an earlier commit failed and this handle refuses writes.
+    pub fn is_poisoned(&self) -> bool {
+        self.inner.poisoned.load(Ordering::SeqCst)
+    }
+
+    /// The number of events in the journal table.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Io`].
+    pub fn event_count(&self) -> Result<u64> {
+        let (snap, _) = self.inner.read()?;
+        Ok(snap.tables.events_t().len()?)
+    }
+}

@@ -1,0 +1,45 @@
+//! # opjournal
+//!
+//! An embedded, single-file, durable operation journal that gives mutating operations an
+//! *exactly-once effect*: a stable operation id, an intent hash, a durable receipt with
+//! base and result revisions, a recorded outcome that is replayed (never re-executed)
+//! after a reconnect, and a delivery state kept apart from the execution state.
+//!
+//! Start with [`Journal::open`] or [`Journal::builder`], then [`Journal::submit`].
+//! See the README for the story, the guarantees and the CLI.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+#![deny(clippy::unwrap_used)]
+
+mod clock;
+pub mod codec;
+mod compact;
+mod config;
+mod engine;
+mod error;
+mod intent;
+mod journal;
+mod record;
+mod stats;
+mod store;
+mod types;
+mod validate;
+
+pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use compact::{CompactionReport, CompactorHandle};
+pub use config::{
+    DEFAULT_MAX_RESULT_BYTES, JournalBuilder, MAX_RESULT_BYTES_CEILING, RetryPolicy, ScopeLock,
+    Sharing,
+};
+pub use error::{Error, ErrorKind, Result};
+pub use intent::{Intent, IntentHash, canonical_json};
+pub use journal::Journal;
+pub use record::{
+    Deadlines, Event, EventKind, InDoubtCause, OutcomeKind, ResolvedAs, ResultInfo, RevisionCause,
+};
+pub use stats::Stats;
+pub use types::{
+    Admission, Claim, DeliveryState, ExecutionStatus, OpResult, Operation, Outcome, Receipt,
+    Replay, Resolution, StaleBasePolicy,
+};
+pub use validate::MAX_NAME_BYTES;

@@ -1,0 +1,305 @@
+//! The stored records. Their bincode encoding is the file format (docs/format.md): the
+//! order of fields and of enum variants must not change without a format version bump.
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Timestamp;
+use crate::intent::IntentHash;
+
+/// One entry of the event journal, the file's source of truth.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Position in the journal; unique, increasing, never reused.
+    pub seq: u64,
+    /// When it was recorded (the journal's clock).
+    pub at: Timestamp,
+    /// The operation it belongs to (`None` for scope events).
+    pub operation_id: Option<String>,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+/// What an event records. Every index (receipts, scopes, timers, windows) is a function of
+/// these, which is what `repair` relies on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum EventKind {
+    /// Fresh work was accepted and claimed. The claim's epoch is this event's `seq`.
+    Submitted {
+        /// 1 for the first attempt; +1 after each release or not-applied resolution.
+        attempt: u32,
+        /// The intent's name.
+        intent_name: String,
+        /// The intent hash.
+        intent_hash: IntentHash,
+        /// The scope mutated, if any.
+        scope: Option<String>,
+        /// The client session, if any.
+        session: Option<String>,
+        /// The revision the client saw, if given.
+        base_revision: Option<u64>,
+        /// When the execution lease expires.
+        lease_until: Timestamp,
+        /// Whether the scope lock is held until acknowledgement ([`ScopeLock::HoldUntilAck`](crate::ScopeLock::HoldUntilAck)).
+        hold_until_ack: bool,
+    },
+    /// The claim holder extended its lease.
+    LeaseExtended {
+        /// The claim's epoch.
+        epoch: u64,
+        /// The new expiry.
+        lease_until: Timestamp,
+    },
+    /// The claim holder recorded the outcome.
+    Completed {
+        /// The claim's epoch.
+        epoch: u64,
+        /// Applied or failed.
+        outcome: OutcomeKind,
+        /// The stored result (payload in the `results` table under this event's `seq`).
+        result: ResultInfo,
+        /// The clocks started by the outcome.
+        deadlines: Deadlines,
+    },
+    /// The claim holder gave the id back: no effect happened.
+    Released {
+        /// The claim's epoch.
+        epoch: u64,
+        /// When the released attempt's history is purged.
+        purge_at: Timestamp,
+    },
+    /// The operation became `InDoubt`.
+    LeaseExpired {
+        /// The epoch of the claim that lost its lease.
+        epoch: u64,
+        /// Why.
+        cause: InDoubtCause,
+    },
+    /// The embedder resolved an `InDoubt` operation.
+    Resolved {
+        /// How it ended.
+        resolution: ResolvedAs,
+    },
+    /// A delivery attempt (first send or redelivery) was recorded.
+    Delivered {
+        /// Deliveries so far, including this one.
+        count: u32,
+        /// When the next push is due (or, for the last attempt, when the budget is spent).
+        next_due: Timestamp,
+        /// Whether this attempt spent the retry budget.
+        final_attempt: bool,
+    },
+    /// The client acknowledged the result.
+    Acknowledged {
+        /// Whether it arrived after the acknowledgement had expired.
+        late: bool,
+    },
+    /// The acknowledgement timeout passed.
+    AckExpired,
+    /// The delivery retry budget was spent.
+    Exhausted,
+    /// The result retention passed: the payload was dropped, the audit record kept.
+    Retired,
+    /// A scope's revision moved forward outside an operation's completion.
+    RevisionAdvanced {
+        /// The scope.
+        scope: String,
+        /// The new revision.
+        revision: u64,
+        /// Why it was recorded.
+        cause: RevisionCause,
+        /// When this event may be purged once a later revision supersedes it.
+        purge_at: Timestamp,
+    },
+}
+
+impl EventKind {
+    /// A short lowercase name (`submitted`, `completed`, ...), as shown by the CLI.
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::Submitted { .. } => "submitted",
+            EventKind::LeaseExtended { .. } => "lease_extended",
+            EventKind::Completed { .. } => "completed",
+            EventKind::Released { .. } => "released",
+            EventKind::LeaseExpired { .. } => "lease_expired",
+            EventKind::Resolved { .. } => "resolved",
+            EventKind::Delivered { .. } => "delivered",
+            EventKind::Acknowledged { .. } => "acknowledged",
+            EventKind::AckExpired => "ack_expired",
+            EventKind::Exhausted => "exhausted",
+            EventKind::Retired => "retired",
+            EventKind::RevisionAdvanced { .. } => "revision_advanced",
+        }
+    }
+}
+
+/// How an operation ended, as recorded (without the payload).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OutcomeKind {
+    /// The effect happened and moved the scope to `result_revision`.
+    Applied {
+        /// The revision the mutation produced.
+        result_revision: u64,
+    },
+    /// The operation failed; the failure is its outcome and is replayed like a success.
+    Failed {
+        /// What went wrong, for the client.
+        message: String,
+    },
+}
+
+/// Why an operation is `InDoubt`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InDoubtCause {
+    /// The claim holder did not complete, release or extend within the lease.
+    LeaseTimeout,
+    /// The journal was reopened while the operation was `Running`: the process that held
+    /// the claim is gone (a crash, or a close with claims outstanding).
+    Reopened,
+}
+
+/// How an `InDoubt` operation was resolved.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResolvedAs {
+    /// The effect did not happen; the id is unknown again (the next attempt is +1).
+    NotApplied {
+        /// When this attempt's history is purged.
+        purge_at: Timestamp,
+    },
+    /// The operation ended with this outcome.
+    Completed {
+        /// Applied or failed.
+        outcome: OutcomeKind,
+        /// The stored result (payload under this event's `seq`).
+        result: ResultInfo,
+        /// The clocks started by the outcome.
+        deadlines: Deadlines,
+    },
+}
+
+/// Why a scope revision event was recorded.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RevisionCause {
+    /// The embedder reported a change made outside the journal.
+    External,
+    /// Compaction purged the operation that established the scope's revision and kept the
+    /// revision with this event.
+    Checkpoint,
+}
+
+/// Size and checksum of a stored result payload.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultInfo {
+    /// Payload bytes.
+    pub len: u64,
+    /// CRC-32 of the payload bytes.
+    pub crc32: u32,
+    /// Number of changed assets listed with it.
+    pub assets: u32,
+}
+
+/// The deadlines a terminal outcome starts, fixed when it is recorded.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deadlines {
+    /// When an unacknowledged result's acknowledgement expires.
+    pub ack: Timestamp,
+    /// When the result payload is retired.
+    pub retain: Timestamp,
+    /// When the audit record is purged.
+    pub purge: Timestamp,
+    /// When a never-delivered result first counts as due for a push.
+    pub first_push: Timestamp,
+}
+
+// ---- derived records (indexes that `repair` rebuilds from the events) ----
+
+/// The receipt row: a fold of the operation's events.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ReceiptRecord {
+    pub operation_id: String,
+    pub attempt: u32,
+    pub intent_name: String,
+    pub intent_hash: IntentHash,
+    pub scope: Option<String>,
+    pub session: Option<String>,
+    pub base_revision: Option<u64>,
+    pub epoch: u64,
+    pub hold_until_ack: bool,
+    pub submitted_at: Timestamp,
+    pub state: ExecRecord,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum ExecRecord {
+    Running {
+        lease_until: Timestamp,
+    },
+    InDoubt {
+        since: Timestamp,
+        cause: InDoubtCause,
+        lease_until: Timestamp,
+    },
+    Done(DoneRecord),
+    /// Released or resolved as not applied: answers as unknown, keeps the attempt count
+    /// and the history until `purge_at`.
+    Vacant {
+        since: Timestamp,
+        purge_at: Timestamp,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DoneRecord {
+    pub outcome: OutcomeKind,
+    pub completed_at: Timestamp,
+    /// The claim epoch that completed it; `None` if it was resolved.
+    pub completed_by: Option<u64>,
+    /// Key of the payload in `results`; `None` once retired.
+    pub result_seq: Option<u64>,
+    pub result: ResultInfo,
+    pub deadlines: Deadlines,
+    pub retired_at: Option<Timestamp>,
+    pub delivery: DeliveryRecord,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DeliveryRecord {
+    pub state: crate::types::DeliveryState,
+    pub count: u32,
+    pub next_due: Timestamp,
+    pub final_attempt: bool,
+    pub last_delivered_at: Option<Timestamp>,
+    pub acknowledged_at: Option<Timestamp>,
+}
+
+/// A scope's revision and the event that established it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ScopeRecord {
+    pub scope: String,
+    pub revision: u64,
+    /// The `seq` of the event that set `revision` (kept alive by compaction).
+    pub anchor_seq: u64,
+    pub updated_at: Timestamp,
+}
+
+/// The `meta` table's `format` entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct FormatRecord {
+    pub format_version: u32,
+    pub created_at: Timestamp,
+    pub created_by: String,
+}
+
+/// The `meta` table's `state` entry, rewritten by every commit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StateRecord {
+    pub clock_high_water: Timestamp,
+    pub next_seq: u64,
+}
+
+/// The header of a `results` value; the payload bytes follow it unencoded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ResultHeader {
+    pub operation_id: String,
+    pub changed_assets: Vec<String>,
+}

@@ -1,0 +1,117 @@
+//! Counts by status and delivery state.
+
+use redb::{ReadableTable, ReadableTableMetadata};
+use serde::Serialize;
+
+use crate::clock::Timestamp;
+use crate::engine;
+use crate::error::Result;
+use crate::record::ExecRecord;
+use crate::store::{self, View};
+use crate::types::{DeliveryState, ExecutionStatus};
+
+/// A summary of a journal, with every clock applied as of `now`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Stats {
+    /// The file format version.
+    pub format_version: u32,
+    /// When the journal was created.
+    pub created_at: Timestamp,
+    /// The time the counts were taken at.
+    pub now: Timestamp,
+    /// The persisted clock high-water mark.
+    pub clock_high_water: Timestamp,
+    /// Known operations (all statuses).
+    pub operations: u64,
+    /// Operations `Running`.
+    pub running: u64,
+    /// Operations `InDoubt`.
+    pub in_doubt: u64,
+    /// Operations `Applied`.
+    pub applied: u64,
+    /// Operations `Failed`.
+    pub failed: u64,
+    /// Operations `Retired`.
+    pub retired: u64,
+    /// Released or not-applied ids whose history is kept until purged.
+    pub released: u64,
+    /// Delivery `Pending`.
+    pub pending: u64,
+    /// Delivery `Delivered`.
+    pub delivered: u64,
+    /// Delivery `Acknowledged`.
+    pub acknowledged: u64,
+    /// Delivery `Exhausted`.
+    pub exhausted: u64,
+    /// Delivery `AckExpired`.
+    pub ack_expired: u64,
+    /// The oldest terminal result still waiting for its acknowledgement.
+    pub oldest_unacked: Option<(String, Timestamp)>,
+    /// Events in the journal table.
+    pub events: u64,
+    /// Stored result payloads.
+    pub results: u64,
+    /// Scopes with a recorded revision.
+    pub scopes: u64,
+    /// Timer index entries.
+    pub timers: u64,
+    /// Records moved aside by `repair`.
+    pub quarantined: u64,
+    /// File size in bytes (0 if unknown).
+    pub file_bytes: u64,
+}
+
+pub(crate) fn collect<V: View>(v: &V, now: Timestamp) -> Result<Stats> {
+    let mut s = Stats {
+        now,
+        ..Stats::default()
+    };
+    if let Some(f) = v.format()? {
+        s.format_version = f.format_version;
+        s.created_at = f.created_at;
+    }
+    s.clock_high_water = v.state()?.clock_high_water;
+    for entry in v.receipts_t().iter()? {
+        let (k, val) = entry?;
+        let rec = store::decode_receipt(k.value(), val.value())?;
+        let Some(rec) = engine::effective(&rec, now) else {
+            continue;
+        };
+        if let ExecRecord::Vacant { .. } = rec.state {
+            s.released += 1;
+            continue;
+        }
+        let Some(r) = engine::view(&rec) else {
+            continue;
+        };
+        s.operations += 1;
+        match r.status {
+            ExecutionStatus::Running => s.running += 1,
+            ExecutionStatus::InDoubt => s.in_doubt += 1,
+            ExecutionStatus::Applied => s.applied += 1,
+            ExecutionStatus::Failed => s.failed += 1,
+            ExecutionStatus::Retired => s.retired += 1,
+        }
+        match r.delivery {
+            Some(DeliveryState::Pending) => s.pending += 1,
+            Some(DeliveryState::Delivered) => s.delivered += 1,
+            Some(DeliveryState::Acknowledged) => s.acknowledged += 1,
+            Some(DeliveryState::Exhausted) => s.exhausted += 1,
+            Some(DeliveryState::AckExpired) => s.ack_expired += 1,
+            None => {}
+        }
+        if r.delivery.is_some_and(|d| d.is_open())
+            && r.status != ExecutionStatus::Retired
+            && let Some(at) = r.completed_at
+            && s.oldest_unacked.as_ref().is_none_or(|(_, t)| at < *t)
+        {
+            s.oldest_unacked = Some((r.operation_id.clone(), at));
+        }
+    }
+    s.events = v.events_t().len()?;
+    s.results = v.results_t().len()?;
+    s.scopes = v.scopes_t().len()?;
+    s.timers = v.timers_t().len()?;
+    Ok(s)
+}

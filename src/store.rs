@@ -1,0 +1,561 @@
+//! The storage layer: redb tables, framed values, typed reads and writes.
+//!
+//! Everything that knows about redb lives here (and in `journal.rs`, which owns the
+//! database handle), so mapping the receipt model onto another store is a port of this
+//! module. Every value read is checked (magic, CRC, decode, embedded key) and a failure is
+//! a typed `Corrupt { table, key }` error, never a panic.
+
+use redb::{
+    ReadOnlyTable, ReadTransaction, ReadableTable, Table, TableDefinition, WriteTransaction,
+};
+
+use crate::codec::{self, RecordKind};
+use crate::error::{Error, Result};
+use crate::record::{Event, FormatRecord, ReceiptRecord, ResultHeader, ScopeRecord, StateRecord};
+use crate::types::OpResult;
+
+/// `meta`: `"format"` → [`FormatRecord`], `"state"` → [`StateRecord`].
+pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+/// `events`: seq → [`Event`]. The source of truth.
+pub(crate) const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
+/// `receipts`: operation id → [`ReceiptRecord`] (index).
+pub(crate) const RECEIPTS: TableDefinition<&str, &[u8]> = TableDefinition::new("receipts");
+/// `results`: seq of the completing event → result header and payload.
+pub(crate) const RESULTS: TableDefinition<u64, &[u8]> = TableDefinition::new("results");
+/// `scopes`: scope → [`ScopeRecord`] (index).
+pub(crate) const SCOPES: TableDefinition<&str, &[u8]> = TableDefinition::new("scopes");
+/// `op_events`: (operation id, seq) → () (index).
+pub(crate) const OP_EVENTS: TableDefinition<(&str, u64), ()> = TableDefinition::new("op_events");
+/// `timers`: (timer kind, due ms, operation id) → () (index).
+pub(crate) const TIMERS: TableDefinition<(u8, u64, &str), ()> = TableDefinition::new("timers");
+/// `scope_timers`: (due ms, seq of a superseded revision event) → () (index).
+pub(crate) const SCOPE_TIMERS: TableDefinition<(u64, u64), ()> =
+    TableDefinition::new("scope_timers");
+/// `windows`: (session, ack deadline ms, operation id) → () (index).
+pub(crate) const WINDOWS: TableDefinition<(&str, u64, &str), ()> = TableDefinition::new("windows");
+/// `scope_holds`: (scope, operation id) → () (index).
+pub(crate) const HOLDS: TableDefinition<(&str, &str), ()> = TableDefinition::new("scope_holds");
+/// `in_doubt`: operation id → () (index).
+pub(crate) const IN_DOUBT: TableDefinition<&str, ()> = TableDefinition::new("in_doubt");
+/// `quarantine`: n → the table name, key and raw value of a record `repair` could not use.
+pub(crate) const QUARANTINE: TableDefinition<u64, &[u8]> = TableDefinition::new("quarantine");
+
+/// Names of every table, for `verify` and for recognizing a journal.
+pub(crate) const TABLE_NAMES: [&str; 12] = [
+    "meta",
+    "events",
+    "receipts",
+    "results",
+    "scopes",
+    "op_events",
+    "timers",
+    "scope_timers",
+    "windows",
+    "scope_holds",
+    "in_doubt",
+    "quarantine",
+];
+
+/// Timer kinds: the first element of a `timers` key.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub(crate) enum TimerKind {
+    /// A `Running` operation's lease expiry.
+    Lease = 1,
+    /// An open delivery's next push (a queue, not fired by compaction).
+    Redeliver = 2,
+    /// The retry budget is spent when the last attempt's wait passes.
+    Exhaust = 3,
+    /// The acknowledgement timeout.
+    AckTimeout = 4,
+    /// Result retention.
+    Retain = 5,
+    /// Audit retention (retired or vacant records).
+    Purge = 6,
+}
+
+impl TimerKind {
+    pub(crate) const ALL: [TimerKind; 6] = [
+        TimerKind::Lease,
+        TimerKind::Redeliver,
+        TimerKind::Exhaust,
+        TimerKind::AckTimeout,
+        TimerKind::Retain,
+        TimerKind::Purge,
+    ];
+
+    pub(crate) fn from_byte(b: u8) -> Option<TimerKind> {
+        TimerKind::ALL.into_iter().find(|k| *k as u8 == b)
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            TimerKind::Lease => "lease",
+            TimerKind::Redeliver => "redeliver",
+            TimerKind::Exhaust => "exhaust",
+            TimerKind::AckTimeout => "ack_timeout",
+            TimerKind::Retain => "retain",
+            TimerKind::Purge => "purge",
+        }
+    }
+}
+
+fn corrupt(table: &str, key: impl std::fmt::Display, e: impl std::fmt::Display) -> Error {
+    Error::corrupt(table, key, e.to_string())
+}
+
+pub(crate) fn decode_event(key: u64, bytes: &[u8]) -> Result<Event> {
+    let ev: Event =
+        codec::decode(RecordKind::Event, bytes).map_err(|e| corrupt("events", key, e))?;
+    if ev.seq != key {
+        return Err(corrupt(
+            "events",
+            key,
+            format!("record carries seq {} under key {key}", ev.seq),
+        ));
+    }
+    Ok(ev)
+}
+
+pub(crate) fn decode_receipt(key: &str, bytes: &[u8]) -> Result<ReceiptRecord> {
+    let rec: ReceiptRecord =
+        codec::decode(RecordKind::Receipt, bytes).map_err(|e| corrupt("receipts", key, e))?;
+    if rec.operation_id != key {
+        return Err(corrupt(
+            "receipts",
+            key,
+            format!("record carries operation id `{}`", rec.operation_id),
+        ));
+    }
+    Ok(rec)
+}
+
+pub(crate) fn decode_scope(key: &str, bytes: &[u8]) -> Result<ScopeRecord> {
+    let rec: ScopeRecord =
+        codec::decode(RecordKind::Scope, bytes).map_err(|e| corrupt("scopes", key, e))?;
+    if rec.scope != key {
+        return Err(corrupt(
+            "scopes",
+            key,
+            format!("record carries scope `{}`", rec.scope),
+        ));
+    }
+    Ok(rec)
+}
+
+/// Decodes a `results` value into its header and payload.
+pub(crate) fn decode_result(key: u64, bytes: &[u8]) -> Result<(ResultHeader, Vec<u8>)> {
+    let payload =
+        codec::unframe(RecordKind::Result, bytes).map_err(|e| corrupt("results", key, e))?;
+    let (header, used): (ResultHeader, usize) =
+        codec::decode_prefix(payload).map_err(|e| corrupt("results", key, e))?;
+    Ok((header, payload[used..].to_vec()))
+}
+
+pub(crate) fn encode_result(operation_id: &str, result: &OpResult) -> Vec<u8> {
+    let mut payload = codec::encode_payload(&ResultHeader {
+        operation_id: operation_id.to_string(),
+        changed_assets: result.changed_assets.clone(),
+    });
+    payload.extend_from_slice(&result.bytes);
+    codec::frame(RecordKind::Result, &payload)
+}
+
+pub(crate) fn decode_meta<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T> {
+    codec::decode(RecordKind::Meta, bytes).map_err(|e| corrupt("meta", key, e))
+}
+
+/// Read access shared by read transactions and write transactions.
+pub(crate) trait View {
+    type Meta: ReadableTable<&'static str, &'static [u8]>;
+    type Events: ReadableTable<u64, &'static [u8]>;
+    type Receipts: ReadableTable<&'static str, &'static [u8]>;
+    type Results: ReadableTable<u64, &'static [u8]>;
+    type Scopes: ReadableTable<&'static str, &'static [u8]>;
+    type OpEvents: ReadableTable<(&'static str, u64), ()>;
+    type Timers: ReadableTable<(u8, u64, &'static str), ()>;
+    type ScopeTimers: ReadableTable<(u64, u64), ()>;
+    type Windows: ReadableTable<(&'static str, u64, &'static str), ()>;
+    type Holds: ReadableTable<(&'static str, &'static str), ()>;
+    type InDoubt: ReadableTable<&'static str, ()>;
+
+    fn meta_t(&self) -> &Self::Meta;
+    fn events_t(&self) -> &Self::Events;
+    fn receipts_t(&self) -> &Self::Receipts;
+    fn results_t(&self) -> &Self::Results;
+    fn scopes_t(&self) -> &Self::Scopes;
+    fn op_events_t(&self) -> &Self::OpEvents;
+    fn timers_t(&self) -> &Self::Timers;
+    fn scope_timers_t(&self) -> &Self::ScopeTimers;
+    fn windows_t(&self) -> &Self::Windows;
+    fn holds_t(&self) -> &Self::Holds;
+    fn in_doubt_t(&self) -> &Self::InDoubt;
+
+    fn format(&self) -> Result<Option<FormatRecord>> {
+        match self.meta_t().get("format")? {
+            Some(v) => Ok(Some(decode_meta("format", v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    fn state(&self) -> Result<StateRecord> {
+        match self.meta_t().get("state")? {
+            Some(v) => decode_meta("state", v.value()),
+            None => Err(Error::corrupt(
+                "meta",
+                "state",
+                "the state entry is missing",
+            )),
+        }
+    }
+
+    fn receipt(&self, id: &str) -> Result<Option<ReceiptRecord>> {
+        match self.receipts_t().get(id)? {
+            Some(v) => Ok(Some(decode_receipt(id, v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    fn scope(&self, scope: &str) -> Result<Option<ScopeRecord>> {
+        match self.scopes_t().get(scope)? {
+            Some(v) => Ok(Some(decode_scope(scope, v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    fn scope_revision(&self, scope: &str) -> Result<u64> {
+        Ok(self.scope(scope)?.map_or(0, |s| s.revision))
+    }
+
+    fn event(&self, seq: u64) -> Result<Option<Event>> {
+        match self.events_t().get(seq)? {
+            Some(v) => Ok(Some(decode_event(seq, v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The result stored under `seq`, checked against the operation id.
+    fn result(&self, seq: u64, operation_id: &str) -> Result<Option<OpResult>> {
+        match self.results_t().get(seq)? {
+            Some(v) => {
+                let (header, bytes) = decode_result(seq, v.value())?;
+                if header.operation_id != operation_id {
+                    return Err(corrupt(
+                        "results",
+                        seq,
+                        format!(
+                            "result belongs to `{}`, not `{operation_id}`",
+                            header.operation_id
+                        ),
+                    ));
+                }
+                Ok(Some(OpResult {
+                    bytes,
+                    changed_assets: header.changed_assets,
+                }))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The seqs of an operation's events, in order.
+    fn op_event_seqs(&self, id: &str) -> Result<Vec<u64>> {
+        let mut out = Vec::new();
+        for entry in self.op_events_t().range((id, 0u64)..=(id, u64::MAX))? {
+            let (k, _) = entry?;
+            out.push(k.value().1);
+        }
+        Ok(out)
+    }
+
+    /// The operations recorded as holding `scope`'s lock.
+    fn holders(&self, scope: &str) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for entry in self.holds_t().range((scope, "")..)? {
+            let (k, _) = entry?;
+            let (s, op) = k.value();
+            if s != scope {
+                break;
+            }
+            out.push(op.to_string());
+        }
+        Ok(out)
+    }
+
+    /// Window entries of `session` whose ack deadline is after `after`, oldest deadline
+    /// first, at most `limit`.
+    fn window_after(&self, session: &str, after: u64, limit: usize) -> Result<Vec<(u64, String)>> {
+        let mut out = Vec::new();
+        if after == u64::MAX {
+            return Ok(out);
+        }
+        for entry in self
+            .windows_t()
+            .range((session, after + 1, "")..=(session, u64::MAX, "\u{10FFFF}\u{10FFFF}"))?
+        {
+            let (k, _) = entry?;
+            let (s, deadline, op) = k.value();
+            if s != session {
+                break;
+            }
+            out.push((deadline, op.to_string()));
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Timers of `kind` due at or before `now`, earliest first, at most `limit`.
+    fn timers_due(&self, kind: TimerKind, now: u64, limit: usize) -> Result<Vec<(u64, String)>> {
+        let k = kind as u8;
+        let mut out = Vec::new();
+        if limit == 0 {
+            return Ok(out);
+        }
+        for entry in self.timers_t().range((k, 0u64, "")..)? {
+            let (key, _) = entry?;
+            let (kk, due, op) = key.value();
+            if kk != k || due > now {
+                break;
+            }
+            out.push((due, op.to_string()));
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Superseded revision events due for purging at or before `now`.
+    fn scope_timers_due(&self, now: u64, limit: usize) -> Result<Vec<(u64, u64)>> {
+        let mut out = Vec::new();
+        if limit == 0 {
+            return Ok(out);
+        }
+        for entry in self
+            .scope_timers_t()
+            .range((0u64, 0u64)..=(now, u64::MAX))?
+        {
+            let (key, _) = entry?;
+            out.push(key.value());
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The tables as seen by a read transaction.
+pub(crate) struct ReadTables {
+    meta: ReadOnlyTable<&'static str, &'static [u8]>,
+    events: ReadOnlyTable<u64, &'static [u8]>,
+    receipts: ReadOnlyTable<&'static str, &'static [u8]>,
+    results: ReadOnlyTable<u64, &'static [u8]>,
+    scopes: ReadOnlyTable<&'static str, &'static [u8]>,
+    op_events: ReadOnlyTable<(&'static str, u64), ()>,
+    timers: ReadOnlyTable<(u8, u64, &'static str), ()>,
+    scope_timers: ReadOnlyTable<(u64, u64), ()>,
+    windows: ReadOnlyTable<(&'static str, u64, &'static str), ()>,
+    holds: ReadOnlyTable<(&'static str, &'static str), ()>,
+    in_doubt: ReadOnlyTable<&'static str, ()>,
+}
+
+impl ReadTables {
+    pub(crate) fn open(txn: &ReadTransaction) -> Result<ReadTables> {
+        Ok(ReadTables {
+            meta: txn.open_table(META)?,
+            events: txn.open_table(EVENTS)?,
+            receipts: txn.open_table(RECEIPTS)?,
+            results: txn.open_table(RESULTS)?,
+            scopes: txn.open_table(SCOPES)?,
+            op_events: txn.open_table(OP_EVENTS)?,
+            timers: txn.open_table(TIMERS)?,
+            scope_timers: txn.open_table(SCOPE_TIMERS)?,
+            windows: txn.open_table(WINDOWS)?,
+            holds: txn.open_table(HOLDS)?,
+            in_doubt: txn.open_table(IN_DOUBT)?,
+        })
+    }
+}
+
+/// The tables as seen (and written) by a write transaction.
+pub(crate) struct WriteTables<'txn> {
+    meta: Table<'txn, &'static str, &'static [u8]>,
+    events: Table<'txn, u64, &'static [u8]>,
+    receipts: Table<'txn, &'static str, &'static [u8]>,
+    results: Table<'txn, u64, &'static [u8]>,
+    scopes: Table<'txn, &'static str, &'static [u8]>,
+    op_events: Table<'txn, (&'static str, u64), ()>,
+    timers: Table<'txn, (u8, u64, &'static str), ()>,
+    scope_timers: Table<'txn, (u64, u64), ()>,
+    windows: Table<'txn, (&'static str, u64, &'static str), ()>,
+    holds: Table<'txn, (&'static str, &'static str), ()>,
+    in_doubt: Table<'txn, &'static str, ()>,
+}
+
+macro_rules! view_impl {
+    ($ty:ty, $tbl:ident $(, $lt:lifetime)?) => {
+        impl$(<$lt>)? View for $ty {
+            type Meta = $tbl<$($lt,)? &'static str, &'static [u8]>;
+            type Events = $tbl<$($lt,)? u64, &'static [u8]>;
+            type Receipts = $tbl<$($lt,)? &'static str, &'static [u8]>;
+            type Results = $tbl<$($lt,)? u64, &'static [u8]>;
+            type Scopes = $tbl<$($lt,)? &'static str, &'static [u8]>;
+            type OpEvents = $tbl<$($lt,)? (&'static str, u64), ()>;
+            type Timers = $tbl<$($lt,)? (u8, u64, &'static str), ()>;
+            type ScopeTimers = $tbl<$($lt,)? (u64, u64), ()>;
+            type Windows = $tbl<$($lt,)? (&'static str, u64, &'static str), ()>;
+            type Holds = $tbl<$($lt,)? (&'static str, &'static str), ()>;
+            type InDoubt = $tbl<$($lt,)? &'static str, ()>;
+            fn meta_t(&self) -> &Self::Meta { &self.meta }
+            fn events_t(&self) -> &Self::Events { &self.events }
+            fn receipts_t(&self) -> &Self::Receipts { &self.receipts }
+            fn results_t(&self) -> &Self::Results { &self.results }
+            fn scopes_t(&self) -> &Self::Scopes { &self.scopes }
+            fn op_events_t(&self) -> &Self::OpEvents { &self.op_events }
+            fn timers_t(&self) -> &Self::Timers { &self.timers }
+            fn scope_timers_t(&self) -> &Self::ScopeTimers { &self.scope_timers }
+            fn windows_t(&self) -> &Self::Windows { &self.windows }
+            fn holds_t(&self) -> &Self::Holds { &self.holds }
+            fn in_doubt_t(&self) -> &Self::InDoubt { &self.in_doubt }
+        }
+    };
+}
+view_impl!(ReadTables, ReadOnlyTable);
+view_impl!(WriteTables<'txn>, Table, 'txn);
+
+/// One index entry implied by a receipt (see `engine::index_entries`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum IndexEntry {
+    Timer(TimerKind, u64),
+    Window(String, u64),
+    Hold(String),
+    InDoubt,
+}
+
+impl<'txn> WriteTables<'txn> {
+    pub(crate) fn open(txn: &'txn WriteTransaction) -> Result<WriteTables<'txn>> {
+        Ok(WriteTables {
+            meta: txn.open_table(META)?,
+            events: txn.open_table(EVENTS)?,
+            receipts: txn.open_table(RECEIPTS)?,
+            results: txn.open_table(RESULTS)?,
+            scopes: txn.open_table(SCOPES)?,
+            op_events: txn.open_table(OP_EVENTS)?,
+            timers: txn.open_table(TIMERS)?,
+            scope_timers: txn.open_table(SCOPE_TIMERS)?,
+            windows: txn.open_table(WINDOWS)?,
+            holds: txn.open_table(HOLDS)?,
+            in_doubt: txn.open_table(IN_DOUBT)?,
+        })
+    }
+
+    pub(crate) fn put_format(&mut self, f: &FormatRecord) -> Result<()> {
+        self.meta
+            .insert("format", codec::encode(RecordKind::Meta, f).as_slice())?;
+        Ok(())
+    }
+
+    pub(crate) fn put_state(&mut self, s: &StateRecord) -> Result<()> {
+        self.meta
+            .insert("state", codec::encode(RecordKind::Meta, s).as_slice())?;
+        Ok(())
+    }
+
+    pub(crate) fn put_event(&mut self, ev: &Event) -> Result<()> {
+        self.events
+            .insert(ev.seq, codec::encode(RecordKind::Event, ev).as_slice())?;
+        if let Some(op) = &ev.operation_id {
+            self.op_events.insert((op.as_str(), ev.seq), ())?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn delete_event(&mut self, seq: u64, op: Option<&str>) -> Result<()> {
+        self.events.remove(seq)?;
+        if let Some(op) = op {
+            self.op_events.remove((op, seq))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn put_receipt(&mut self, rec: &ReceiptRecord) -> Result<()> {
+        self.receipts.insert(
+            rec.operation_id.as_str(),
+            codec::encode(RecordKind::Receipt, rec).as_slice(),
+        )?;
+        Ok(())
+    }
+
+    pub(crate) fn delete_receipt(&mut self, id: &str) -> Result<()> {
+        self.receipts.remove(id)?;
+        Ok(())
+    }
+
+    pub(crate) fn put_scope(&mut self, rec: &ScopeRecord) -> Result<()> {
+        self.scopes.insert(
+            rec.scope.as_str(),
+            codec::encode(RecordKind::Scope, rec).as_slice(),
+        )?;
+        Ok(())
+    }
+
+    pub(crate) fn put_result(&mut self, seq: u64, id: &str, result: &OpResult) -> Result<()> {
+        self.results
+            .insert(seq, encode_result(id, result).as_slice())?;
+        Ok(())
+    }
+
+    pub(crate) fn delete_result(&mut self, seq: u64) -> Result<()> {
+        self.results.remove(seq)?;
+        Ok(())
+    }
+
+    pub(crate) fn put_scope_timer(&mut self, due: u64, seq: u64) -> Result<()> {
+        self.scope_timers.insert((due, seq), ())?;
+        Ok(())
+    }
+
+    pub(crate) fn delete_scope_timer(&mut self, due: u64, seq: u64) -> Result<()> {
+        self.scope_timers.remove((due, seq))?;
+        Ok(())
+    }
+
+    pub(crate) fn insert_index(&mut self, op: &str, entry: &IndexEntry) -> Result<()> {
+        match entry {
+            IndexEntry::Timer(kind, due) => {
+                self.timers.insert((*kind as u8, *due, op), ())?;
+            }
+            IndexEntry::Window(session, deadline) => {
+                self.windows.insert((session.as_str(), *deadline, op), ())?;
+            }
+            IndexEntry::Hold(scope) => {
+                self.holds.insert((scope.as_str(), op), ())?;
+            }
+            IndexEntry::InDoubt => {
+                self.in_doubt.insert(op, ())?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn remove_index(&mut self, op: &str, entry: &IndexEntry) -> Result<()> {
+        match entry {
+            IndexEntry::Timer(kind, due) => {
+                self.timers.remove((*kind as u8, *due, op))?;
+            }
+            IndexEntry::Window(session, deadline) => {
+                self.windows.remove((session.as_str(), *deadline, op))?;
+            }
+            IndexEntry::Hold(scope) => {
+                self.holds.remove((scope.as_str(), op))?;
+            }
+            IndexEntry::InDoubt => {
+                self.in_doubt.remove(op)?;
+            }
+        }
+        Ok(())
+    }
+}
