@@ -1,0 +1,1 @@
+//! Shared support for opjournal's benchmarks and crash/fault harnesses.
