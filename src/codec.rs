@@ -40,6 +40,8 @@ pub enum RecordKind {
     Scope = 4,
     /// A result payload.
     Result = 5,
+    /// A record `repair` moved aside.
+    Quarantine = 6,
 }
 
 impl RecordKind {
@@ -51,6 +53,7 @@ impl RecordKind {
             3 => RecordKind::Receipt,
             4 => RecordKind::Scope,
             5 => RecordKind::Result,
+            6 => RecordKind::Quarantine,
             _ => return None,
         })
     }

@@ -331,4 +331,15 @@ impl JournalBuilder {
         self.config.validate()?;
         Journal::open_with(path.as_ref(), self.config)
     }
+
+    /// Opens (or creates) a journal on a custom redb storage backend: an in-memory one, or
+    /// a fault-injecting one for crash tests. `label` names it in messages.
+    ///
+    /// # Errors
+    ///
+    /// As [`JournalBuilder::open`].
+    pub fn open_backend(self, backend: impl redb::StorageBackend, label: &str) -> Result<Journal> {
+        self.config.validate()?;
+        Journal::open_backend_with(backend, label, self.config)
+    }
 }

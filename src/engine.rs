@@ -15,6 +15,7 @@ use std::time::Duration;
 use crate::clock::{Timestamp, duration_ms};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
+use crate::intent::IntentHash;
 use crate::record::{
     Deadlines, DeliveryRecord, DoneRecord, Event, EventKind, ExecRecord, InDoubtCause, OutcomeKind,
     ReceiptRecord, ResolvedAs, ResultInfo, RevisionCause, ScopeRecord, StateRecord,
@@ -271,6 +272,37 @@ pub(crate) fn transition(
                 }
                 _ => Err(misfit(old)),
             }
+        }
+        EventKind::Salvaged {
+            attempt,
+            intent_name,
+            intent_hash,
+            scope,
+            session,
+            ..
+        } => {
+            let lease_until = match old.map(|r| &r.state) {
+                Some(ExecRecord::Running { lease_until })
+                | Some(ExecRecord::InDoubt { lease_until, .. }) => *lease_until,
+                _ => ev.at,
+            };
+            Ok(ReceiptRecord {
+                operation_id: id.to_string(),
+                attempt: *attempt,
+                intent_name: intent_name.clone(),
+                intent_hash: *intent_hash,
+                scope: scope.clone(),
+                session: session.clone(),
+                base_revision: old.and_then(|r| r.base_revision),
+                epoch: ev.seq,
+                hold_until_ack: false,
+                submitted_at: old.map_or(ev.at, |r| r.submitted_at),
+                state: ExecRecord::InDoubt {
+                    since: ev.at,
+                    cause: InDoubtCause::EventsLost,
+                    lease_until,
+                },
+            })
         }
         EventKind::RevisionAdvanced { .. } => Err("a scope event has no receipt".to_string()),
     }
@@ -592,7 +624,8 @@ pub(crate) fn answer_known<V: View>(
     if matches!(rec.state, ExecRecord::Vacant { .. }) {
         return Ok(None);
     }
-    if rec.intent_hash != op.intent.hash() {
+    // An all-zero hash means `repair` lost the intent: any intent is answered in doubt.
+    if rec.intent_hash != op.intent.hash() && rec.intent_hash != IntentHash([0; 32]) {
         return Err(Error::new(ErrorKind::IntentMismatch {
             operation_id: op.id.clone(),
             recorded: rec.intent_hash,

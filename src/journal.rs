@@ -450,14 +450,38 @@ impl Journal {
         JournalBuilder::new().open(path)
     }
 
-    pub(crate) fn open_with(path: &Path, cfg: Config) -> Result<Journal> {
-        check_redb_magic(path)?;
+    fn redb_builder(cfg: &Config) -> redb::Builder {
         let mut builder = redb::Builder::new();
         builder.set_concurrency_mode(match cfg.sharing {
             Sharing::LiveReaders => redb::ConcurrencyMode::SingleWriter,
             Sharing::Exclusive => redb::ConcurrencyMode::ExclusiveWriter,
         });
-        let db = builder.create(path).map_err(|e| open_error(path, e))?;
+        builder
+    }
+
+    pub(crate) fn open_with(path: &Path, cfg: Config) -> Result<Journal> {
+        check_redb_magic(path)?;
+        let db = Self::redb_builder(&cfg)
+            .create(path)
+            .map_err(|e| open_error(path, e))?;
+        Self::init(db, path, cfg)
+    }
+
+    pub(crate) fn open_backend_with(
+        backend: impl redb::StorageBackend,
+        label: &str,
+        mut cfg: Config,
+    ) -> Result<Journal> {
+        // Custom backends implement no cross-process locks: open them exclusively.
+        cfg.sharing = Sharing::Exclusive;
+        let path = Path::new(label);
+        let db = Self::redb_builder(&cfg)
+            .create_with_backend(backend)
+            .map_err(|e| open_error(path, e))?;
+        Self::init(db, path, cfg)
+    }
+
+    fn init(db: Database, path: &Path, cfg: Config) -> Result<Journal> {
         let now_clock = cfg.clock.now();
         let mut txn = db.begin_write()?;
         txn.set_quick_repair(cfg.quick_repair);

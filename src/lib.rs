@@ -11,12 +11,16 @@
 #![deny(missing_docs)]
 #![deny(clippy::unwrap_used)]
 
+pub mod check;
 mod clock;
 pub mod codec;
 mod compact;
 mod config;
 mod engine;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
+mod inspect;
 mod intent;
 mod journal;
 mod record;
@@ -32,6 +36,7 @@ pub use config::{
     Sharing,
 };
 pub use error::{Error, ErrorKind, Result};
+pub use inspect::{Access, Inspector};
 pub use intent::{Intent, IntentHash, canonical_json};
 pub use journal::Journal;
 pub use record::{

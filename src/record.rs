@@ -100,6 +100,22 @@ pub enum EventKind {
     Exhausted,
     /// The result retention passed: the payload was dropped, the audit record kept.
     Retired,
+    /// `repair` could not rebuild the operation from its events (some were damaged): it is
+    /// `InDoubt` until the embedder resolves it. The claim epoch is this event's `seq`.
+    Salvaged {
+        /// The attempt number, as far as it is known.
+        attempt: u32,
+        /// The intent's name (`(lost)` if unknown).
+        intent_name: String,
+        /// The intent hash (all zeros if unknown: then any intent is answered `InDoubt`).
+        intent_hash: IntentHash,
+        /// The scope, if known.
+        scope: Option<String>,
+        /// The session, if known.
+        session: Option<String>,
+        /// Events of the operation that were damaged and quarantined.
+        lost_events: u32,
+    },
     /// A scope's revision moved forward outside an operation's completion.
     RevisionAdvanced {
         /// The scope.
@@ -128,6 +144,7 @@ impl EventKind {
             EventKind::AckExpired => "ack_expired",
             EventKind::Exhausted => "exhausted",
             EventKind::Retired => "retired",
+            EventKind::Salvaged { .. } => "salvaged",
             EventKind::RevisionAdvanced { .. } => "revision_advanced",
         }
     }
@@ -156,6 +173,8 @@ pub enum InDoubtCause {
     /// The journal was reopened while the operation was `Running`: the process that held
     /// the claim is gone (a crash, or a close with claims outstanding).
     Reopened,
+    /// `repair` found some of the operation's events damaged, so its outcome is unknown.
+    EventsLost,
 }
 
 /// How an `InDoubt` operation was resolved.
@@ -301,5 +320,7 @@ pub(crate) struct StateRecord {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ResultHeader {
     pub operation_id: String,
+    /// The seq of the event that recorded the outcome (the `results` key).
+    pub completed_seq: u64,
     pub changed_assets: Vec<String>,
 }

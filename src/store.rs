@@ -149,12 +149,23 @@ pub(crate) fn decode_result(key: u64, bytes: &[u8]) -> Result<(ResultHeader, Vec
         codec::unframe(RecordKind::Result, bytes).map_err(|e| corrupt("results", key, e))?;
     let (header, used): (ResultHeader, usize) =
         codec::decode_prefix(payload).map_err(|e| corrupt("results", key, e))?;
+    if header.completed_seq != key {
+        return Err(corrupt(
+            "results",
+            key,
+            format!(
+                "record carries seq {} under key {key}",
+                header.completed_seq
+            ),
+        ));
+    }
     Ok((header, payload[used..].to_vec()))
 }
 
-pub(crate) fn encode_result(operation_id: &str, result: &OpResult) -> Vec<u8> {
+pub(crate) fn encode_result(seq: u64, operation_id: &str, result: &OpResult) -> Vec<u8> {
     let mut payload = codec::encode_payload(&ResultHeader {
         operation_id: operation_id.to_string(),
+        completed_seq: seq,
         changed_assets: result.changed_assets.clone(),
     });
     payload.extend_from_slice(&result.bytes);
@@ -504,7 +515,7 @@ impl<'txn> WriteTables<'txn> {
 
     pub(crate) fn put_result(&mut self, seq: u64, id: &str, result: &OpResult) -> Result<()> {
         self.results
-            .insert(seq, encode_result(id, result).as_slice())?;
+            .insert(seq, encode_result(seq, id, result).as_slice())?;
         Ok(())
     }
 

@@ -1,0 +1,355 @@
+//! Read-only inspection of a journal file, also while an editor has it open.
+//!
+//! [`Inspector::open`] never modifies the file:
+//! - no writer has it open → the file is opened read-only, and writers are excluded while
+//!   the inspector lives ([`Access::Idle`]);
+//! - a writer opened it with [`Sharing::LiveReaders`](crate::Sharing::LiveReaders) → it is
+//!   opened read-only beside the writer, and each call sees the latest commit
+//!   ([`Access::Live`]);
+//! - it was not closed cleanly (a crash) → a copy is recovered in a temporary directory and
+//!   inspected ([`Access::RecoveredCopy`]); the file itself is recovered by the next writer;
+//! - a writer opened it with [`Sharing::Exclusive`](crate::Sharing::Exclusive) → `Locked`.
+
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTable};
+
+use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::engine;
+use crate::error::{Error, ErrorKind, Result};
+use crate::journal::{check_format, check_redb_magic};
+use crate::record::Event;
+use crate::stats::{self, Stats};
+use crate::store::{self, ReadTables, View};
+use crate::types::{OpResult, Receipt};
+
+/// How an [`Inspector`] reached the file.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Access {
+    /// No writer had the file open; writers are excluded while the inspector lives.
+    Idle,
+    /// A writer has the file open; reads follow its commits.
+    Live,
+    /// The file was not closed cleanly: a recovered copy is inspected; the file is unchanged.
+    RecoveredCopy,
+}
+
+impl Access {
+    /// A sentence for diagnostics.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Access::Idle => "no writer has the journal open",
+            Access::Live => "a writer has the journal open; showing its latest commit",
+            Access::RecoveredCopy => {
+                "the journal was not closed cleanly; inspecting a recovered copy (the file is unchanged until a writer opens it)"
+            }
+        }
+    }
+}
+
+pub(crate) enum Handle {
+    ReadOnly(ReadOnlyDatabase),
+    /// A recovered copy; the directory is deleted when the handle drops.
+    Copy(Database, #[allow(dead_code)] tempfile::TempDir),
+}
+
+impl Handle {
+    pub(crate) fn begin_read(&self) -> Result<ReadTransaction> {
+        Ok(match self {
+            Handle::ReadOnly(db) => db.begin_read()?,
+            Handle::Copy(db, _) => db.begin_read()?,
+        })
+    }
+}
+
+/// A read-only view of a journal file, for tools such as the `opjournal` CLI.
+pub struct Inspector {
+    pub(crate) handle: Handle,
+    path: PathBuf,
+    access: Access,
+    clock: Box<dyn Clock>,
+}
+
+impl std::fmt::Debug for Inspector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inspector")
+            .field("path", &self.path)
+            .field("access", &self.access)
+            .finish_non_exhaustive()
+    }
+}
+
+fn open_ro(
+    path: &Path,
+    mode: redb::ConcurrencyMode,
+) -> std::result::Result<ReadOnlyDatabase, redb::DatabaseError> {
+    redb::Builder::new()
+        .set_concurrency_mode(mode)
+        .open_read_only(path)
+}
+
+/// Copies `path` into a new temporary directory and opens the copy read-write, which runs
+/// redb's crash recovery on the copy.
+pub(crate) fn recovered_copy(path: &Path) -> Result<(Database, tempfile::TempDir, PathBuf)> {
+    let dir = tempfile::Builder::new()
+        .prefix("opjournal-inspect-")
+        .tempdir()
+        .map_err(Error::io)?;
+    let copy = dir.path().join("journal.opj");
+    std::fs::copy(path, &copy).map_err(Error::io)?;
+    let db = redb::Builder::new()
+        .create(&copy)
+        .map_err(|e| not_openable(path, e))?;
+    Ok((db, dir, copy))
+}
+
+fn not_openable(path: &Path, e: redb::DatabaseError) -> Error {
+    match e {
+        redb::DatabaseError::DatabaseAlreadyOpen | redb::DatabaseError::LockProtocolMismatch => {
+            Error::new(ErrorKind::Locked {
+                path: path.to_path_buf(),
+            })
+        }
+        redb::DatabaseError::Storage(redb::StorageError::Corrupted(detail)) => Error::corrupt(
+            "(redb)",
+            "(file)",
+            format!("the storage engine refuses the file: {detail}"),
+        ),
+        redb::DatabaseError::UpgradeRequired(v) => Error::new(ErrorKind::NotAJournal {
+            path: path.to_path_buf(),
+            detail: format!("it is a redb file of an older file format ({v})"),
+        }),
+        other => Error::from(other),
+    }
+}
+
+impl Inspector {
+    /// Opens `path` for inspection without modifying it.
+    ///
+    /// # Errors
+    ///
+    /// - [`ErrorKind::Io`] if the file is missing or unreadable (the source says which);
+    /// - [`ErrorKind::NotAJournal`] for an empty file, a non-redb file, or a redb file
+    ///   without the journal's tables;
+    /// - [`ErrorKind::Locked`] if a writer has it open with `Sharing::Exclusive`;
+    /// - [`ErrorKind::UnsupportedFormat`], [`ErrorKind::Corrupt`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Inspector> {
+        let path = path.as_ref();
+        let meta = std::fs::metadata(path).map_err(Error::io)?;
+        if meta.len() == 0 {
+            return Err(Error::new(ErrorKind::NotAJournal {
+                path: path.to_path_buf(),
+                detail: "the file is empty".into(),
+            }));
+        }
+        check_redb_magic(path)?;
+        let (handle, access) = match open_ro(path, redb::ConcurrencyMode::ExclusiveWriter) {
+            Ok(db) => (Handle::ReadOnly(db), Access::Idle),
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                match open_ro(path, redb::ConcurrencyMode::SingleWriter) {
+                    Ok(db) => (Handle::ReadOnly(db), Access::Live),
+                    Err(redb::DatabaseError::RepairAborted) => {
+                        // The writer that had it is gone mid-way; inspect a recovered copy.
+                        let (db, dir, _) = recovered_copy(path)?;
+                        (Handle::Copy(db, dir), Access::RecoveredCopy)
+                    }
+                    Err(e) => return Err(not_openable(path, e)),
+                }
+            }
+            Err(redb::DatabaseError::RepairAborted) => {
+                let (db, dir, _) = recovered_copy(path)?;
+                (Handle::Copy(db, dir), Access::RecoveredCopy)
+            }
+            Err(e) => return Err(not_openable(path, e)),
+        };
+        let inspector = Inspector {
+            handle,
+            path: path.to_path_buf(),
+            access,
+            clock: Box::new(SystemClock),
+        };
+        inspector.check_journal()?;
+        Ok(inspector)
+    }
+
+    fn check_journal(&self) -> Result<()> {
+        let txn = self.handle.begin_read()?;
+        let names: Vec<String> = {
+            use redb::TableHandle;
+            txn.list_tables()?.map(|h| h.name().to_string()).collect()
+        };
+        if !names.iter().any(|n| n == "meta") {
+            return Err(Error::new(ErrorKind::NotAJournal {
+                path: self.path.clone(),
+                detail: if names.is_empty() {
+                    "it is an empty redb database".into()
+                } else {
+                    "it is a redb database without the journal's `meta` table".into()
+                },
+            }));
+        }
+        let meta = txn.open_table(store::META)?;
+        let format = match meta.get("format")? {
+            Some(v) => Some(store::decode_meta("format", v.value())?),
+            None => None,
+        };
+        check_format(&self.path, format, true)?;
+        for name in store::TABLE_NAMES {
+            if name != "quarantine" && !names.iter().any(|n| n == name) {
+                return Err(Error::new(ErrorKind::NotAJournal {
+                    path: self.path.clone(),
+                    detail: format!("the journal table `{name}` is missing"),
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// The file inspected.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// How the file was reached.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    pub(crate) fn snapshot(&self) -> Result<(ReadTables, ReadTransaction, Timestamp)> {
+        let txn = self.handle.begin_read()?;
+        let tables = ReadTables::open(&txn)?;
+        let hw = tables.state()?.clock_high_water;
+        let now = self.clock.now().max(hw);
+        Ok((tables, txn, now))
+    }
+
+    /// The time clocks are judged by: the system clock, never below the journal's
+    /// high-water mark.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn now(&self) -> Result<Timestamp> {
+        Ok(self.snapshot()?.2)
+    }
+
+    /// Counts by status and delivery state, and file facts.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn stats(&self) -> Result<Stats> {
+        let (t, _txn, now) = self.snapshot()?;
+        let mut s = stats::collect(&t, now)?;
+        s.file_bytes = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
+        let txn = self.handle.begin_read()?;
+        if let Ok(q) = txn.open_table(store::QUARANTINE) {
+            s.quarantined = redb::ReadableTableMetadata::len(&q)?;
+        }
+        Ok(s)
+    }
+
+    /// The receipt of `operation_id` with every clock applied.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn lookup(&self, operation_id: &str) -> Result<Option<Receipt>> {
+        let (t, _txn, now) = self.snapshot()?;
+        engine::lookup(&t, operation_id, now)
+    }
+
+    /// The recorded result of a terminal, unretired operation.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn result(&self, operation_id: &str) -> Result<Option<OpResult>> {
+        let (t, _txn, now) = self.snapshot()?;
+        match engine::effective_of(&t, operation_id, now)? {
+            Some(rec) => engine::result_of(&t, &rec),
+            None => Ok(None),
+        }
+    }
+
+    /// The operation's events, oldest first.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn history(&self, operation_id: &str) -> Result<Vec<Event>> {
+        let (t, _txn, _) = self.snapshot()?;
+        let mut out = Vec::new();
+        for seq in t.op_event_seqs(operation_id)? {
+            if let Some(ev) = t.event(seq)? {
+                out.push(ev);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Calls `f` with every receipt (clocks applied), in operation-id order, from one
+    /// snapshot, streaming. `f` returns `false` to stop.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`] (the first damaged receipt), [`ErrorKind::Io`], or `f`'s error.
+    pub fn for_each_receipt(&self, mut f: impl FnMut(Receipt) -> Result<bool>) -> Result<()> {
+        let (t, _txn, now) = self.snapshot()?;
+        for entry in t.receipts_t().iter()? {
+            let (k, v) = entry?;
+            let rec = store::decode_receipt(k.value(), v.value())?;
+            if let Some(r) = engine::effective(&rec, now).as_ref().and_then(engine::view)
+                && !f(r)?
+            {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Calls `f` with every event whose seq is at least `from`, in order, from one
+    /// snapshot, streaming. `f` returns `false` to stop.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`] (the first damaged event), [`ErrorKind::Io`], or `f`'s error.
+    pub fn for_each_event(
+        &self,
+        from: u64,
+        mut f: impl FnMut(Event) -> Result<bool>,
+    ) -> Result<()> {
+        let (t, _txn, _) = self.snapshot()?;
+        for entry in t.events_t().range(from..)? {
+            let (k, v) = entry?;
+            let ev = store::decode_event(k.value(), v.value())?;
+            if !f(ev)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The number of events and receipts stored (for progress bars).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Io`].
+    pub fn sizes(&self) -> Result<(u64, u64)> {
+        use redb::ReadableTableMetadata;
+        let (t, _txn, _) = self.snapshot()?;
+        Ok((t.events_t().len()?, t.receipts_t().len()?))
+    }
+
+    /// Verifies every record and cross-checks every index against the event journal.
+    /// See [`crate::check::verify`].
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Io`] when the file cannot be read at all; damage is reported as
+    /// findings, not errors.
+    pub fn verify(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<crate::check::VerifyReport> {
+        crate::check::verify_inspector(self, progress)
+    }
+}
