@@ -302,7 +302,7 @@ impl Inner {
         if lazy && let Err(e) = txn.set_durability(Durability::None) {
             return fail_all(jobs, Error::from(e), false);
         }
-        let run = (|| -> std::result::Result<(), (Option<usize>, Error)> {
+        let run = (|| -> std::result::Result<bool, (Option<usize>, Error)> {
             let mut t = WriteTables::open(&txn).map_err(|e| (None, e))?;
             let mut state = t.state().map_err(|e| (None, e))?;
             state.clock_high_water = state.clock_high_water.max(now);
@@ -323,11 +323,22 @@ impl Inner {
                 }
             }
             let state = ctx.state.clone();
+            if !t.dirty {
+                // Nothing changed (refusals, answers, no-ops): no commit, no sync.
+                return Ok(false);
+            }
             t.put_state(&state).map_err(|e| (None, e))?;
-            Ok(())
+            Ok(true)
         })();
         match run {
-            Ok(()) => {}
+            Ok(true) => {}
+            Ok(false) => {
+                let _ = txn.abort();
+                for mut job in jobs.drain(..) {
+                    job.finish(Ok(()));
+                }
+                return BatchOutcome::Done;
+            }
             Err((isolated, e)) => {
                 let _ = txn.abort();
                 return match isolated {

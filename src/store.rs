@@ -404,6 +404,8 @@ pub(crate) struct WriteTables<'txn> {
     windows: Table<'txn, (&'static str, u64, &'static str), ()>,
     holds: Table<'txn, (&'static str, &'static str), ()>,
     in_doubt: Table<'txn, &'static str, ()>,
+    /// Whether anything was written: a batch that wrote nothing is not committed.
+    pub(crate) dirty: bool,
 }
 
 macro_rules! view_impl {
@@ -460,22 +462,26 @@ impl<'txn> WriteTables<'txn> {
             windows: txn.open_table(WINDOWS)?,
             holds: txn.open_table(HOLDS)?,
             in_doubt: txn.open_table(IN_DOUBT)?,
+            dirty: false,
         })
     }
 
     pub(crate) fn put_format(&mut self, f: &FormatRecord) -> Result<()> {
+        self.dirty = true;
         self.meta
             .insert("format", codec::encode(RecordKind::Meta, f).as_slice())?;
         Ok(())
     }
 
     pub(crate) fn put_state(&mut self, s: &StateRecord) -> Result<()> {
+        self.dirty = true;
         self.meta
             .insert("state", codec::encode(RecordKind::Meta, s).as_slice())?;
         Ok(())
     }
 
     pub(crate) fn put_event(&mut self, ev: &Event) -> Result<()> {
+        self.dirty = true;
         self.events
             .insert(ev.seq, codec::encode(RecordKind::Event, ev).as_slice())?;
         if let Some(op) = &ev.operation_id {
@@ -485,6 +491,7 @@ impl<'txn> WriteTables<'txn> {
     }
 
     pub(crate) fn delete_event(&mut self, seq: u64, op: Option<&str>) -> Result<()> {
+        self.dirty = true;
         self.events.remove(seq)?;
         if let Some(op) = op {
             self.op_events.remove((op, seq))?;
@@ -493,6 +500,7 @@ impl<'txn> WriteTables<'txn> {
     }
 
     pub(crate) fn put_receipt(&mut self, rec: &ReceiptRecord) -> Result<()> {
+        self.dirty = true;
         self.receipts.insert(
             rec.operation_id.as_str(),
             codec::encode(RecordKind::Receipt, rec).as_slice(),
@@ -501,11 +509,13 @@ impl<'txn> WriteTables<'txn> {
     }
 
     pub(crate) fn delete_receipt(&mut self, id: &str) -> Result<()> {
+        self.dirty = true;
         self.receipts.remove(id)?;
         Ok(())
     }
 
     pub(crate) fn put_scope(&mut self, rec: &ScopeRecord) -> Result<()> {
+        self.dirty = true;
         self.scopes.insert(
             rec.scope.as_str(),
             codec::encode(RecordKind::Scope, rec).as_slice(),
@@ -514,27 +524,32 @@ impl<'txn> WriteTables<'txn> {
     }
 
     pub(crate) fn put_result(&mut self, seq: u64, id: &str, result: &OpResult) -> Result<()> {
+        self.dirty = true;
         self.results
             .insert(seq, encode_result(seq, id, result).as_slice())?;
         Ok(())
     }
 
     pub(crate) fn delete_result(&mut self, seq: u64) -> Result<()> {
+        self.dirty = true;
         self.results.remove(seq)?;
         Ok(())
     }
 
     pub(crate) fn put_scope_timer(&mut self, due: u64, seq: u64) -> Result<()> {
+        self.dirty = true;
         self.scope_timers.insert((due, seq), ())?;
         Ok(())
     }
 
     pub(crate) fn delete_scope_timer(&mut self, due: u64, seq: u64) -> Result<()> {
+        self.dirty = true;
         self.scope_timers.remove((due, seq))?;
         Ok(())
     }
 
     pub(crate) fn insert_index(&mut self, op: &str, entry: &IndexEntry) -> Result<()> {
+        self.dirty = true;
         match entry {
             IndexEntry::Timer(kind, due) => {
                 self.timers.insert((*kind as u8, *due, op), ())?;
@@ -553,6 +568,7 @@ impl<'txn> WriteTables<'txn> {
     }
 
     pub(crate) fn remove_index(&mut self, op: &str, entry: &IndexEntry) -> Result<()> {
+        self.dirty = true;
         match entry {
             IndexEntry::Timer(kind, due) => {
                 self.timers.remove((*kind as u8, *due, op))?;

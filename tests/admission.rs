@@ -1,0 +1,494 @@
+//! Every row of DESIGN.md §4 (what `submit` answers), and every typed refusal, with proof
+//! that a refusal writes nothing: file bytes, receipts and events unchanged.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Env, FakeEditor, add_light, fresh, run_op};
+use opjournal::{
+    Admission, ErrorKind, ExecutionStatus, Intent, Journal, Operation, Outcome, Resolution,
+};
+
+/// Runs `f`, expects a refusal, and checks that nothing changed on disk or in the journal.
+fn refused(
+    env: &Env,
+    journal: &Journal,
+    watch: &str,
+    f: impl FnOnce() -> opjournal::Result<()>,
+) -> opjournal::Error {
+    let before_bytes = env.bytes();
+    let before = common::snapshot(journal, watch);
+    let err = match f() {
+        Ok(()) => panic!("expected a refusal"),
+        Err(e) => e,
+    };
+    assert!(err.is_refusal(), "{err:?}");
+    assert_eq!(
+        common::snapshot(journal, watch),
+        before,
+        "journal changed by {err}"
+    );
+    assert!(env.bytes() == before_bytes, "file bytes changed by {err}");
+    err
+}
+
+fn op(id: &str) -> Operation {
+    Operation::new(id, add_light("door"))
+        .scope("scene")
+        .session("tab")
+}
+
+#[test]
+fn unknown_id_is_fresh() -> opjournal::Result<()> {
+    let env = Env::new();
+    let journal = env.open();
+    let claim = fresh(&journal, op("a"));
+    assert_eq!(claim.attempt(), 1);
+    assert_eq!(claim.operation_id(), "a");
+    assert_eq!(
+        journal.lookup("a")?.map(|r| r.status),
+        Some(ExecutionStatus::Running)
+    );
+    Ok(())
+}
+
+#[test]
+fn released_id_is_fresh_again_as_the_next_attempt() -> opjournal::Result<()> {
+    let env = Env::new();
+    let journal = env.open();
+    let first = fresh(&journal, op("a"));
+    journal.release(&first)?;
+    assert_eq!(journal.lookup("a")?, None);
+    // Any intent may reuse a released id.
+    let second = fresh(
+        &journal,
+        Operation::new("a", add_light("window")).scope("scene"),
+    );
+    assert_eq!(second.attempt(), 2);
+    assert!(second.epoch() > first.epoch());
+    let names: Vec<&str> = journal
+        .history("a")?
+        .iter()
+        .map(|e| e.kind.name())
+        .collect();
+    assert_eq!(names, ["submitted", "released", "submitted"]);
+    Ok(())
+}
+
+#[test]
+fn purged_id_is_fresh_again_from_attempt_one() -> opjournal::Result<()> {
+    let env = Env::new();
+    let mut editor = FakeEditor::at(0);
+    let journal = env.open();
+    run_op(&journal, &mut editor, op("a"), "light")?;
+    env.advance(Duration::from_secs(90 * 24 * 3600));
+    assert_eq!(journal.lookup("a")?, None);
+    let claim = fresh(&journal, op("a"));
+    assert_eq!(claim.attempt(), 1);
+    // The old history went with the purge.
+    let names: Vec<&str> = journal
+        .history("a")?
+        .iter()
+        .map(|e| e.kind.name())
+        .collect();
+    assert_eq!(names, ["submitted"]);
+    Ok(())
+}
+
+#[test]
+fn running_id_with_same_intent_attaches_and_other_intent_is_refused() -> opjournal::Result<()> {
+    let env = Env::new();
+    let journal = env.open();
+    fresh(&journal, op("a"));
+    let Admission::InProgress(r) = journal.submit(op("a"))? else {
+        panic!("expected InProgress");
+    };
+    assert_eq!(r.status, ExecutionStatus::Running);
+    let err = refused(&env, &journal, "a", || {
+        journal
+            .submit(Operation::new("a", add_light("window")).scope("scene"))
+            .map(drop)
+    });
+    assert!(
+        matches!(err.kind(), ErrorKind::IntentMismatch { .. }),
+        "{err:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn applied_and_failed_ids_replay_and_other_intents_are_refused() -> opjournal::Result<()> {
+    let env = Env::new();
+    let mut editor = FakeEditor::at(0);
+    let journal = env.open();
+    run_op(&journal, &mut editor, op("ok"), "light")?;
+    let claim = fresh(&journal, Operation::new("bad", add_light("roof")));
+    journal.complete(
+        &claim,
+        Outcome::failed("the roof is not editable").with_result(b"details".to_vec()),
+    )?;
+    let Admission::Replay(ok) = journal.submit(op("ok"))? else {
+        panic!("expected a replay of the applied operation");
+    };
+    assert!(ok.replayed);
+    assert_eq!(ok.receipt.status, ExecutionStatus::Applied);
+    let Admission::Replay(bad) = journal.submit(Operation::new("bad", add_light("roof")))? else {
+        panic!("expected a replay of the failed operation");
+    };
+    assert!(bad.replayed);
+    assert_eq!(bad.receipt.status, ExecutionStatus::Failed);
+    assert_eq!(
+        bad.receipt.failure.as_deref(),
+        Some("the roof is not editable")
+    );
+    assert_eq!(bad.result.bytes, b"details");
+    for id in ["ok", "bad"] {
+        let err = refused(&env, &journal, id, || {
+            journal
+                .submit(Operation::new(id, add_light("elsewhere")))
+                .map(drop)
+        });
+        assert!(
+            matches!(err.kind(), ErrorKind::IntentMismatch { .. }),
+            "{err:?}"
+        );
+    }
+    assert_eq!(editor.applications("ok"), 1);
+    Ok(())
+}
+
+#[test]
+fn retired_id_answers_expired_and_other_intent_is_refused() -> opjournal::Result<()> {
+    let env = Env::new();
+    let mut editor = FakeEditor::at(0);
+    let journal = env.open();
+    run_op(&journal, &mut editor, op("a"), "light")?;
+    env.advance(Duration::from_secs(8 * 24 * 3600));
+    let Admission::Expired(audit) = journal.submit(op("a"))? else {
+        panic!("expected Expired");
+    };
+    assert_eq!(audit.status, ExecutionStatus::Retired);
+    assert_eq!(audit.result_revision, Some(1));
+    let err = refused(&env, &journal, "a", || {
+        journal
+            .submit(Operation::new("a", add_light("x")))
+            .map(drop)
+    });
+    assert!(
+        matches!(err.kind(), ErrorKind::IntentMismatch { .. }),
+        "{err:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn in_doubt_id_answers_in_doubt_and_other_intent_is_refused() -> opjournal::Result<()> {
+    let env = Env::new();
+    let journal = env.open();
+    fresh(&journal, op("a"));
+    env.advance(Duration::from_secs(5 * 60));
+    let Admission::InDoubt(r) = journal.submit(op("a"))? else {
+        panic!("expected InDoubt after the lease expired");
+    };
+    assert_eq!(r.status, ExecutionStatus::InDoubt);
+    let err = refused(&env, &journal, "a", || {
+        journal
+            .submit(Operation::new("a", add_light("x")))
+            .map(drop)
+    });
+    assert!(
+        matches!(err.kind(), ErrorKind::IntentMismatch { .. }),
+        "{err:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn lookup_comes_before_the_fresh_work_checks() -> opjournal::Result<()> {
+    let env = Env::new();
+    let mut editor = FakeEditor::at(183);
+    let journal = env.open();
+    let o = op("a").base_revision(183);
+    run_op(&journal, &mut editor, o.clone(), "light")?;
+    journal.advance_revision("scene", 190)?;
+    // The base is now stale, but the id is known: it replays instead of refusing.
+    let Admission::Replay(r) = journal.submit(o)? else {
+        panic!("expected a replay");
+    };
+    assert_eq!(r.receipt.result_revision, Some(184));
+    Ok(())
+}
+
+#[test]
+fn stale_base_is_refused_with_scope_base_and_current_unless_relaxed() -> opjournal::Result<()> {
+    let env = Env::new();
+    let journal = env.open();
+    journal.advance_revision("scene", 10)?;
+    let err = refused(&env, &journal, "a", || {
+        journal.submit(op("a").base_revision(9)).map(drop)
+    });
+    match err.kind() {
+        ErrorKind::StaleBase {
+            scope,
+            base,
+            current,
+        } => assert_eq!((scope.as_str(), *base, *current), ("scene", 9, 10)),
+        other => panic!("expected StaleBase, got {other:?}"),
+    }
+    assert!(
+        err.to_string().contains("resubmit against revision 10"),
+        "{err}"
+    );
+    let claim = fresh(&journal, op("a").base_revision(9).allow_stale_base());
+    assert_eq!(claim.base_revision(), Some(9));
+    Ok(())
+}
+
+#[test]
+fn busy_scope_is_refused_naming_the_holder() -> opjournal::Result<()> {
+    let env = Env::new();
+    let journal = env.open();
+    fresh(&journal, op("a"));
+    let err = refused(&env, &journal, "b", || journal.submit(op("b")).map(drop));
+    assert!(
+        matches!(err.kind(), ErrorKind::ScopeBusy { scope, holder } if scope == "scene" && holder == "a"),
+        "{err:?}"
+    );
+    // Another scope is independent.
+    fresh(&journal, Operation::new("c", add_light("x")).scope("other"));
+    Ok(())
+}
+
+#[test]
+fn full_window_is_refused_naming_oldest_and_when_it_frees() -> opjournal::Result<()> {
+    let env = Env::new();
+    let mut editor = FakeEditor::at(0);
+    let journal = env.builder().session_window(2).open(&env.path)?;
+    run_op(
+        &journal,
+        &mut editor,
+        Operation::new("a", add_light("1")).session("tab"),
+        "1",
+    )?;
+    env.advance(Duration::from_secs(1));
+    run_op(
+        &journal,
+        &mut editor,
+        Operation::new("b", add_light("2")).session("tab"),
+        "2",
+    )?;
+    let completed_a = journal
+        .lookup("a")?
+        .and_then(|r| r.completed_at)
+        .expect("done");
+    let err = refused(&env, &journal, "c", || {
+        journal
+            .submit(Operation::new("c", add_light("3")).session("tab"))
+            .map(drop)
+    });
+    match err.kind() {
+        ErrorKind::WindowFull {
+            session,
+            limit,
+            oldest,
+            frees_at,
+        } => {
+            assert_eq!((session.as_str(), *limit, oldest.as_str()), ("tab", 2, "a"));
+            assert_eq!(
+                *frees_at,
+                completed_a.saturating_add(Duration::from_secs(900))
+            );
+        }
+        other => panic!("expected WindowFull, got {other:?}"),
+    }
+    // An acknowledgement frees a slot at once.
+    journal.acknowledge("a")?;
+    fresh(&journal, Operation::new("c", add_light("3")).session("tab"));
+    Ok(())
+}
+
+#[test]
+fn invalid_ids_scopes_and_sessions_are_refused_before_anything_else() -> opjournal::Result<()> {
+    let env = Env::new();
+    let journal = env.open();
+    let long = "x".repeat(257);
+    let cases = [
+        Operation::new("", add_light("x")),
+        Operation::new(long.as_str(), add_light("x")),
+        Operation::new("op\n1", add_light("x")),
+        Operation::new("ok", add_light("x")).scope(""),
+        Operation::new("ok", add_light("x")).session("tab\u{7}"),
+    ];
+    for o in cases {
+        let err = refused(&env, &journal, o.id(), || {
+            journal.submit(o.clone()).map(drop)
+        });
+        assert!(
+            matches!(err.kind(), ErrorKind::InvalidInput { .. }),
+            "{err:?}"
+        );
+    }
+    // Exactly 256 bytes is allowed.
+    fresh(&journal, Operation::new("y".repeat(256), add_light("x")));
+    assert!(Intent::from_bytes("", b"").is_err());
+    Ok(())
+}
+
+#[test]
+fn oversized_result_is_refused_and_the_claim_stays_usable() -> opjournal::Result<()> {
+    let env = Env::new();
+    let journal = env.builder().max_result_bytes(1024).open(&env.path)?;
+    let claim = fresh(&journal, op("a"));
+    let err = refused(&env, &journal, "a", || {
+        journal
+            .complete(&claim, Outcome::applied(1, vec![0u8; 1025]))
+            .map(drop)
+    });
+    assert!(
+        matches!(
+            err.kind(),
+            ErrorKind::ResultTooLarge {
+                size: 1025,
+                limit: 1024
+            }
+        ),
+        "{err:?}"
+    );
+    journal.complete(&claim, Outcome::applied(1, vec![0u8; 1024]))?;
+    Ok(())
+}
+
+#[test]
+fn revision_that_does_not_move_forward_is_refused() -> opjournal::Result<()> {
+    let env = Env::new();
+    let journal = env.open();
+    journal.advance_revision("scene", 5)?;
+    let claim = fresh(&journal, op("a").base_revision(5));
+    let err = refused(&env, &journal, "a", || {
+        journal
+            .complete(&claim, Outcome::applied(5, Vec::new()))
+            .map(drop)
+    });
+    assert!(
+        matches!(
+            err.kind(),
+            ErrorKind::RevisionNotForward {
+                revision: 5,
+                current: 5,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let err = refused(&env, &journal, "a", || {
+        journal.advance_revision("scene", 4).map(drop)
+    });
+    assert!(
+        matches!(err.kind(), ErrorKind::RevisionNotForward { .. }),
+        "{err:?}"
+    );
+    // Reporting the current revision again is a no-op, not an error, and writes nothing.
+    let before = env.bytes();
+    assert_eq!(journal.advance_revision("scene", 5)?, 5);
+    assert!(env.bytes() == before);
+    journal.complete(&claim, Outcome::applied(6, Vec::new()))?;
+    assert_eq!(journal.scope_revision("scene")?, 6);
+    Ok(())
+}
+
+#[test]
+fn calls_on_the_wrong_state_or_unknown_ids_are_refused() -> opjournal::Result<()> {
+    let env = Env::new();
+    let mut editor = FakeEditor::at(0);
+    let journal = env.open();
+    run_op(&journal, &mut editor, op("done"), "x")?;
+    fresh(&journal, Operation::new("running", add_light("y")));
+    let err = refused(&env, &journal, "done", || {
+        journal.resolve("done", Resolution::not_applied()).map(drop)
+    });
+    assert!(
+        matches!(
+            err.kind(),
+            ErrorKind::InvalidState {
+                action: "resolve",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let err = refused(&env, &journal, "running", || {
+        journal
+            .resolve("running", Resolution::not_applied())
+            .map(drop)
+    });
+    assert!(
+        matches!(err.kind(), ErrorKind::InvalidState { .. }),
+        "{err:?}"
+    );
+    let err = refused(&env, &journal, "running", || {
+        journal.acknowledge("running").map(drop)
+    });
+    assert!(
+        matches!(err.kind(), ErrorKind::InvalidState { .. }),
+        "{err:?}"
+    );
+    let err = refused(&env, &journal, "running", || {
+        journal.delivered("running").map(drop)
+    });
+    assert!(
+        matches!(err.kind(), ErrorKind::InvalidState { .. }),
+        "{err:?}"
+    );
+    for call in [
+        Box::new(|| journal.acknowledge("nope").map(drop))
+            as Box<dyn Fn() -> opjournal::Result<()>>,
+        Box::new(|| journal.delivered("nope").map(drop)),
+        Box::new(|| journal.resolve("nope", Resolution::not_applied()).map(drop)),
+    ] {
+        let err = refused(&env, &journal, "nope", call);
+        assert!(
+            matches!(err.kind(), ErrorKind::UnknownOperation { operation_id } if operation_id == "nope"),
+            "{err:?}"
+        );
+    }
+    // Acknowledging twice is idempotent and the second one writes nothing.
+    journal.acknowledge("done")?;
+    let before = env.bytes();
+    journal.acknowledge("done")?;
+    assert!(env.bytes() == before);
+    Ok(())
+}
+
+#[test]
+fn replayed_answers_write_nothing() -> opjournal::Result<()> {
+    let env = Env::new();
+    let mut editor = FakeEditor::at(0);
+    let journal = env.open();
+    run_op(&journal, &mut editor, op("a"), "x")?;
+    let before = env.bytes();
+    for _ in 0..10 {
+        let Admission::Replay(_) = journal.submit(op("a"))? else {
+            panic!("expected a replay");
+        };
+    }
+    assert!(env.bytes() == before, "a replay wrote to the file");
+    Ok(())
+}
+
+#[test]
+fn messages_name_the_values_and_the_next_step() {
+    let env = Env::new();
+    let journal = env.open();
+    fresh(&journal, op("a"));
+    let err = journal.submit(op("b")).expect_err("busy");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("`scene`") && msg.contains("`a`") && msg.contains("retry"),
+        "{msg}"
+    );
+    let err = journal
+        .submit(Operation::new("", add_light("x")))
+        .expect_err("invalid");
+    assert!(err.to_string().contains("must not be empty"), "{err}");
+}
