@@ -62,3 +62,274 @@ where
     }
     Ok(1)
 }
+
+/// One fixed record of every kind, encoded: the golden bytes of the file format
+/// (docs/format.md). A change here is a format change.
+pub fn golden_records() -> Vec<(&'static str, Vec<u8>)> {
+    use crate::clock::Timestamp;
+    use crate::intent::IntentHash;
+    use crate::record::{
+        Deadlines, DeliveryRecord, DoneRecord, EventKind, ExecRecord, InDoubtCause, OutcomeKind,
+        ResolvedAs, ResultInfo, RevisionCause,
+    };
+    use crate::types::{DeliveryState, OpResult};
+
+    let t = Timestamp(1_796_083_200_000);
+    let hash = IntentHash([0xab; 32]);
+    let info = ResultInfo {
+        len: 7,
+        crc32: 0x1234_5678,
+        assets: 1,
+    };
+    let deadlines = Deadlines {
+        ack: Timestamp(t.0 + 900_000),
+        retain: Timestamp(t.0 + 604_800_000),
+        purge: Timestamp(t.0 + 7_776_000_000),
+        first_push: Timestamp(t.0 + 1_000),
+    };
+    let ev = |seq: u64, kind: EventKind| Event {
+        seq,
+        at: t,
+        operation_id: Some("op_7f3".into()),
+        kind,
+    };
+    let mut out: Vec<(&'static str, Vec<u8>)> = vec![
+        (
+            "event.submitted",
+            codec::encode(
+                RecordKind::Event,
+                &ev(
+                    1,
+                    EventKind::Submitted {
+                        attempt: 1,
+                        intent_name: "scene.add_light".into(),
+                        intent_hash: hash,
+                        scope: Some("scene/main".into()),
+                        session: Some("tab-1".into()),
+                        base_revision: Some(183),
+                        lease_until: Timestamp(t.0 + 300_000),
+                        hold_until_ack: false,
+                    },
+                ),
+            ),
+        ),
+        (
+            "event.lease_extended",
+            codec::encode(
+                RecordKind::Event,
+                &ev(
+                    2,
+                    EventKind::LeaseExtended {
+                        epoch: 1,
+                        lease_until: Timestamp(t.0 + 600_000),
+                    },
+                ),
+            ),
+        ),
+        (
+            "event.completed",
+            codec::encode(
+                RecordKind::Event,
+                &ev(
+                    3,
+                    EventKind::Completed {
+                        epoch: 1,
+                        outcome: OutcomeKind::Applied {
+                            result_revision: 184,
+                        },
+                        result: info,
+                        deadlines,
+                    },
+                ),
+            ),
+        ),
+        (
+            "event.released",
+            codec::encode(
+                RecordKind::Event,
+                &ev(
+                    4,
+                    EventKind::Released {
+                        epoch: 1,
+                        purge_at: deadlines.purge,
+                    },
+                ),
+            ),
+        ),
+        (
+            "event.lease_expired",
+            codec::encode(
+                RecordKind::Event,
+                &ev(
+                    5,
+                    EventKind::LeaseExpired {
+                        epoch: 1,
+                        cause: InDoubtCause::Reopened,
+                    },
+                ),
+            ),
+        ),
+        (
+            "event.resolved",
+            codec::encode(
+                RecordKind::Event,
+                &ev(
+                    6,
+                    EventKind::Resolved {
+                        resolution: ResolvedAs::Completed {
+                            outcome: OutcomeKind::Failed {
+                                message: "no door".into(),
+                            },
+                            result: info,
+                            deadlines,
+                        },
+                    },
+                ),
+            ),
+        ),
+        (
+            "event.delivered",
+            codec::encode(
+                RecordKind::Event,
+                &ev(
+                    7,
+                    EventKind::Delivered {
+                        count: 2,
+                        next_due: Timestamp(t.0 + 1_500),
+                        final_attempt: false,
+                    },
+                ),
+            ),
+        ),
+        (
+            "event.acknowledged",
+            codec::encode(
+                RecordKind::Event,
+                &ev(8, EventKind::Acknowledged { late: true }),
+            ),
+        ),
+        (
+            "event.ack_expired",
+            codec::encode(RecordKind::Event, &ev(9, EventKind::AckExpired)),
+        ),
+        (
+            "event.exhausted",
+            codec::encode(RecordKind::Event, &ev(10, EventKind::Exhausted)),
+        ),
+        (
+            "event.retired",
+            codec::encode(RecordKind::Event, &ev(11, EventKind::Retired)),
+        ),
+        (
+            "event.salvaged",
+            codec::encode(
+                RecordKind::Event,
+                &ev(
+                    12,
+                    EventKind::Salvaged {
+                        attempt: 2,
+                        intent_name: "(lost)".into(),
+                        intent_hash: IntentHash([0; 32]),
+                        scope: None,
+                        session: None,
+                        lost_events: 3,
+                    },
+                ),
+            ),
+        ),
+        (
+            "event.revision_advanced",
+            codec::encode(
+                RecordKind::Event,
+                &Event {
+                    seq: 13,
+                    at: t,
+                    operation_id: None,
+                    kind: EventKind::RevisionAdvanced {
+                        scope: "scene/main".into(),
+                        revision: 190,
+                        cause: RevisionCause::External,
+                        purge_at: deadlines.purge,
+                    },
+                },
+            ),
+        ),
+    ];
+    let receipt = ReceiptRecord {
+        operation_id: "op_7f3".into(),
+        attempt: 1,
+        intent_name: "scene.add_light".into(),
+        intent_hash: hash,
+        scope: Some("scene/main".into()),
+        session: Some("tab-1".into()),
+        base_revision: Some(183),
+        epoch: 1,
+        hold_until_ack: false,
+        submitted_at: t,
+        state: ExecRecord::Done(DoneRecord {
+            outcome: OutcomeKind::Applied {
+                result_revision: 184,
+            },
+            completed_at: t,
+            completed_by: Some(1),
+            result_seq: Some(3),
+            result: info,
+            deadlines,
+            retired_at: None,
+            delivery: DeliveryRecord {
+                state: DeliveryState::Delivered,
+                count: 1,
+                next_due: Timestamp(t.0 + 800),
+                final_attempt: false,
+                last_delivered_at: Some(t),
+                acknowledged_at: None,
+            },
+        }),
+    };
+    out.push(("receipt", codec::encode(RecordKind::Receipt, &receipt)));
+    out.push((
+        "scope",
+        codec::encode(
+            RecordKind::Scope,
+            &ScopeRecord {
+                scope: "scene/main".into(),
+                revision: 184,
+                anchor_seq: 3,
+                updated_at: t,
+            },
+        ),
+    ));
+    out.push((
+        "meta.format",
+        codec::encode(
+            RecordKind::Meta,
+            &FormatRecord {
+                format_version: 1,
+                created_at: t,
+                created_by: "opjournal 0.1.0".into(),
+            },
+        ),
+    ));
+    out.push((
+        "meta.state",
+        codec::encode(
+            RecordKind::Meta,
+            &StateRecord {
+                clock_high_water: t,
+                next_seq: 14,
+            },
+        ),
+    ));
+    out.push((
+        "result",
+        store::encode_result(
+            3,
+            "op_7f3",
+            &OpResult {
+                bytes: b"light-1".to_vec(),
+                changed_assets: vec!["scene/main/light-1".into()],
+            },
+        ),
+    ));
+    out
+}
