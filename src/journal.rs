@@ -850,6 +850,49 @@ impl Journal {
         crate::compact::run(&self.inner)
     }
 
+    /// Shrinks the file: the storage engine moves live pages down and truncates the free
+    /// space that purges left behind (redb's `Database::compact`, run until it has nothing
+    /// more to do). [`Journal::compact`] fires timers but never shrinks the file. Returns the
+    /// file size in bytes before and after (0 for a custom backend).
+    ///
+    /// It needs the handle to itself (`&mut self`, and no running background compactor),
+    /// and with [`Sharing::LiveReaders`] no read transaction open in another process (such
+    /// as `opjournal ls`): retry when the reader is done. It is slow on a large file and
+    /// makes lazily committed acknowledgements durable first.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidInput`] while a background compactor shares the handle;
+    /// [`ErrorKind::Storage`] when a read transaction is in progress; [`ErrorKind::Poisoned`];
+    /// [`ErrorKind::Io`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let mut journal = opjournal::Journal::open(dir.path().join("project.opj"))?;
+    /// journal.compact()?;
+    /// let (before, after) = journal.reclaim_space()?;
+    /// assert!(after <= before);
+    /// # Ok::<(), opjournal::Error>(())
+    /// ```
+    pub fn reclaim_space(&mut self) -> Result<(u64, u64)> {
+        self.flush()?;
+        let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+        let before = size(&self.inner.path);
+        let path = self.inner.path.display().to_string();
+        let inner = Arc::get_mut(&mut self.inner).ok_or_else(|| {
+            Error::invalid(
+                "journal handle",
+                &path,
+                "a background compactor shares it; stop the compactor before reclaiming space",
+            )
+        })?;
+        inner.check_writable()?;
+        while inner.db.compact()? {}
+        Ok((before, size(&inner.path)))
+    }
+
     /// Starts a background thread that runs [`Journal::compact`] (and makes lazy writes
     /// durable) every `interval`. Dropping the handle stops and joins it.
     pub fn spawn_compactor(&self, interval: Duration) -> CompactorHandle {
