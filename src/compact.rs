@@ -1,7 +1,7 @@
 //! Compaction: firing due timers in bounded batches, and the background compactor.
 
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -124,7 +124,11 @@ pub struct CompactorHandle {
 }
 
 impl CompactorHandle {
-    pub(crate) fn spawn(inner: Weak<Inner>, interval: Duration) -> CompactorHandle {
+    pub(crate) fn spawn(
+        inner: Weak<Inner>,
+        gate: Arc<Mutex<bool>>,
+        interval: Duration,
+    ) -> CompactorHandle {
         let (tx, rx) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("opjournal-compactor".into())
@@ -134,11 +138,20 @@ impl CompactorHandle {
                         Err(RecvTimeoutError::Timeout) => {}
                         Ok(()) | Err(RecvTimeoutError::Disconnected) => return None,
                     }
-                    // Hold the journal only during a pass, so dropping it is not delayed.
+                    // Hold the journal only during a pass, under the gate, so that
+                    // dropping the journal waits for at most this pass and then closes
+                    // the file.
+                    let closed = gate.lock().unwrap_or_else(|e| e.into_inner());
+                    if *closed {
+                        return None;
+                    }
                     let Some(inner) = inner.upgrade() else {
                         return None;
                     };
-                    if let Err(e) = pass(&inner) {
+                    let result = pass(&inner);
+                    drop(inner);
+                    drop(closed);
+                    if let Err(e) = result {
                         // A poisoned or closed journal ends the thread; the error is kept
                         // for `stop`. Other errors are retried at the next interval.
                         if matches!(e.kind(), ErrorKind::Poisoned | ErrorKind::Closed) {
@@ -176,13 +189,7 @@ impl CompactorHandle {
 
 fn pass(inner: &Arc<Inner>) -> Result<()> {
     run(inner)?;
-    let journal = crate::Journal {
-        inner: inner.clone(),
-    };
-    let r = journal.flush();
-    // The handle shares `inner`; forgetting it is not needed as Journal has no Drop.
-    drop(journal);
-    r
+    inner.flush()
 }
 
 impl Drop for CompactorHandle {

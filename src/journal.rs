@@ -62,6 +62,9 @@ pub(crate) struct Inner {
     /// Whether a commit without a sync ([`Sharing::Exclusive`] lazy writes) awaits one.
     unsynced: AtomicBool,
     committer: Committer,
+    /// Held by a background compactor during a pass; `true` once the journal is dropped,
+    /// so no pass starts after that and the file closes as soon as `Journal` drops.
+    pub(crate) gate: Arc<Mutex<bool>>,
 }
 
 impl std::fmt::Debug for Journal {
@@ -361,6 +364,18 @@ impl Inner {
         }
     }
 
+    /// Makes lazily committed writes durable: an empty durable commit.
+    pub(crate) fn flush(&self) -> Result<()> {
+        if !self.unsynced.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.write(false, |ctx| {
+            // An empty batch is not committed, so mark it: this commit is the sync.
+            ctx.t.dirty = true;
+            Ok(())
+        })
+    }
+
     /// A read snapshot and the time to judge it by.
     pub(crate) fn read(&self) -> Result<(Snapshot, Timestamp)> {
         let txn = self.db.begin_read()?;
@@ -443,6 +458,14 @@ pub(crate) fn check_format(
             detail: "it is a redb database without the journal's `meta` table".into(),
         })),
         None => Ok(false),
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        // Wait for a background compaction pass in flight, and keep new ones from starting,
+        // so the file is closed when this returns.
+        *lock(&self.inner.gate) = true;
     }
 }
 
@@ -543,6 +566,7 @@ impl Journal {
                 poisoned: AtomicBool::new(false),
                 unsynced: AtomicBool::new(false),
                 committer: Committer::new(),
+                gate: Arc::new(Mutex::new(false)),
             }),
         })
     }
@@ -702,10 +726,7 @@ impl Journal {
     ///
     /// Storage errors; [`ErrorKind::Poisoned`].
     pub fn flush(&self) -> Result<()> {
-        if !self.inner.unsynced.load(Ordering::SeqCst) {
-            return Ok(());
-        }
-        self.inner.write(false, |_ctx| Ok(()))
+        self.inner.flush()
     }
 
     /// The receipt of `operation_id` with every clock applied, or `None` if the id is
@@ -896,7 +917,11 @@ impl Journal {
     /// Starts a background thread that runs [`Journal::compact`] (and makes lazy writes
     /// durable) every `interval`. Dropping the handle stops and joins it.
     pub fn spawn_compactor(&self, interval: Duration) -> CompactorHandle {
-        CompactorHandle::spawn(Arc::downgrade(&self.inner), interval)
+        CompactorHandle::spawn(
+            Arc::downgrade(&self.inner),
+            self.inner.gate.clone(),
+            interval,
+        )
     }
 
     /// Counts by status and delivery state, and file facts.
