@@ -1,56 +1,207 @@
-//! `opjournal demo`: the main job. (Being rewritten as a full socket session; this first
-//! version runs the failure window in-process and prints what happened.)
+//! `opjournal demo`: the main job. An editor service (embedding the journal) and an agent
+//! client talk over a real loopback socket; the client disconnects at every boundary of
+//! DESIGN.md §5, and every answer says in words what happened. The session ends with a
+//! table of what the client did, what the service answered and how many times each edit
+//! landed, and leaves the journal to inspect.
+//!
+//! `--json` (or `OPJOURNAL_DEMO_JSON=1`) prints the session as JSON Lines instead.
 
-use std::path::PathBuf;
+mod client;
+mod script;
+pub(crate) mod service;
+mod transcript;
+
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use opjournal::{Admission, Intent, Journal, Operation, Outcome};
+use script::{DemoError, Paths, Report, kib};
+use transcript::Transcript;
 
 /// Arguments of `opjournal demo`.
 #[derive(Debug, Clone)]
 pub(crate) struct DemoArgs {
+    /// Where to write the journal (default: `demo.opj` in a new temporary directory).
     pub journal: Option<PathBuf>,
+    /// Also keep the editor's document file beside the journal.
     pub keep: bool,
 }
 
+/// The environment variable that selects JSON Lines output.
+const JSON_ENV: &str = "OPJOURNAL_DEMO_JSON";
+
 pub(crate) fn run(args: &DemoArgs) -> ExitCode {
-    match session(args) {
-        Ok(()) => ExitCode::SUCCESS,
+    let json = std::env::var_os(JSON_ENV).is_some_and(|v| v == "1");
+    let mut out = Transcript::new(json);
+    match session(args, &mut out) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", service::chain(&e));
             ExitCode::from(2)
         }
     }
 }
 
-fn session(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let dir = tempfile::tempdir()?;
-    let path = args
-        .journal
-        .clone()
-        .unwrap_or_else(|| dir.path().join("demo.opj"));
-    let journal = Journal::open(&path)?;
-    let intent = Intent::from_json("scene.add_light", &serde_json::json!({"near": "door"}))?;
-    let op = Operation::new("op_7f3", intent)
-        .scope("scene/main")
-        .base_revision(0);
-    let Admission::Fresh(claim) = journal.submit(op.clone())? else {
-        return Err("op_7f3 was not fresh".into());
+/// Runs the session; `Ok(false)` when an edit landed a different number of times than
+/// expected or a repeated result was not marked as a replay.
+fn session(args: &DemoArgs, out: &mut Transcript) -> Result<bool, DemoError> {
+    let paths = paths(args)?;
+    let report = script::run(&paths, out)?;
+    let problems = problems(&report);
+    conclude(&paths, &report, &problems, out);
+    if !args.keep {
+        // The journal stays for inspection; the document was only the editor's.
+        let _ = std::fs::remove_file(&paths.document);
+    }
+    for p in &problems {
+        eprintln!("problem: {p}");
+    }
+    Ok(problems.is_empty())
+}
+
+fn paths(args: &DemoArgs) -> Result<Paths, DemoError> {
+    let journal = match &args.journal {
+        Some(p) => p.clone(),
+        None => {
+            let dir = tempfile::Builder::new()
+                .prefix("opjournal-demo-")
+                .tempdir()
+                .map_err(|source| DemoError::Io {
+                    what: "create a temporary directory".into(),
+                    source,
+                })?;
+            dir.keep().join("demo.opj")
+        }
     };
-    journal.complete(&claim, Outcome::applied(1, b"light-1".to_vec()))?;
-    println!("op_7f3 applied at revision 1 (new execution)");
-    drop(journal);
-    let journal = Journal::open(&path)?;
-    if let Admission::Replay(r) = journal.submit(op)? {
-        println!(
-            "op_7f3 already completed at revision {} (replayed, delivery {})",
-            r.receipt.result_revision.unwrap_or(0),
-            r.receipt.delivery_count + 1
-        );
+    let document = journal.with_extension("scene.json");
+    for p in [&journal, &document] {
+        if p.exists() {
+            return Err(DemoError::Exists { path: p.clone() });
+        }
     }
-    if args.keep || args.journal.is_some() {
-        let kept = dir.keep();
-        println!("journal kept at {}", kept.join("demo.opj").display());
+    Ok(Paths { journal, document })
+}
+
+/// What went against expectations.
+fn problems(report: &Report) -> Vec<String> {
+    let mut out = Vec::new();
+    for row in &report.rows {
+        if row.applied != row.expected {
+            out.push(format!(
+                "{} ({}): `{}` landed {} time(s), expected {}",
+                row.boundary, row.op, row.edit, row.applied, row.expected
+            ));
+        }
     }
-    Ok(())
+    // Every operation's edit is in the document exactly once.
+    for op in &report.ops {
+        let n = report
+            .document
+            .history
+            .iter()
+            .filter(|a| &a.op == op)
+            .count();
+        if n != 1 {
+            out.push(format!(
+                "{op} landed {n} time(s) in the document, expected once"
+            ));
+        }
+    }
+    // A result is unmarked only as the first delivery of a new execution.
+    for op in &report.ops {
+        let fresh: Vec<_> = report
+            .results
+            .iter()
+            .filter(|r| &r.id == op && !r.replayed)
+            .collect();
+        if fresh.len() > 1 || fresh.iter().any(|r| r.delivery != 1) {
+            out.push(format!(
+                "{op}: a repeated result was not marked as a replay"
+            ));
+        }
+    }
+    let storm = &report.storm;
+    if storm.connections != 1
+        || storm.waiting > 1
+        || storm.pushes >= storm.reloads as usize
+        || storm.pushes > storm.budget as usize
+    {
+        out.push(format!(
+            "the reconnect storm was not bounded: {} connections, {} waiting, {} pushes over {} reloads",
+            storm.connections, storm.waiting, storm.pushes, storm.reloads
+        ));
+    }
+    out
+}
+
+fn shell_quote(p: &Path) -> String {
+    let s = p.display().to_string();
+    if s.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+:@,".contains(c))
+    {
+        s
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+fn conclude(paths: &Paths, report: &Report, problems: &[String], out: &mut Transcript) {
+    let doc = &report.document;
+    let journal = shell_quote(&paths.journal);
+    let commands = [
+        format!("opjournal ls {journal}"),
+        format!("opjournal show {journal} op_8"),
+        format!("opjournal log {journal}"),
+    ];
+    out.heading("", "What happened");
+    out.rows(&report.rows);
+    if out.json() {
+        out.summary(serde_json::json!({
+            "ok": problems.is_empty(),
+            "problems": problems,
+            "document": {"revision": doc.revision, "objects": doc.objects},
+            "operations": report.ops,
+            "storm": report.storm,
+            "journal": {
+                "path": paths.journal,
+                "operations": report.operations,
+                "events": report.events,
+                "file_bytes": report.file_bytes,
+            },
+            "inspect": commands,
+            "elapsed_ms": report.elapsed.as_millis() as u64,
+        }));
+        return;
+    }
+    out.text(&format!(
+        "\nfinal document, revision {}: {}",
+        doc.revision,
+        doc.describe()
+    ));
+    if problems.is_empty() {
+        out.text(&format!(
+            "every edit landed exactly once: {} operations, {} effects, none applied twice; every repeated result was marked as a replay",
+            report.ops.len(),
+            doc.history.len()
+        ));
+    } else {
+        out.text(&format!(
+            "{} problem(s): see the table and stderr",
+            problems.len()
+        ));
+    }
+    out.text(&format!(
+        "the session took {:.1} s of real time",
+        report.elapsed.as_secs_f64()
+    ));
+    out.text(&format!(
+        "\nthe journal is left at {} ({} operations, {} events, {}); inspect it with:",
+        paths.journal.display(),
+        report.operations,
+        report.events,
+        kib(report.file_bytes)
+    ));
+    for c in &commands {
+        out.text(&format!("  {c}"));
+    }
 }
