@@ -602,6 +602,10 @@ pub struct RepairReport {
     /// Whether the storage engine's own check failed and it rolled back to its last intact
     /// commit.
     pub storage_rolled_back: bool,
+    /// Whether the storage engine's page checksums failed with no intact commit to roll back
+    /// to, so the records were read as they are (each still checked by its CRC) and repaired
+    /// in place.
+    pub page_checksums_failed: bool,
     /// Records moved to the quarantine table (they failed CRC/decode, or did not fit the
     /// history).
     pub quarantined: Vec<Finding>,
@@ -683,7 +687,7 @@ pub fn repair(
         std::fs::copy(path, &backup).map_err(Error::io)?;
         report.backup = Some(backup);
     }
-    let opened = if looks_like_redb {
+    let open = |check: bool| {
         guarded("open", || {
             let mut db = redb::Builder::new().open(&target).map_err(|e| match e {
                 redb::DatabaseError::DatabaseAlreadyOpen => Error::new(ErrorKind::Locked {
@@ -691,12 +695,26 @@ pub fn repair(
                 }),
                 other => Error::from(other),
             })?;
-            let intact = db.check_integrity().map_err(Error::from)?;
+            let intact = !check || db.check_integrity().map_err(Error::from)?;
             Ok((db, intact))
         })
+    };
+    let mut opened = if looks_like_redb {
+        open(true)
     } else {
         Err(Error::corrupt("(redb)", "(header)", "no redb signature"))
     };
+    if looks_like_redb
+        && let Err(e) = &opened
+        && matches!(e.kind(), ErrorKind::Corrupt { .. })
+        && let Ok(db) = open(false)
+    {
+        // The page check failed with no intact commit to roll back to (damaged pages in the
+        // last commit). The records may still read one by one, each checked by its CRC:
+        // repairing them in place names exactly what was damaged, which a salvage cannot.
+        report.page_checksums_failed = true;
+        opened = Ok(db);
+    }
     match opened {
         Ok((db, intact)) => {
             report.storage_rolled_back = !intact;
@@ -1220,6 +1238,8 @@ fn salvage(
             for ev in events.values() {
                 t.put_event(ev)?;
             }
+            // `t` holds the results table open; redb refuses to open it twice.
+            drop(t);
             let mut rt = txn.open_table(store::RESULTS)?;
             for (seq, frame) in &results {
                 rt.insert(*seq, frame.as_slice())?;
