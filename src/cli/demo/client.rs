@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::Duration;
 
-use super::service::{Edit, Reply, Request, ResultMsg, StatusMsg};
+use super::protocol::{Edit, Reply, Request, ResultMsg, StatusMsg};
 
 /// Why the client could not talk to the service.
 #[derive(Debug, thiserror::Error)]

@@ -7,8 +7,10 @@
 //! `--json` (or `OPJOURNAL_DEMO_JSON=1`) prints the session as JSON Lines instead.
 
 mod client;
+mod document;
+mod protocol;
 mod script;
-pub(crate) mod service;
+mod service;
 mod transcript;
 
 use std::path::{Path, PathBuf};

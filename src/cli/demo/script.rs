@@ -17,9 +17,10 @@ use opjournal::{Clock, Journal, ManualClock, RetryPolicy, SystemClock};
 use serde::Serialize;
 
 use super::client::{Client, ClientError, submit_request};
+use super::document::Document;
+use super::protocol::{Edit, Reply, Request, ResultMsg, StatusMsg};
 use super::service::{
-    Document, Edit, JournalOpener, Reply, Request, ResultMsg, Service, ServiceConfig, ServiceError,
-    Stage, StatusMsg, Verdict, describe_reconciled,
+    JournalOpener, Service, ServiceConfig, ServiceError, Stage, Verdict, describe_reconciled,
 };
 use super::transcript::{Row, Transcript, Who};
 

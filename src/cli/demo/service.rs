@@ -26,233 +26,29 @@
 //! an operation at an exact step so that a client can disconnect there. A real service
 //! has neither.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use opjournal::{
-    Admission, Claim, DeliveryState, ErrorKind, EventKind, ExecutionStatus, InDoubtCause, Intent,
-    Journal, OpResult, Operation, Outcome, Receipt, Resolution, Timestamp,
+    Admission, Claim, DeliveryState, ErrorKind, EventKind, ExecutionStatus, InDoubtCause, Journal,
+    OpResult, Operation, Outcome, Receipt, Resolution,
 };
 use serde::{Deserialize, Serialize};
+
+use super::document::Document;
+use super::protocol::{Edit, Reply, Request, ResultMsg, StatusMsg};
 
 /// The journal scope of the document: revisions and the mutation lock are per scope.
 pub const SCOPE: &str = "scene/main";
 
 /// The longest request line accepted, in bytes.
 pub const MAX_LINE: usize = 64 * 1024;
-
-// ---------------------------------------------------------------------------------------
-// The protocol (docs/protocol.md): one JSON object per line, `type` says which.
-// ---------------------------------------------------------------------------------------
-
-/// An edit of the scene: what a client asks the editor to do.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Edit {
-    /// Adds a new object beside an existing one.
-    Add {
-        /// The new object's name.
-        object: String,
-        /// The object it is placed beside.
-        beside: String,
-    },
-    /// Renames an object.
-    Rename {
-        /// The current name.
-        from: String,
-        /// The new name.
-        to: String,
-    },
-    /// Deletes an object.
-    Delete {
-        /// The object's name.
-        object: String,
-    },
-}
-
-impl Edit {
-    /// The journal intent: the edit's name and its arguments, hashed canonically. The same
-    /// operation id with a different edit is refused (`IntentMismatch`).
-    pub fn intent(&self) -> opjournal::Result<Intent> {
-        let (name, args) = match self {
-            Edit::Add { object, beside } => (
-                "scene.add",
-                serde_json::json!({"object": object, "beside": beside}),
-            ),
-            Edit::Rename { from, to } => {
-                ("scene.rename", serde_json::json!({"from": from, "to": to}))
-            }
-            Edit::Delete { object } => ("scene.delete", serde_json::json!({"object": object})),
-        };
-        Intent::from_json(name, &args)
-    }
-
-    /// The edit in words, as asked: `add "light" beside "door"`.
-    pub fn describe(&self) -> String {
-        match self {
-            Edit::Add { object, beside } => format!("add \"{object}\" beside \"{beside}\""),
-            Edit::Rename { from, to } => format!("rename \"{from}\" to \"{to}\""),
-            Edit::Delete { object } => format!("delete \"{object}\""),
-        }
-    }
-}
-
-/// What a client sends.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum Request {
-    /// Names the client session; first on every connection. Answered by `welcome`, then
-    /// the session's results that were never acknowledged are pushed again.
-    Hello {
-        /// The session (an agent run, a browser tab): stable across reconnects.
-        session: String,
-    },
-    /// A mutating operation. `id` is chosen by the client and reused for every retry.
-    Submit {
-        /// The operation id.
-        id: String,
-        /// The document revision the client last saw.
-        base_revision: u64,
-        /// What to do.
-        edit: Edit,
-    },
-    /// The client has seen the result of `id`.
-    Ack {
-        /// The operation id.
-        id: String,
-    },
-    /// Asks what became of `id`, without submitting anything.
-    Status {
-        /// The operation id.
-        id: String,
-    },
-}
-
-/// What the service sends: answers to requests, and pushed results.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum Reply {
-    /// The answer to `hello`; `pushing` results follow at once.
-    Welcome {
-        /// The session.
-        session: String,
-        /// The document's scope.
-        scope: String,
-        /// The document's revision.
-        revision: u64,
-        /// How many unacknowledged results are pushed next.
-        pushing: usize,
-    },
-    /// The operation is new and recorded: it will run, and its result will follow.
-    Accepted {
-        /// The operation id.
-        id: String,
-        /// The attempt (1 unless an earlier attempt was found not applied).
-        attempt: u32,
-    },
-    /// An operation's outcome (answer or push).
-    Result(ResultMsg),
-    /// The operation is running: the request attached to it and applied nothing.
-    Running {
-        /// The operation id.
-        id: String,
-        /// When it was accepted.
-        since: Timestamp,
-    },
-    /// The operation finished long ago and its result is no longer kept: refresh, do not
-    /// retry. Nothing was run.
-    Expired {
-        /// The operation id.
-        id: String,
-        /// Whether it was applied (`false`: it failed).
-        applied: bool,
-        /// The revision it produced.
-        revision: Option<u64>,
-        /// When it finished.
-        completed_at: Option<Timestamp>,
-        /// The document's revision now.
-        current_revision: u64,
-    },
-    /// The service stopped while running the operation and has not yet checked whether its
-    /// effect landed: ask again.
-    InDoubt {
-        /// The operation id.
-        id: String,
-        /// When it was accepted.
-        since: Timestamp,
-    },
-    /// The edit was refused before changing anything (the id can be reused).
-    Rejected {
-        /// The operation id.
-        id: String,
-        /// Why.
-        reason: String,
-    },
-    /// The acknowledgement is recorded.
-    Acked {
-        /// The operation id.
-        id: String,
-        /// Whether it came after the acknowledgement timeout.
-        late: bool,
-    },
-    /// The answer to `status`.
-    Status(StatusMsg),
-    /// The request was refused; nothing was applied.
-    Error {
-        /// The operation id, when the request named one.
-        id: Option<String>,
-        /// `intent_mismatch`, `stale_base`, `scope_busy`, `window_full`, `bad_request`,
-        /// `unavailable` or `internal`.
-        kind: String,
-        /// What went wrong, and what to do.
-        message: String,
-    },
-}
-
-/// An operation's outcome, as answered or pushed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ResultMsg {
-    /// The operation id.
-    pub id: String,
-    /// `applied` or `failed`.
-    pub outcome: String,
-    /// The revision the edit produced (applied).
-    pub revision: Option<u64>,
-    /// What happened, in words (`added "light" beside "door"`), or why it failed.
-    pub summary: String,
-    /// What changed, for the UI.
-    pub changed: Vec<String>,
-    /// `false` only for the first sending of a new execution: every other copy is a
-    /// replay of the recorded outcome, and the edit was not applied again.
-    pub replayed: bool,
-    /// Which delivery of this result this is (1 for the first).
-    pub delivery: u32,
-}
-
-/// The answer to `status`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StatusMsg {
-    /// The operation id.
-    pub id: String,
-    /// `unknown`, `running`, `in_doubt`, `applied`, `failed` or `retired`.
-    pub state: String,
-    /// The revision it produced.
-    pub revision: Option<u64>,
-    /// `pending`, `delivered`, `acknowledged`, `exhausted` or `ack_expired`.
-    pub delivery: Option<String>,
-    /// How many times the result was delivered.
-    pub deliveries: u32,
-    /// Until when an acknowledgement is awaited.
-    pub ack_deadline: Option<Timestamp>,
-    /// The recorded events, oldest first (`in_doubt:reopened` for a lease lost to a restart).
-    pub history: Vec<String>,
-}
 
 /// The stored result payload.
 #[derive(Serialize, Deserialize)]
@@ -266,155 +62,6 @@ fn payload(summary: &str) -> Vec<u8> {
         summary: summary.to_string(),
     })
     .unwrap_or_else(|_| summary.as_bytes().to_vec())
-}
-
-// ---------------------------------------------------------------------------------------
-// The document.
-// ---------------------------------------------------------------------------------------
-
-/// The scene: named objects, a revision, and the history of applied edits (the editor's
-/// undo history, which is also how it tells after a crash whether an edit landed).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Document {
-    /// Moves forward by one with every applied edit.
-    pub revision: u64,
-    /// Object name → the object it stands beside.
-    pub objects: BTreeMap<String, Option<String>>,
-    /// Every applied edit, oldest first.
-    pub history: Vec<Applied>,
-}
-
-/// One applied edit.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Applied {
-    /// The operation id.
-    pub op: String,
-    /// The revision it produced.
-    pub revision: u64,
-    /// The edit.
-    pub edit: Edit,
-    /// What happened, in words.
-    pub summary: String,
-}
-
-impl Document {
-    /// A new scene with a door, a window and a table, at revision 0.
-    pub fn starter() -> Document {
-        let mut doc = Document::default();
-        for name in ["door", "window", "table"] {
-            doc.objects.insert(name.to_string(), None);
-        }
-        doc
-    }
-
-    /// Loads the document file, or starts a new scene if there is none.
-    pub fn load_or_create(path: &Path) -> Result<Document, ServiceError> {
-        match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| ServiceError::Document {
-                path: path.to_path_buf(),
-                detail: format!("it is not a scene document: {e}"),
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Document::starter()),
-            Err(source) => Err(ServiceError::Io {
-                what: format!("read the document `{}`", path.display()),
-                source,
-            }),
-        }
-    }
-
-    /// Saves the document durably (write a temporary file, sync it, rename it over).
-    pub fn save(&self, path: &Path) -> Result<(), ServiceError> {
-        let io = |what: &str, source| ServiceError::Io {
-            what: format!("{what} `{}`", path.display()),
-            source,
-        };
-        let bytes = serde_json::to_vec_pretty(self).map_err(|e| ServiceError::Document {
-            path: path.to_path_buf(),
-            detail: format!("it could not be serialized: {e}"),
-        })?;
-        let tmp = path.with_extension("tmp");
-        let mut f = std::fs::File::create(&tmp).map_err(|e| io("create", e))?;
-        f.write_all(&bytes).map_err(|e| io("write", e))?;
-        f.sync_all().map_err(|e| io("sync", e))?;
-        std::fs::rename(&tmp, path).map_err(|e| io("replace", e))
-    }
-
-    /// Applies `edit` as operation `op`: the revision moves forward by one. Returns what
-    /// happened in words, or why nothing could change.
-    pub fn apply(&mut self, op: &str, edit: &Edit) -> Result<String, String> {
-        let summary = match edit {
-            Edit::Add { object, beside } => {
-                if self.objects.contains_key(object) {
-                    return Err(format!("there is already an object named \"{object}\""));
-                }
-                if !self.objects.contains_key(beside) {
-                    return Err(format!("there is no object named \"{beside}\""));
-                }
-                self.objects.insert(object.clone(), Some(beside.clone()));
-                format!("added \"{object}\" beside \"{beside}\"")
-            }
-            Edit::Rename { from, to } => {
-                if self.objects.contains_key(to) {
-                    return Err(format!("there is already an object named \"{to}\""));
-                }
-                let Some(place) = self.objects.remove(from) else {
-                    return Err(format!("there is no object named \"{from}\""));
-                };
-                self.objects.insert(to.clone(), place);
-                for beside in self.objects.values_mut().flatten() {
-                    if beside == from {
-                        *beside = to.clone();
-                    }
-                }
-                format!("renamed \"{from}\" to \"{to}\"")
-            }
-            Edit::Delete { object } => {
-                if self.objects.remove(object).is_none() {
-                    return Err(format!("there is no object named \"{object}\""));
-                }
-                for beside in self.objects.values_mut() {
-                    if beside.as_deref() == Some(object.as_str()) {
-                        *beside = None;
-                    }
-                }
-                format!("deleted \"{object}\"")
-            }
-        };
-        self.revision += 1;
-        self.history.push(Applied {
-            op: op.to_string(),
-            revision: self.revision,
-            edit: edit.clone(),
-            summary: summary.clone(),
-        });
-        Ok(summary)
-    }
-
-    /// The applied edit of operation `op`, if its effect is in the document.
-    pub fn applied(&self, op: &str) -> Option<&Applied> {
-        self.history.iter().find(|a| a.op == op)
-    }
-
-    /// How many times operation `op` with `edit` was applied to this document.
-    pub fn effects(&self, op: &str, edit: &Edit) -> usize {
-        self.history
-            .iter()
-            .filter(|a| a.op == op && &a.edit == edit)
-            .count()
-    }
-
-    /// The objects in words: `door, light (beside door), table`.
-    pub fn describe(&self) -> String {
-        let names: Vec<String> = self
-            .objects
-            .iter()
-            .map(|(name, beside)| match beside {
-                Some(b) => format!("{name} (beside {b})"),
-                None => name.clone(),
-            })
-            .collect();
-        names.join(", ")
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1198,7 +845,7 @@ impl Shared {
                 journal.release(claim).doing(|| format!("release `{id}`"))?;
                 let rejected = Reply::Rejected {
                     id: id.to_string(),
-                    reason,
+                    reason: format!("cannot {}: {reason}", edit.describe()),
                 };
                 if let Some(conn) = self.session_conn(session) {
                     let _ = conn.send(&rejected);

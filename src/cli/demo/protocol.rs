@@ -1,0 +1,208 @@
+//! The editor's wire protocol (`docs/protocol.md`): JSON Lines over TCP, one object per
+//! line, its `type` saying which message it is. Shared by the service and the demo client.
+
+use opjournal::{Intent, Timestamp};
+use serde::{Deserialize, Serialize};
+
+/// An edit of the scene: what a client asks the editor to do.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Edit {
+    /// Adds a new object beside an existing one.
+    Add {
+        /// The new object's name.
+        object: String,
+        /// The object it is placed beside.
+        beside: String,
+    },
+    /// Renames an object.
+    Rename {
+        /// The current name.
+        from: String,
+        /// The new name.
+        to: String,
+    },
+    /// Deletes an object.
+    Delete {
+        /// The object's name.
+        object: String,
+    },
+}
+
+impl Edit {
+    /// The journal intent: the edit's name and its arguments, hashed canonically. The same
+    /// operation id with a different edit is refused (`IntentMismatch`).
+    pub fn intent(&self) -> opjournal::Result<Intent> {
+        let (name, args) = match self {
+            Edit::Add { object, beside } => (
+                "scene.add",
+                serde_json::json!({"object": object, "beside": beside}),
+            ),
+            Edit::Rename { from, to } => {
+                ("scene.rename", serde_json::json!({"from": from, "to": to}))
+            }
+            Edit::Delete { object } => ("scene.delete", serde_json::json!({"object": object})),
+        };
+        Intent::from_json(name, &args)
+    }
+
+    /// The edit in words, as asked: `add "light" beside "door"`.
+    pub fn describe(&self) -> String {
+        match self {
+            Edit::Add { object, beside } => format!("add \"{object}\" beside \"{beside}\""),
+            Edit::Rename { from, to } => format!("rename \"{from}\" to \"{to}\""),
+            Edit::Delete { object } => format!("delete \"{object}\""),
+        }
+    }
+}
+
+/// What a client sends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Request {
+    /// Names the client session; first on every connection. Answered by `welcome`, then
+    /// the session's results that were never acknowledged are pushed again.
+    Hello {
+        /// The session (an agent run, a browser tab): stable across reconnects.
+        session: String,
+    },
+    /// A mutating operation. `id` is chosen by the client and reused for every retry.
+    Submit {
+        /// The operation id.
+        id: String,
+        /// The document revision the client last saw.
+        base_revision: u64,
+        /// What to do.
+        edit: Edit,
+    },
+    /// The client has seen the result of `id`.
+    Ack {
+        /// The operation id.
+        id: String,
+    },
+    /// Asks what became of `id`, without submitting anything.
+    Status {
+        /// The operation id.
+        id: String,
+    },
+}
+
+/// What the service sends: answers to requests, and pushed results.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Reply {
+    /// The answer to `hello`; `pushing` results follow at once.
+    Welcome {
+        /// The session.
+        session: String,
+        /// The document's scope.
+        scope: String,
+        /// The document's revision.
+        revision: u64,
+        /// How many unacknowledged results are pushed next.
+        pushing: usize,
+    },
+    /// The operation is new and recorded: it will run, and its result will follow.
+    Accepted {
+        /// The operation id.
+        id: String,
+        /// The attempt (1 unless an earlier attempt was found not applied).
+        attempt: u32,
+    },
+    /// An operation's outcome (answer or push).
+    Result(ResultMsg),
+    /// The operation is running: the request attached to it and applied nothing.
+    Running {
+        /// The operation id.
+        id: String,
+        /// When it was accepted.
+        since: Timestamp,
+    },
+    /// The operation finished long ago and its result is no longer kept: refresh, do not
+    /// retry. Nothing was run.
+    Expired {
+        /// The operation id.
+        id: String,
+        /// Whether it was applied (`false`: it failed).
+        applied: bool,
+        /// The revision it produced.
+        revision: Option<u64>,
+        /// When it finished.
+        completed_at: Option<Timestamp>,
+        /// The document's revision now.
+        current_revision: u64,
+    },
+    /// The service stopped while running the operation and has not yet checked whether its
+    /// effect landed: ask again.
+    InDoubt {
+        /// The operation id.
+        id: String,
+        /// When it was accepted.
+        since: Timestamp,
+    },
+    /// The edit was refused before changing anything (the id can be reused).
+    Rejected {
+        /// The operation id.
+        id: String,
+        /// Why.
+        reason: String,
+    },
+    /// The acknowledgement is recorded.
+    Acked {
+        /// The operation id.
+        id: String,
+        /// Whether it came after the acknowledgement timeout.
+        late: bool,
+    },
+    /// The answer to `status`.
+    Status(StatusMsg),
+    /// The request was refused; nothing was applied.
+    Error {
+        /// The operation id, when the request named one.
+        id: Option<String>,
+        /// `intent_mismatch`, `stale_base`, `scope_busy`, `window_full`, `bad_request`,
+        /// `unavailable` or `internal`.
+        kind: String,
+        /// What went wrong, and what to do.
+        message: String,
+    },
+}
+
+/// An operation's outcome, as answered or pushed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultMsg {
+    /// The operation id.
+    pub id: String,
+    /// `applied` or `failed`.
+    pub outcome: String,
+    /// The revision the edit produced (applied).
+    pub revision: Option<u64>,
+    /// What happened, in words (`added "light" beside "door"`), or why it failed.
+    pub summary: String,
+    /// What changed, for the UI.
+    pub changed: Vec<String>,
+    /// `false` only for the first sending of a new execution: every other copy is a
+    /// replay of the recorded outcome, and the edit was not applied again.
+    pub replayed: bool,
+    /// Which delivery of this result this is (1 for the first).
+    pub delivery: u32,
+}
+
+/// The answer to `status`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusMsg {
+    /// The operation id.
+    pub id: String,
+    /// `unknown`, `running`, `in_doubt`, `applied`, `failed` or `retired`.
+    pub state: String,
+    /// The revision it produced.
+    pub revision: Option<u64>,
+    /// `pending`, `delivered`, `acknowledged`, `exhausted` or `ack_expired`.
+    pub delivery: Option<String>,
+    /// How many times the result was delivered.
+    pub deliveries: u32,
+    /// Until when an acknowledgement is awaited.
+    pub ack_deadline: Option<Timestamp>,
+    /// The recorded events, oldest first (`in_doubt:reopened` for a lease lost to a restart).
+    pub history: Vec<String>,
+}
