@@ -9,11 +9,17 @@
 //! - it was not closed cleanly (a crash) → a copy is recovered in a temporary directory and
 //!   inspected ([`Access::RecoveredCopy`]); the file itself is recovered by the next writer;
 //! - a writer opened it with [`Sharing::Exclusive`](crate::Sharing::Exclusive) → `Locked`.
+//!
+//! The file is input: the storage engine trusts its pages and may panic on a damaged file
+//! (fuzzing found such files). Every method turns such a panic into
+//! [`ErrorKind::Corrupt`] (in builds that unwind on panic), so a damaged file never brings
+//! down the tool that inspects it.
 
 use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTable};
 
+use crate::check::guarded;
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::engine;
 use crate::error::{Error, ErrorKind, Result};
@@ -124,6 +130,28 @@ fn not_openable(path: &Path, e: redb::DatabaseError) -> Error {
     }
 }
 
+/// A panic caught from the caller's closure, to be resumed outside the storage guard.
+type CallerPanic = Option<Box<dyn std::any::Any + Send>>;
+
+/// Calls the caller's closure inside a [`guarded`] section, keeping a panic of its own
+/// apart from the storage engine's (it is resumed, not turned into `Corrupt`). A caught
+/// panic stops the iteration.
+fn call_caller(slot: &mut CallerPanic, f: impl FnOnce() -> Result<bool>) -> Result<bool> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            *slot = Some(p);
+            Ok(false)
+        }
+    }
+}
+
+fn resume_caller_panic(slot: CallerPanic) {
+    if let Some(p) = slot {
+        std::panic::resume_unwind(p);
+    }
+}
+
 impl Inspector {
     /// Opens `path` for inspection without modifying it.
     ///
@@ -136,6 +164,10 @@ impl Inspector {
     /// - [`ErrorKind::UnsupportedFormat`], [`ErrorKind::Corrupt`].
     pub fn open(path: impl AsRef<Path>) -> Result<Inspector> {
         let path = path.as_ref();
+        guarded("open", || Inspector::open_unguarded(path))
+    }
+
+    fn open_unguarded(path: &Path) -> Result<Inspector> {
         let meta = std::fs::metadata(path).map_err(Error::io)?;
         if meta.len() == 0 {
             return Err(Error::new(ErrorKind::NotAJournal {
@@ -231,7 +263,7 @@ impl Inspector {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn now(&self) -> Result<Timestamp> {
-        Ok(self.snapshot()?.2)
+        guarded("now", || Ok(self.snapshot()?.2))
     }
 
     /// Counts by status and delivery state, and file facts.
@@ -240,14 +272,16 @@ impl Inspector {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn stats(&self) -> Result<Stats> {
-        let (t, _txn, now) = self.snapshot()?;
-        let mut s = stats::collect(&t, now)?;
-        s.file_bytes = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
-        let txn = self.handle.begin_read()?;
-        if let Ok(q) = txn.open_table(store::QUARANTINE) {
-            s.quarantined = redb::ReadableTableMetadata::len(&q)?;
-        }
-        Ok(s)
+        guarded("stats", || {
+            let (t, _txn, now) = self.snapshot()?;
+            let mut s = stats::collect(&t, now)?;
+            s.file_bytes = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
+            let txn = self.handle.begin_read()?;
+            if let Ok(q) = txn.open_table(store::QUARANTINE) {
+                s.quarantined = redb::ReadableTableMetadata::len(&q)?;
+            }
+            Ok(s)
+        })
     }
 
     /// The receipt of `operation_id` with every clock applied.
@@ -256,8 +290,10 @@ impl Inspector {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn lookup(&self, operation_id: &str) -> Result<Option<Receipt>> {
-        let (t, _txn, now) = self.snapshot()?;
-        engine::lookup(&t, operation_id, now)
+        guarded("lookup", || {
+            let (t, _txn, now) = self.snapshot()?;
+            engine::lookup(&t, operation_id, now)
+        })
     }
 
     /// The recorded result of a terminal, unretired operation.
@@ -266,11 +302,13 @@ impl Inspector {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn result(&self, operation_id: &str) -> Result<Option<OpResult>> {
-        let (t, _txn, now) = self.snapshot()?;
-        match engine::effective_of(&t, operation_id, now)? {
-            Some(rec) => engine::result_of(&t, &rec),
-            None => Ok(None),
-        }
+        guarded("result", || {
+            let (t, _txn, now) = self.snapshot()?;
+            match engine::effective_of(&t, operation_id, now)? {
+                Some(rec) => engine::result_of(&t, &rec),
+                None => Ok(None),
+            }
+        })
     }
 
     /// The operation's events, oldest first.
@@ -279,14 +317,16 @@ impl Inspector {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn history(&self, operation_id: &str) -> Result<Vec<Event>> {
-        let (t, _txn, _) = self.snapshot()?;
-        let mut out = Vec::new();
-        for seq in t.op_event_seqs(operation_id)? {
-            if let Some(ev) = t.event(seq)? {
-                out.push(ev);
+        guarded("history", || {
+            let (t, _txn, _) = self.snapshot()?;
+            let mut out = Vec::new();
+            for seq in t.op_event_seqs(operation_id)? {
+                if let Some(ev) = t.event(seq)? {
+                    out.push(ev);
+                }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     /// Calls `f` with every receipt (clocks applied), in operation-id order, from one
@@ -296,17 +336,22 @@ impl Inspector {
     ///
     /// [`ErrorKind::Corrupt`] (the first damaged receipt), [`ErrorKind::Io`], or `f`'s error.
     pub fn for_each_receipt(&self, mut f: impl FnMut(Receipt) -> Result<bool>) -> Result<()> {
-        let (t, _txn, now) = self.snapshot()?;
-        for entry in t.receipts_t().iter()? {
-            let (k, v) = entry?;
-            let rec = store::decode_receipt(k.value(), v.value())?;
-            if let Some(r) = engine::effective(&rec, now).as_ref().and_then(engine::view)
-                && !f(r)?
-            {
-                break;
+        let mut caller_panic = None;
+        let r = guarded("receipts", || {
+            let (t, _txn, now) = self.snapshot()?;
+            for entry in t.receipts_t().iter()? {
+                let (k, v) = entry?;
+                let rec = store::decode_receipt(k.value(), v.value())?;
+                if let Some(r) = engine::effective(&rec, now).as_ref().and_then(engine::view)
+                    && !call_caller(&mut caller_panic, || f(r))?
+                {
+                    break;
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        });
+        resume_caller_panic(caller_panic);
+        r
     }
 
     /// Calls `f` with every event whose seq is at least `from`, in order, from one
@@ -320,15 +365,20 @@ impl Inspector {
         from: u64,
         mut f: impl FnMut(Event) -> Result<bool>,
     ) -> Result<()> {
-        let (t, _txn, _) = self.snapshot()?;
-        for entry in t.events_t().range(from..)? {
-            let (k, v) = entry?;
-            let ev = store::decode_event(k.value(), v.value())?;
-            if !f(ev)? {
-                break;
+        let mut caller_panic = None;
+        let r = guarded("events", || {
+            let (t, _txn, _) = self.snapshot()?;
+            for entry in t.events_t().range(from..)? {
+                let (k, v) = entry?;
+                let ev = store::decode_event(k.value(), v.value())?;
+                if !call_caller(&mut caller_panic, || f(ev))? {
+                    break;
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        });
+        resume_caller_panic(caller_panic);
+        r
     }
 
     /// The number of events and receipts stored (for progress bars).
@@ -337,9 +387,11 @@ impl Inspector {
     ///
     /// [`ErrorKind::Io`].
     pub fn sizes(&self) -> Result<(u64, u64)> {
-        use redb::ReadableTableMetadata;
-        let (t, _txn, _) = self.snapshot()?;
-        Ok((t.events_t().len()?, t.receipts_t().len()?))
+        guarded("sizes", || {
+            use redb::ReadableTableMetadata;
+            let (t, _txn, _) = self.snapshot()?;
+            Ok((t.events_t().len()?, t.receipts_t().len()?))
+        })
     }
 
     /// Verifies every record and cross-checks every index against the event journal.

@@ -495,10 +495,14 @@ impl Journal {
 
     pub(crate) fn open_with(path: &Path, cfg: Config) -> Result<Journal> {
         check_redb_magic(path)?;
-        let db = Self::redb_builder(&cfg)
-            .create(path)
-            .map_err(|e| open_error(path, e))?;
-        Self::init(db, path, cfg)
+        // The file is input: the storage engine may panic on damaged pages while opening
+        // (fuzzing found such files). Answer `Corrupt` instead.
+        crate::check::guarded("open", || {
+            let db = Self::redb_builder(&cfg)
+                .create(path)
+                .map_err(|e| open_error(path, e))?;
+            Self::init(db, path, cfg)
+        })
     }
 
     pub(crate) fn open_backend_with(

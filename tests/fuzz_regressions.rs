@@ -1,0 +1,83 @@
+//! Inputs the fuzzers found that broke a claim, checked in under `fuzz/regressions/`, each
+//! with the claim it broke. (`tests/fuzz_properties.rs` also replays every one of them
+//! through its whole target.)
+
+use std::path::{Path, PathBuf};
+
+use opjournal::check::{RepairOptions, repair};
+use opjournal::{ErrorKind, Inspector, Journal};
+
+fn regression(target: &str, name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/regressions")
+        .join(target)
+        .join(name)
+}
+
+/// A copy of a checked-in damaged journal in a fresh directory.
+fn damaged_copy(name: &str) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
+    let bytes = std::fs::read(regression("open_file", name))
+        .unwrap_or_else(|e| panic!("regression input {name}: {e}"));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let path = dir.path().join("journal.opj");
+    std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("write: {e}"));
+    (dir, path, bytes)
+}
+
+fn is_corrupt(kind: &ErrorKind) -> bool {
+    matches!(kind, ErrorKind::Corrupt { .. })
+}
+
+/// redb 4.6 hits `unreachable!()` reading the allocator state of this file (a damaged
+/// branch page); `Inspector::open` used to let that panic through, so `opjournal stats`
+/// crashed on the file instead of reporting it.
+#[test]
+fn inspector_open_answers_corrupt_when_the_storage_engine_panics_on_a_damaged_page() {
+    let (_dir, path, bytes) = damaged_copy("inspector-open-redb-panic-b462786d");
+    let err = Inspector::open(&path).expect_err("a damaged journal does not open");
+    assert!(is_corrupt(err.kind()), "{err:?}");
+    assert_eq!(
+        std::fs::read(&path).ok(),
+        Some(bytes),
+        "the read-only open modified the file"
+    );
+}
+
+/// The same kind of damage on the writer's path: `Journal::open` used to panic inside
+/// redb's `create`, taking the embedding editor down with it.
+#[test]
+fn journal_open_answers_corrupt_when_the_storage_engine_panics_on_a_damaged_page() {
+    let (_dir, path, _) = damaged_copy("journal-open-redb-panic-d1499e69");
+    let err = Journal::open(&path).expect_err("a damaged journal does not open");
+    assert!(is_corrupt(err.kind()), "{err:?}");
+}
+
+/// After the typed error, `repair` still gets the operator out: it salvages what it can,
+/// or says that nothing could be salvaged, and never panics.
+#[test]
+fn repair_handles_files_that_make_the_storage_engine_panic() {
+    for name in [
+        "inspector-open-redb-panic-b462786d",
+        "journal-open-redb-panic-d1499e69",
+    ] {
+        let (_dir, path, _) = damaged_copy(name);
+        let mut options = RepairOptions::default();
+        options.backup = false;
+        match repair(&path, &options, &mut |_, _| {}) {
+            Ok(report) => {
+                let insp = Inspector::open(&path).unwrap_or_else(|e| {
+                    panic!("{name}: the repaired journal does not open: {e:?}")
+                });
+                let verified = insp
+                    .verify(&mut |_, _| {})
+                    .unwrap_or_else(|e| panic!("{name}: verify fails after repair: {e:?}"));
+                assert!(
+                    verified.findings.is_empty(),
+                    "{name}: verify finds problems after repair {report:?}: {:?}",
+                    verified.findings
+                );
+            }
+            Err(e) => assert!(is_corrupt(e.kind()), "{name}: {e:?}"),
+        }
+    }
+}
