@@ -31,6 +31,20 @@ const WAIT: Duration = Duration::from_secs(10);
 /// Reconnects in the storm, and the demo time between two of them.
 const RELOADS: u32 = 20;
 const RELOAD_EVERY: Duration = Duration::from_secs(30);
+/// The demo time skipped past the acknowledgement timeout (15 min by default).
+const ACK_WAIT: Duration = Duration::from_secs(16 * 60);
+/// The demo time skipped past the result retention (7 days by default).
+const AGE_WAIT: Duration = Duration::from_secs(8 * 24 * 3600);
+
+/// Where the demo clock starts: as far in the past as the session skips ahead (and a
+/// minute more), so that it ends just before the real time and the journal it leaves
+/// holds no timestamp in the future.
+fn demo_start() -> opjournal::Timestamp {
+    let skipped = ACK_WAIT + RELOAD_EVERY * RELOADS + AGE_WAIT + Duration::from_secs(60);
+    let now = SystemClock.now().as_millis();
+    let back = u64::try_from(skipped.as_millis()).unwrap_or(u64::MAX);
+    opjournal::Timestamp::from_millis(now.saturating_sub(back))
+}
 
 /// Why the session could not run.
 #[derive(Debug, thiserror::Error)]
@@ -121,7 +135,7 @@ struct Session<'t> {
 /// Runs the whole session.
 pub(crate) fn run(paths: &Paths, out: &mut Transcript) -> Result<Report, DemoError> {
     let started = Instant::now();
-    let clock = ManualClock::new(SystemClock.now());
+    let clock = ManualClock::new(demo_start());
     let retry = RetryPolicy::default();
     let open: JournalOpener = {
         let clock = clock.clone();
@@ -374,7 +388,7 @@ impl Session<'_> {
         self.say(
             Who::Editor,
             format!(
-                "journal {} (default durations; the demo moves a manual clock to skip the waits)",
+                "journal {} (default durations; the demo's clock starts 8 days back and jumps ahead to skip the waits)",
                 paths.journal.display()
             ),
         );
@@ -580,10 +594,13 @@ impl Session<'_> {
         self.ack("op_6")?;
         self.say(Who::Client, "asks about op_5");
         self.status("op_5")?;
-        self.clock.advance(Duration::from_secs(16 * 60));
+        self.clock.advance(ACK_WAIT);
         self.say(
             Who::Clock,
-            "+16 min: past op_5's acknowledgement timeout (15 min by default)",
+            format!(
+                "+{} min: past op_5's acknowledgement timeout (15 min by default)",
+                ACK_WAIT.as_secs() / 60
+            ),
         );
         let swept = self.compact()?;
         self.say(
@@ -827,10 +844,13 @@ impl Session<'_> {
     /// The result aged out: the answer says so; nothing runs again.
     fn result_aged_out(&mut self) -> Result<(), DemoError> {
         self.heading("+", "the result ages out");
-        self.clock.advance(Duration::from_secs(8 * 24 * 3600));
+        self.clock.advance(AGE_WAIT);
         self.say(
             Who::Clock,
-            "+8 days: past the result retention (7 days by default)",
+            format!(
+                "+{} days: past the result retention (7 days by default)",
+                AGE_WAIT.as_secs() / 86_400
+            ),
         );
         let swept = self.compact()?;
         self.say(
