@@ -810,6 +810,19 @@ impl ToOwnedKey for u64 {
     }
 }
 
+/// Reads every raw entry of `def` and deletes the table (the caller recreates it).
+fn take_table(
+    txn: &redb::WriteTransaction,
+    def: TableDefinition<u64, &'static [u8]>,
+) -> Result<Vec<(u64, Vec<u8>)>> {
+    let entries = {
+        let t = txn.open_table(def)?;
+        collect_raw(&t)?
+    };
+    txn.delete_table(def)?;
+    Ok(entries)
+}
+
 fn string_keys(
     table: &impl ReadableTable<&'static str, &'static [u8]>,
 ) -> Result<Vec<(String, Vec<u8>)>> {
@@ -851,7 +864,21 @@ fn repair_db(
     }
     let cfg = Config::default();
     {
+        // The kept tables are rewritten from their raw entries, so that no page of the old
+        // tree survives: a damaged page (a flipped key, a broken page header) leaves the file
+        // even when the values on it read fine.
+        let old_quarantine = take_table(&txn, store::QUARANTINE)?;
+        let old_events = take_table(&txn, store::EVENTS)?;
+        let old_results = take_table(&txn, store::RESULTS)?;
+        let old_meta = {
+            let t = txn.open_table(store::META)?;
+            string_keys(&t)?
+        };
+        txn.delete_table(store::META)?;
         let mut q = txn.open_table(store::QUARANTINE)?;
+        for (n, raw) in &old_quarantine {
+            q.insert(*n, raw.as_slice())?;
+        }
         // What the old indexes knew, for naming operations whose events are damaged.
         let mut seq_owner: HashMap<u64, String> = HashMap::new();
         if let Ok(t) = txn.open_table(store::OP_EVENTS) {
@@ -879,61 +906,97 @@ fn repair_db(
                 }
             }
         }
-        // Damaged events and results move to quarantine.
+        // Damaged events and results move to quarantine. A record whose key was damaged but
+        // whose value is intact (its CRC covers the seq it carries) goes back under its seq.
         let mut damaged: BTreeMap<String, u32> = BTreeMap::new();
         {
             let mut events = txn.open_table(store::EVENTS)?;
-            for (seq, raw) in collect_raw(&events)? {
-                if let Err(e) = store::decode_event(seq, &raw) {
-                    let owner = seq_owner.get(&seq).cloned();
-                    let problem = match &owner {
-                        Some(op) => format!("{} (an event of `{op}`)", corrupt_detail(&e)),
-                        None => corrupt_detail(&e),
-                    };
-                    quarantine(&mut q, report, "events", seq.to_string(), problem, &raw)?;
-                    events.remove(seq)?;
-                    if let Some(op) = owner {
-                        *damaged.entry(op).or_default() += 1;
+            let mut misplaced = Vec::new();
+            for (key, raw) in old_events {
+                match store::decode_event(key, &raw) {
+                    Ok(_) => {
+                        events.insert(key, raw.as_slice())?;
                     }
+                    Err(e) => misplaced.push((key, raw, e)),
+                }
+            }
+            for (key, raw, e) in misplaced {
+                let intact = codec::decode::<Event>(RecordKind::Event, &raw).ok();
+                if let Some(ev) = &intact
+                    && events.get(ev.seq)?.is_none()
+                {
+                    events.insert(ev.seq, raw.as_slice())?;
+                    continue;
+                }
+                let owner = match &intact {
+                    Some(ev) => ev.operation_id.clone(),
+                    None => seq_owner.get(&key).cloned(),
+                };
+                let problem = match &owner {
+                    Some(op) => format!("{} (an event of `{op}`)", corrupt_detail(&e)),
+                    None => corrupt_detail(&e),
+                };
+                quarantine(&mut q, report, "events", key.to_string(), problem, &raw)?;
+                if let Some(op) = owner {
+                    *damaged.entry(op).or_default() += 1;
                 }
             }
         }
         {
             let mut results = txn.open_table(store::RESULTS)?;
-            for (seq, raw) in collect_raw(&results)? {
-                if let Err(e) = store::decode_result(seq, &raw) {
-                    quarantine(
-                        &mut q,
-                        report,
-                        "results",
-                        seq.to_string(),
-                        corrupt_detail(&e),
-                        &raw,
-                    )?;
-                    results.remove(seq)?;
+            let mut misplaced = Vec::new();
+            for (key, raw) in old_results {
+                match store::decode_result(key, &raw) {
+                    Ok(_) => {
+                        results.insert(key, raw.as_slice())?;
+                    }
+                    Err(e) => misplaced.push((key, raw, e)),
                 }
             }
+            for (key, raw, e) in misplaced {
+                let seq = codec::unframe(RecordKind::Result, &raw)
+                    .ok()
+                    .and_then(|p| codec::decode_prefix::<crate::record::ResultHeader>(p).ok())
+                    .map(|(h, _)| h.completed_seq);
+                if let Some(seq) = seq
+                    && results.get(seq)?.is_none()
+                {
+                    results.insert(seq, raw.as_slice())?;
+                    continue;
+                }
+                quarantine(
+                    &mut q,
+                    report,
+                    "results",
+                    key.to_string(),
+                    corrupt_detail(&e),
+                    &raw,
+                )?;
+            }
         }
-        // Meta.
+        // Meta: the format and state records, if they decode; anything else is set aside.
         {
             let mut meta = txn.open_table(store::META)?;
-            let format_ok = match meta.get("format")? {
-                Some(v) => store::decode_meta::<FormatRecord>("format", v.value()).is_ok(),
-                None => false,
-            };
-            if !format_ok {
-                if let Some(v) = meta.get("format")? {
-                    let raw = v.value().to_vec();
-                    drop(v);
-                    quarantine(
-                        &mut q,
-                        report,
+            let mut format_ok = false;
+            for (key, raw) in old_meta {
+                let checked = match key.as_str() {
+                    "format" => store::decode_meta::<FormatRecord>("format", &raw).map(|_| ()),
+                    "state" => store::decode_meta::<StateRecord>("state", &raw).map(|_| ()),
+                    _ => Err(Error::corrupt(
                         "meta",
-                        "format".into(),
-                        "damaged format record".into(),
-                        &raw,
-                    )?;
+                        &key,
+                        "not an entry of the meta table",
+                    )),
+                };
+                match checked {
+                    Ok(()) => {
+                        format_ok |= key == "format";
+                        meta.insert(key.as_str(), raw.as_slice())?;
+                    }
+                    Err(e) => quarantine(&mut q, report, "meta", key, corrupt_detail(&e), &raw)?,
                 }
+            }
+            if !format_ok {
                 meta.insert(
                     "format",
                     codec::encode(
