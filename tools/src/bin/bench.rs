@@ -1,0 +1,2105 @@
+//! `bench`: opjournal against SQLite and against the disk's own sync rate.
+//!
+//! ```text
+//! cargo run --release -p opjournal-tools --bin bench -- [--quick] [--json] [--out DIR]
+//!     [--only SECTION,...] [--reps N] [--base N]
+//! ```
+//!
+//! Every competitor runs in the same process and run, interleaved (A, B, A, B, ...), and
+//! figures are medians of the repetitions. Sections: `raw`, `lifecycle`, `replay`, `size`,
+//! `compaction`, `foreground`, `reopen`. See docs/performance.md for what each figure
+//! means and the targets.
+//!
+//! The results go to stdout (an aligned table, or JSON Lines with `--json`), and to the
+//! `--out` directory (default `target/bench/`): `bench.txt`, `bench.jsonl` and
+//! `lifecycle_concurrency.svg`. Scratch files live in `<out>/data`, which must be on the
+//! disk being measured (not a tmpfs).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use opjournal::{
+    Admission, ExecutionStatus, Intent, Journal, JournalBuilder, ManualClock, Operation, Outcome,
+    Sharing, Timestamp,
+};
+use opjournal_tools::plot::{self, Chart, Series};
+use opjournal_tools::sqlite_model::{SqlAdmission, SqlJournal, SqlOp};
+use opjournal_tools::stats::{Rng, median, percentiles};
+use serde_json::{Value, json};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+type Result<T> = std::result::Result<T, Error>;
+
+/// The result payload of every operation (item 7 asks for 1 KiB).
+const PAYLOAD_BYTES: usize = 1024;
+/// The protocol's durable commits per lifecycle: submit and complete (the ack is lazy).
+const DURABLE_COMMITS_PER_OP: f64 = 2.0;
+/// Far enough ahead that every completed operation is past audit retention (90 days).
+const PAST_AUDIT_RETENTION: Duration = Duration::from_secs(91 * 24 * 3600);
+const INTENT_NAME: &str = "bench.edit";
+const SECTIONS: [&str; 7] = [
+    "raw",
+    "lifecycle",
+    "replay",
+    "size",
+    "compaction",
+    "foreground",
+    "reopen",
+];
+
+// ---------------------------------------------------------------------------------------
+// Configuration
+// ---------------------------------------------------------------------------------------
+
+struct Params {
+    quick: bool,
+    reps: usize,
+    lifecycle_reps: usize,
+    raw_writes: usize,
+    sweep_threads: Vec<usize>,
+    sweep_lifecycles: usize,
+    base_n: usize,
+    populate_threads: usize,
+    replay_lookups: usize,
+    replay_rounds: usize,
+    fg_lifecycles: usize,
+}
+
+impl Params {
+    fn new(quick: bool) -> Params {
+        if quick {
+            Params {
+                quick,
+                reps: 2,
+                lifecycle_reps: 2,
+                raw_writes: 200,
+                sweep_threads: vec![1, 2, 4, 8, 16],
+                sweep_lifecycles: 48,
+                base_n: 10_000,
+                populate_threads: 32,
+                replay_lookups: 20_000,
+                replay_rounds: 4,
+                fg_lifecycles: 60,
+            }
+        } else {
+            Params {
+                quick,
+                reps: 3,
+                lifecycle_reps: 5,
+                raw_writes: 1_000,
+                sweep_threads: vec![1, 2, 4, 8, 16],
+                sweep_lifecycles: 400,
+                base_n: 100_000,
+                populate_threads: 32,
+                replay_lookups: 200_000,
+                replay_rounds: 10,
+                fg_lifecycles: 300,
+            }
+        }
+    }
+}
+
+struct Args {
+    params: Params,
+    json: bool,
+    keep: bool,
+    out: PathBuf,
+    only: Vec<String>,
+}
+
+fn usage() -> String {
+    format!(
+        "usage: bench [--quick] [--json] [--out DIR] [--only SECTION,...] [--reps N] [--base N] [--keep]\n\
+         sections: {}",
+        SECTIONS.join(", ")
+    )
+}
+
+fn parse_args(raw: &[String]) -> Result<Args> {
+    let mut quick = false;
+    let mut json = false;
+    let mut keep = false;
+    let mut out = PathBuf::from("target/bench");
+    let mut only: Vec<String> = Vec::new();
+    let mut reps: Option<usize> = None;
+    let mut base: Option<usize> = None;
+    let mut it = raw.iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("`{name}` needs a value\n{}", usage()))
+        };
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--json" => json = true,
+            "--keep" => keep = true,
+            "--out" => out = PathBuf::from(value("--out")?),
+            "--only" => {
+                for s in value("--only")?.split(',') {
+                    if !SECTIONS.contains(&s) {
+                        return Err(format!("unknown section `{s}`\n{}", usage()).into());
+                    }
+                    only.push(s.to_string());
+                }
+            }
+            "--reps" => reps = Some(value("--reps")?.parse()?),
+            "--base" => base = Some(value("--base")?.parse()?),
+            "-h" | "--help" => return Err(usage().into()),
+            other => return Err(format!("unknown argument `{other}`\n{}", usage()).into()),
+        }
+    }
+    let mut params = Params::new(quick);
+    if let Some(r) = reps {
+        params.reps = r.max(1);
+        params.lifecycle_reps = r.max(1);
+    }
+    if let Some(b) = base {
+        params.base_n = b.max(100);
+    }
+    Ok(Args {
+        params,
+        json,
+        keep,
+        out,
+        only,
+    })
+}
+
+/// One opjournal configuration under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct OpjCfg {
+    exclusive: bool,
+    quick_repair: bool,
+}
+
+const DEFAULT_CFG: OpjCfg = OpjCfg {
+    exclusive: false,
+    quick_repair: true,
+};
+
+const OPJ_VARIANTS: [OpjCfg; 4] = [
+    DEFAULT_CFG,
+    OpjCfg {
+        exclusive: false,
+        quick_repair: false,
+    },
+    OpjCfg {
+        exclusive: true,
+        quick_repair: true,
+    },
+    OpjCfg {
+        exclusive: true,
+        quick_repair: false,
+    },
+];
+
+impl OpjCfg {
+    fn builder(self) -> JournalBuilder {
+        Journal::builder()
+            .sharing(if self.exclusive {
+                Sharing::Exclusive
+            } else {
+                Sharing::LiveReaders
+            })
+            .quick_repair(self.quick_repair)
+    }
+
+    fn key(self) -> &'static str {
+        match (self.exclusive, self.quick_repair) {
+            (false, true) => "opj-live-qr",
+            (false, false) => "opj-live",
+            (true, true) => "opj-excl-qr",
+            (true, false) => "opj-excl",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match (self.exclusive, self.quick_repair) {
+            (false, true) => "opjournal LiveReaders, quick_repair on (default)",
+            (false, false) => "opjournal LiveReaders, quick_repair off",
+            (true, true) => "opjournal Exclusive, quick_repair on",
+            (true, false) => "opjournal Exclusive, quick_repair off",
+        }
+    }
+
+    fn from_key(key: &str) -> Option<OpjCfg> {
+        OPJ_VARIANTS.into_iter().find(|c| c.key() == key)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Engine {
+    Opj(OpjCfg),
+    Sqlite,
+}
+
+impl Engine {
+    fn key(self) -> &'static str {
+        match self {
+            Engine::Opj(c) => c.key(),
+            Engine::Sqlite => "sqlite",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Engine::Opj(c) => c.label(),
+            Engine::Sqlite => "SQLite WAL, synchronous=FULL",
+        }
+    }
+
+    fn all() -> Vec<Engine> {
+        let mut v: Vec<Engine> = OPJ_VARIANTS.into_iter().map(Engine::Opj).collect();
+        v.push(Engine::Sqlite);
+        v
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Reporting
+// ---------------------------------------------------------------------------------------
+
+struct Figure {
+    key: String,
+    label: String,
+    value: f64,
+    unit: &'static str,
+    vs: String,
+    extra: Value,
+}
+
+struct Target {
+    name: String,
+    measured: String,
+    required: String,
+    met: bool,
+    value: f64,
+    threshold: f64,
+}
+
+#[derive(Default)]
+struct Report {
+    env: Vec<(String, String)>,
+    figures: Vec<Figure>,
+    targets: Vec<Target>,
+    sweep: BTreeMap<(&'static str, usize), f64>,
+    notes: Vec<String>,
+}
+
+fn fmt_num(v: f64) -> String {
+    if !v.is_finite() {
+        return "-".into();
+    }
+    let a = v.abs();
+    if a >= 1000.0 {
+        // Thousands separators for readability.
+        let s = format!("{:.0}", v);
+        let (sign, digits) = s.strip_prefix('-').map_or(("", s.as_str()), |d| ("-", d));
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        format!("{sign}{out}")
+    } else if a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn ratio_text(r: f64, of: &str) -> String {
+    format!("{}× {of}", fmt_ratio(r))
+}
+
+fn fmt_ratio(r: f64) -> String {
+    if r >= 10.0 {
+        format!("{r:.1}")
+    } else {
+        format!("{r:.2}")
+    }
+}
+
+impl Report {
+    fn figure_vs(
+        &mut self,
+        key: impl Into<String>,
+        label: impl Into<String>,
+        value: f64,
+        unit: &'static str,
+        vs: String,
+        extra: Value,
+    ) {
+        self.figures.push(Figure {
+            key: key.into(),
+            label: label.into(),
+            value,
+            unit,
+            vs,
+            extra,
+        });
+    }
+
+    /// A "at least" target.
+    fn at_least(
+        &mut self,
+        name: impl Into<String>,
+        value: f64,
+        threshold: f64,
+        measured: String,
+        required: String,
+    ) {
+        self.targets.push(Target {
+            name: name.into(),
+            measured,
+            required,
+            met: value >= threshold,
+            value,
+            threshold,
+        });
+    }
+
+    /// A "at most" target.
+    fn at_most(
+        &mut self,
+        name: impl Into<String>,
+        value: f64,
+        threshold: f64,
+        measured: String,
+        required: String,
+    ) {
+        self.targets.push(Target {
+            name: name.into(),
+            measured,
+            required,
+            met: value <= threshold,
+            value,
+            threshold,
+        });
+    }
+
+    fn text(&self) -> String {
+        let mut s = String::new();
+        s.push_str("opjournal benchmark\n");
+        for (k, v) in &self.env {
+            s.push_str(&format!("  {k}: {v}\n"));
+        }
+        s.push('\n');
+        let rows: Vec<Vec<String>> = self
+            .figures
+            .iter()
+            .map(|f| {
+                vec![
+                    f.label.clone(),
+                    fmt_num(f.value),
+                    f.unit.to_string(),
+                    f.vs.clone(),
+                ]
+            })
+            .collect();
+        s.push_str(&table(
+            &["figure", "value", "unit", "vs reference"],
+            &[false, true, false, false],
+            &rows,
+        ));
+        s.push('\n');
+        let rows: Vec<Vec<String>> = self
+            .targets
+            .iter()
+            .map(|t| {
+                vec![
+                    t.name.clone(),
+                    t.measured.clone(),
+                    t.required.clone(),
+                    if t.met { "yes".into() } else { "NO".into() },
+                ]
+            })
+            .collect();
+        s.push_str(&table(
+            &["target", "measured", "required", "met"],
+            &[false, true, true, false],
+            &rows,
+        ));
+        let met = self.targets.iter().filter(|t| t.met).count();
+        s.push_str(&format!("\n{met} of {} targets met\n", self.targets.len()));
+        for n in &self.notes {
+            s.push_str(&format!("note: {n}\n"));
+        }
+        s
+    }
+
+    fn json_lines(&self, elapsed: Duration) -> String {
+        let mut out = Vec::new();
+        let env: serde_json::Map<String, Value> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
+        out.push(json!({"type": "env", "data": env}));
+        for f in &self.figures {
+            out.push(json!({"type": "figure", "data": {
+                "key": f.key, "label": f.label, "value": f.value, "unit": f.unit,
+                "vs": f.vs, "extra": f.extra,
+            }}));
+        }
+        for ((engine, threads), v) in &self.sweep {
+            out.push(json!({"type": "sweep_point", "data": {
+                "engine": engine, "threads": threads, "lifecycles_per_s": v,
+            }}));
+        }
+        for t in &self.targets {
+            out.push(json!({"type": "target", "data": {
+                "name": t.name, "measured": t.measured, "required": t.required,
+                "met": t.met, "value": t.value, "threshold": t.threshold,
+            }}));
+        }
+        for n in &self.notes {
+            out.push(json!({"type": "note", "data": n}));
+        }
+        let met = self.targets.iter().filter(|t| t.met).count();
+        out.push(json!({"type": "summary", "data": {
+            "targets": self.targets.len(), "met": met,
+            "missed": self.targets.len() - met, "elapsed_s": elapsed.as_secs_f64(),
+        }}));
+        let mut s = String::new();
+        for v in out {
+            s.push_str(&v.to_string());
+            s.push('\n');
+        }
+        s
+    }
+}
+
+fn table(header: &[&str], right: &[bool], rows: &[Vec<String>]) -> String {
+    let n = header.len();
+    let mut w: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate().take(n) {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            let pad = w[i].saturating_sub(c.chars().count());
+            if i > 0 {
+                s.push_str("  ");
+            }
+            if right[i] {
+                s.push_str(&" ".repeat(pad));
+                s.push_str(c);
+            } else {
+                s.push_str(c);
+                if i + 1 < n {
+                    s.push_str(&" ".repeat(pad));
+                }
+            }
+        }
+        s.trim_end().to_string() + "\n"
+    };
+    let mut s = line(header.iter().map(|h| h.to_string()).collect());
+    s.push_str(&line(w.iter().map(|k| "-".repeat(*k)).collect()));
+    for r in rows {
+        s.push_str(&line(r.clone()));
+    }
+    s
+}
+
+fn progress(msg: &str) {
+    eprintln!("[bench] {msg}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn intent() -> Result<Intent> {
+    Ok(Intent::from_bytes(INTENT_NAME, br#"{"change":"bench"}"#)?)
+}
+
+fn payload() -> Vec<u8> {
+    (0..PAYLOAD_BYTES).map(|i| (i % 251) as u8).collect()
+}
+
+fn sqlite_files(path: &Path) -> [PathBuf; 3] {
+    let s = path.as_os_str().to_string_lossy();
+    [
+        path.to_path_buf(),
+        PathBuf::from(format!("{s}-wal")),
+        PathBuf::from(format!("{s}-shm")),
+    ]
+}
+
+fn remove_one(path: &Path) {
+    let _ = fs::remove_file(path);
+}
+
+fn remove_all(paths: &[PathBuf]) {
+    for p in paths {
+        let _ = fs::remove_file(p);
+    }
+}
+
+fn file_len(p: &Path) -> u64 {
+    fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Copies `from` to `to` and syncs the copy, so its writeback does not disturb what is
+/// measured next.
+fn copy_synced(from: &Path, to: &Path) -> Result<()> {
+    let _ = fs::remove_file(to);
+    fs::copy(from, to)?;
+    fs::File::open(to)?.sync_all()?;
+    Ok(())
+}
+
+/// The filesystem holding `path`, from /proc/mounts: (mount point, type, device).
+fn filesystem_of(path: &Path) -> Option<(String, String, String)> {
+    let canon = fs::canonicalize(path).ok()?;
+    let mounts = fs::read_to_string("/proc/mounts").ok()?;
+    let mut best: Option<(String, String, String)> = None;
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 3 {
+            continue;
+        }
+        let (dev, mnt, ty) = (f[0], f[1], f[2]);
+        if canon.starts_with(mnt) && best.as_ref().is_none_or(|b| mnt.len() > b.0.len()) {
+            best = Some((mnt.to_string(), ty.to_string(), dev.to_string()));
+        }
+    }
+    best
+}
+
+/// Bytes this process passed to write(2)-like calls so far (`wchar` in /proc/self/io).
+fn written_bytes() -> u64 {
+    fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("wchar:").map(|v| v.trim().parse().ok()))
+                .flatten()
+        })
+        .unwrap_or(0)
+}
+
+/// Flushes every dirty page on the machine (build artifacts, earlier copies), so that
+/// their writeback does not share the disk with what is measured next.
+fn settle_disk() {
+    let _ = Command::new("sync").status();
+}
+
+fn scope_of(t: usize) -> String {
+    format!("scope/{t}")
+}
+
+fn session_of(t: usize) -> String {
+    format!("session/{t}")
+}
+
+fn base_id(i: usize) -> String {
+    format!("op-{i:07}")
+}
+
+// ---------------------------------------------------------------------------------------
+// One lifecycle on either engine
+// ---------------------------------------------------------------------------------------
+
+struct Ctx {
+    intent: Intent,
+    hash: [u8; 32],
+    payload: Vec<u8>,
+}
+
+impl Ctx {
+    fn new() -> Result<Ctx> {
+        let intent = intent()?;
+        let hash = *intent.hash().as_bytes();
+        Ok(Ctx {
+            intent,
+            hash,
+            payload: payload(),
+        })
+    }
+}
+
+/// Per-call latencies of one lifecycle.
+#[derive(Default)]
+struct CallTimes {
+    submit: Duration,
+    complete: Duration,
+    ack: Duration,
+}
+
+impl CallTimes {
+    fn total(&self) -> Duration {
+        self.submit + self.complete + self.ack
+    }
+}
+
+enum Conn<'a> {
+    Opj(&'a Journal),
+    Sql(SqlJournal),
+}
+
+impl Conn<'_> {
+    /// submit (Fresh) → complete(applied) → acknowledge, with per-call times.
+    fn lifecycle(
+        &mut self,
+        ctx: &Ctx,
+        id: &str,
+        scope: &str,
+        session: &str,
+        rev: &mut u64,
+    ) -> Result<CallTimes> {
+        let mut times = CallTimes::default();
+        match self {
+            Conn::Opj(j) => {
+                let op = Operation::new(id, ctx.intent.clone())
+                    .scope(scope)
+                    .base_revision(*rev)
+                    .session(session);
+                let t0 = Instant::now();
+                let admission = j.submit(op)?;
+                times.submit = t0.elapsed();
+                let Admission::Fresh(claim) = admission else {
+                    return Err(format!(
+                        "`{id}`: expected a fresh admission, got {}",
+                        admission.name()
+                    )
+                    .into());
+                };
+                *rev += 1;
+                let outcome = Outcome::applied(*rev, ctx.payload.clone());
+                let t1 = Instant::now();
+                j.complete(&claim, outcome)?;
+                times.complete = t1.elapsed();
+                let t2 = Instant::now();
+                j.acknowledge(id)?;
+                times.ack = t2.elapsed();
+            }
+            Conn::Sql(db) => {
+                let op = SqlOp {
+                    id,
+                    intent_name: INTENT_NAME,
+                    intent_hash: &ctx.hash,
+                    scope: Some(scope),
+                    base_rev: Some(*rev),
+                    session: Some(session),
+                };
+                let t0 = Instant::now();
+                let admission = db.submit(&op)?;
+                times.submit = t0.elapsed();
+                let SqlAdmission::Fresh(claim) = admission else {
+                    return Err(
+                        format!("`{id}`: expected a fresh admission, got {admission:?}").into(),
+                    );
+                };
+                *rev += 1;
+                let t1 = Instant::now();
+                db.complete(&claim, *rev, &ctx.payload)?;
+                times.complete = t1.elapsed();
+                let t2 = Instant::now();
+                db.acknowledge(id)?;
+                times.ack = t2.elapsed();
+            }
+        }
+        Ok(times)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. Raw 4 KiB write + fdatasync
+// ---------------------------------------------------------------------------------------
+
+/// How the raw sync benchmark writes its 4 KiB blocks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RawMode {
+    /// Appends to the end of the file (the file grows with every write).
+    Append,
+    /// Overwrites blocks written and synced beforehand (no allocation, no size change).
+    Overwrite,
+    /// Writes into a file grown with `set_len` (a sparse hole, as redb grows its file):
+    /// every write allocates a block.
+    Hole,
+}
+
+fn raw_sync_rate(dir: &Path, n: usize, mode: RawMode) -> Result<f64> {
+    use std::os::unix::fs::FileExt;
+    let path = dir.join("raw.dat");
+    let _ = fs::remove_file(&path);
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)?;
+    let buf = vec![0xA5u8; 4096];
+    match mode {
+        RawMode::Append => {}
+        RawMode::Overwrite => {
+            for i in 0..n {
+                f.write_all_at(&buf, (i * 4096) as u64)?;
+            }
+            f.sync_all()?;
+        }
+        RawMode::Hole => {
+            f.set_len((n * 4096) as u64)?;
+            f.sync_all()?;
+        }
+    }
+    let start = Instant::now();
+    for i in 0..n {
+        if mode == RawMode::Append {
+            f.write_all(&buf)?;
+        } else {
+            f.write_all_at(&buf, (i * 4096) as u64)?;
+        }
+        f.sync_data()?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    drop(f);
+    fs::remove_file(&path)?;
+    Ok(n as f64 / secs)
+}
+
+fn section_raw(p: &Params, dir: &Path, r: &mut Report) -> Result<Vec<f64>> {
+    progress("raw 4 KiB write + fdatasync");
+    let mut append = Vec::new();
+    let mut overwrite = Vec::new();
+    let mut hole = Vec::new();
+    for _ in 0..p.reps {
+        append.push(raw_sync_rate(dir, p.raw_writes, RawMode::Append)?);
+        overwrite.push(raw_sync_rate(dir, p.raw_writes, RawMode::Overwrite)?);
+        hole.push(raw_sync_rate(dir, p.raw_writes, RawMode::Hole)?);
+    }
+    let a = median(&append);
+    let o = median(&overwrite);
+    r.figure_vs(
+        "raw_append_fdatasync",
+        "raw 4 KiB append + fdatasync (the physical limit)",
+        a,
+        "syncs/s",
+        format!("{:.0} µs per sync", 1e6 / a),
+        json!({"samples": append}),
+    );
+    r.figure_vs(
+        "raw_overwrite_fdatasync",
+        "raw 4 KiB overwrite in place + fdatasync",
+        o,
+        "syncs/s",
+        format!("{:.0} µs per sync", 1e6 / o),
+        json!({"samples": overwrite}),
+    );
+    let h = median(&hole);
+    r.figure_vs(
+        "raw_hole_fdatasync",
+        "raw 4 KiB write into a sparse hole + fdatasync",
+        h,
+        "syncs/s",
+        format!("{:.0} µs per sync (redb grows its file this way)", 1e6 / h),
+        json!({"samples": hole}),
+    );
+    Ok(append)
+}
+
+// ---------------------------------------------------------------------------------------
+// 2/3. Durable lifecycle throughput vs concurrency
+// ---------------------------------------------------------------------------------------
+
+struct Point {
+    per_s: f64,
+    latencies: Vec<Duration>,
+    written_per_op: f64,
+}
+
+fn lifecycle_point(
+    engine: Engine,
+    threads: usize,
+    total: usize,
+    dir: &Path,
+    ctx: &Ctx,
+    tag: &str,
+) -> Result<Point> {
+    let per_thread = (total / threads).max(4);
+    let warm = 3;
+    let (opj_path, sql_path) = (
+        dir.join(format!("lc-{tag}.opj")),
+        dir.join(format!("lc-{tag}.sqlite")),
+    );
+    remove_one(&opj_path);
+    remove_all(&sqlite_files(&sql_path));
+    let journal = match engine {
+        Engine::Opj(cfg) => Some(cfg.builder().open(&opj_path)?),
+        Engine::Sqlite => {
+            drop(SqlJournal::open(&sql_path)?);
+            None
+        }
+    };
+    let barrier = Barrier::new(threads + 1);
+    let (elapsed, results) = std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        for t in 0..threads {
+            let barrier = &barrier;
+            let journal = journal.as_ref();
+            let sql_path = &sql_path;
+            handles.push(s.spawn(move || -> Result<Vec<Duration>> {
+                let scope = scope_of(t);
+                let session = session_of(t);
+                let mut rev = 0u64;
+                let warmed = (|| -> Result<Conn<'_>> {
+                    let mut conn = match journal {
+                        Some(j) => Conn::Opj(j),
+                        None => Conn::Sql(SqlJournal::open(sql_path)?),
+                    };
+                    for i in 0..warm {
+                        conn.lifecycle(ctx, &format!("w{t}-{i}"), &scope, &session, &mut rev)?;
+                    }
+                    Ok(conn)
+                })();
+                barrier.wait();
+                let mut conn = warmed?;
+                let mut lat = Vec::with_capacity(per_thread);
+                for i in 0..per_thread {
+                    let times =
+                        conn.lifecycle(ctx, &format!("t{t}-{i}"), &scope, &session, &mut rev)?;
+                    lat.push(times.total());
+                }
+                Ok(lat)
+            }));
+        }
+        barrier.wait();
+        let start = Instant::now();
+        let written_before = written_bytes();
+        let results: Vec<Result<Vec<Duration>>> = handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a worker thread panicked".into()))
+            })
+            .collect();
+        (
+            (
+                start.elapsed(),
+                written_bytes().saturating_sub(written_before),
+            ),
+            results,
+        )
+    });
+    let (elapsed, written) = elapsed;
+    drop(journal);
+    let mut latencies = Vec::new();
+    for r in results {
+        latencies.extend(r?);
+    }
+    remove_one(&opj_path);
+    remove_all(&sqlite_files(&sql_path));
+    Ok(Point {
+        per_s: latencies.len() as f64 / elapsed.as_secs_f64(),
+        written_per_op: written as f64 / latencies.len().max(1) as f64,
+        latencies,
+    })
+}
+
+fn section_lifecycle(
+    p: &Params,
+    dir: &Path,
+    ctx: &Ctx,
+    raw_samples: &mut Vec<f64>,
+    r: &mut Report,
+) -> Result<()> {
+    let engines = Engine::all();
+    let mut samples: BTreeMap<(&'static str, usize), Vec<f64>> = BTreeMap::new();
+    let mut lats: BTreeMap<(&'static str, usize), Vec<Duration>> = BTreeMap::new();
+    let mut written: BTreeMap<(&'static str, usize), Vec<f64>> = BTreeMap::new();
+    for rep in 0..p.lifecycle_reps {
+        for &threads in &p.sweep_threads {
+            progress(&format!(
+                "lifecycle: repetition {}/{}, {threads} thread(s)",
+                rep + 1,
+                p.lifecycle_reps
+            ));
+            if threads == 1 {
+                // The disk's sync rate drifts on shared machines: sample it between the
+                // single-thread runs it is compared with.
+                raw_samples.push(raw_sync_rate(dir, p.raw_writes, RawMode::Append)?);
+            }
+            // Interleaved: every engine once per (repetition, thread count).
+            for k in 0..engines.len() {
+                // Rotate the starting engine so no engine always runs first.
+                let engine = engines[(k + rep) % engines.len()];
+                let point = lifecycle_point(
+                    engine,
+                    threads,
+                    p.sweep_lifecycles,
+                    dir,
+                    ctx,
+                    &format!("{}-{threads}-{rep}", engine.key()),
+                )?;
+                samples
+                    .entry((engine.key(), threads))
+                    .or_default()
+                    .push(point.per_s);
+                lats.entry((engine.key(), threads))
+                    .or_default()
+                    .extend(point.latencies);
+                written
+                    .entry((engine.key(), threads))
+                    .or_default()
+                    .push(point.written_per_op);
+            }
+        }
+    }
+    let med = |key: &'static str, t: usize| samples.get(&(key, t)).map_or(0.0, |v| median(v));
+    for (&(k, t), v) in &samples {
+        r.sweep.insert((k, t), median(v));
+    }
+    let sql1 = med("sqlite", 1);
+    let sql8 = med("sqlite", 8);
+    for threads in [1usize, 8] {
+        if !p.sweep_threads.contains(&threads) {
+            continue;
+        }
+        for e in &engines {
+            let v = med(e.key(), threads);
+            let pc = percentiles(lats.get(&(e.key(), threads)).map_or(&[][..], |v| v));
+            let vs = match e {
+                Engine::Sqlite => format!(
+                    "lifecycle p50 {:.2} ms, p99 {:.2} ms",
+                    pc.p50 / 1e3,
+                    pc.p99 / 1e3
+                ),
+                Engine::Opj(_) => format!(
+                    "{}; p50 {:.2} ms, p99 {:.2} ms",
+                    ratio_text(v / if threads == 1 { sql1 } else { sql8 }, "SQLite"),
+                    pc.p50 / 1e3,
+                    pc.p99 / 1e3
+                ),
+            };
+            r.figure_vs(
+                format!("lifecycle_{threads}t_{}", e.key()),
+                format!("lifecycle {threads} thread{}: {}", if threads == 1 { "" } else { "s" }, e.label()),
+                v,
+                "ops/s",
+                vs,
+                json!({"samples": samples.get(&(e.key(), threads)), "p50_us": pc.p50, "p99_us": pc.p99}),
+            );
+        }
+    }
+    for e in &engines {
+        let w = written.get(&(e.key(), 1)).map_or(0.0, |v| median(v));
+        r.figure_vs(
+            format!("written_per_lifecycle_{}", e.key()),
+            format!("bytes written per lifecycle, 1 thread: {}", e.label()),
+            w / 1024.0,
+            "KiB",
+            "write(2) bytes, including the 1 KiB result".into(),
+            Value::Null,
+        );
+    }
+    let raw_rate = (!raw_samples.is_empty()).then(|| median(raw_samples));
+    if let Some(a) = raw_rate
+        && let Some(f) = r
+            .figures
+            .iter_mut()
+            .find(|f| f.key == "raw_append_fdatasync")
+    {
+        f.value = a;
+        f.vs = format!("{:.0} µs per sync", 1e6 / a);
+        f.extra = json!({ "samples": raw_samples });
+    }
+    // Targets, per opjournal configuration.
+    for cfg in OPJ_VARIANTS {
+        let k = cfg.key();
+        if p.sweep_threads.contains(&1) {
+            let v = med(k, 1);
+            r.at_least(
+                format!("lifecycle 1 thread vs SQLite [{k}]"),
+                v / sql1,
+                1.0,
+                ratio_text(v / sql1, "SQLite"),
+                "≥ 1.00×".into(),
+            );
+            if let Some(raw) = raw_rate {
+                let bound = 0.8 * raw / DURABLE_COMMITS_PER_OP;
+                r.at_least(
+                    format!("lifecycle 1 thread vs 0.8 × fdatasync/2 [{k}]"),
+                    v,
+                    bound,
+                    format!("{} ops/s", fmt_num(v)),
+                    format!("≥ {} ops/s", fmt_num(bound)),
+                );
+            }
+        }
+        if p.sweep_threads.contains(&8) {
+            let v = med(k, 8);
+            r.at_least(
+                format!("lifecycle 8 threads vs SQLite 8 threads [{k}]"),
+                v / sql8,
+                4.0,
+                ratio_text(v / sql8, "SQLite"),
+                "≥ 4.00×".into(),
+            );
+        }
+    }
+    // The plot.
+    let series: Vec<Series> = engines
+        .iter()
+        .map(|e| Series {
+            name: e.label().to_string(),
+            points: p
+                .sweep_threads
+                .iter()
+                .map(|&t| (t as f64, med(e.key(), t)))
+                .collect(),
+        })
+        .collect();
+    let subtitle = format!(
+        "submit + complete(applied, 1 KiB) + acknowledge per operation; median of {} runs; {}",
+        p.lifecycle_reps,
+        if p.quick { "quick run" } else { "full run" }
+    );
+    let svg = plot::line_chart(
+        &Chart {
+            title: "Durable lifecycle throughput vs concurrency",
+            subtitle: &subtitle,
+            x_label: "threads (distinct ids, scopes and sessions)",
+            y_label: "lifecycles per second",
+            log2_x: true,
+        },
+        &series,
+    );
+    let out = dir
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+        .join("lifecycle_concurrency.svg");
+    fs::write(&out, svg)?;
+    r.notes.push(format!("plot written to {}", out.display()));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// The base journals: N completed, acknowledged operations with 1 KiB results
+// ---------------------------------------------------------------------------------------
+
+struct Base {
+    opj: PathBuf,
+    sql: PathBuf,
+    n: usize,
+}
+
+fn build_opj_base(path: &Path, n: usize, threads: usize, ctx: &Ctx) -> Result<Duration> {
+    remove_one(path);
+    let j = DEFAULT_CFG.builder().open(path)?;
+    let start = Instant::now();
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let j = &j;
+                let start = &start;
+                s.spawn(move || -> Result<()> {
+                    let mut conn = Conn::Opj(j);
+                    let scope = format!("base/{t}");
+                    let session = format!("base-session/{t}");
+                    let mut rev = 0;
+                    for i in (t..n).step_by(threads) {
+                        conn.lifecycle(ctx, &base_id(i), &scope, &session, &mut rev)?;
+                        if t == 0 && i > 0 && i % (n / 10).max(1) < threads {
+                            progress(&format!(
+                                "  populated {i} of {n}, {:.0} ops/s so far",
+                                i as f64 / start.elapsed().as_secs_f64()
+                            ));
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a populate thread panicked".into()))
+            })
+            .collect()
+    });
+    for r in results {
+        r?;
+    }
+    let elapsed = start.elapsed();
+    drop(j);
+    Ok(elapsed)
+}
+
+/// Returns the time and the bytes of db + wal while the connection was open.
+fn build_sql_base(path: &Path, n: usize, threads: usize, ctx: &Ctx) -> Result<(Duration, u64)> {
+    remove_all(&sqlite_files(path));
+    let mut db = SqlJournal::open(path)?;
+    let ops: Vec<(String, String, String)> = (0..n)
+        .map(|i| {
+            let t = i % threads;
+            (base_id(i), format!("base/{t}"), format!("base-session/{t}"))
+        })
+        .collect();
+    let start = Instant::now();
+    db.populate(&ops, &ctx.hash, &ctx.payload, 1000)?;
+    let elapsed = start.elapsed();
+    let files = sqlite_files(path);
+    let bytes = file_len(&files[0]) + file_len(&files[1]);
+    drop(db);
+    Ok((elapsed, bytes))
+}
+
+fn build_base(p: &Params, dir: &Path, ctx: &Ctx, r: &mut Report) -> Result<(Base, u64)> {
+    let base = Base {
+        opj: dir.join("base.opj"),
+        sql: dir.join("base.sqlite"),
+        n: p.base_n,
+    };
+    progress(&format!(
+        "building the base journals: {} completed operations with 1 KiB results ({} threads for opjournal)",
+        base.n, p.populate_threads
+    ));
+    let t = build_opj_base(&base.opj, base.n, p.populate_threads, ctx)?;
+    r.figure_vs(
+        "populate_opj_32t",
+        format!(
+            "populate: lifecycles with {} threads, opjournal default (group commit)",
+            p.populate_threads
+        ),
+        base.n as f64 / t.as_secs_f64(),
+        "ops/s",
+        format!("{:.1} s for {}", t.as_secs_f64(), base.n),
+        Value::Null,
+    );
+    let (t, sql_open_bytes) = build_sql_base(&base.sql, base.n, p.populate_threads, ctx)?;
+    r.figure_vs(
+        "populate_sqlite_batched",
+        "populate: SQLite, 1000 lifecycles per transaction (not comparable)",
+        base.n as f64 / t.as_secs_f64(),
+        "ops/s",
+        format!("{:.1} s for {}", t.as_secs_f64(), base.n),
+        Value::Null,
+    );
+    Ok((base, sql_open_bytes))
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. Replay lookups
+// ---------------------------------------------------------------------------------------
+
+fn section_replay(p: &Params, base: &Base, ctx: &Ctx, r: &mut Report) -> Result<()> {
+    progress(&format!(
+        "replay lookups: {} per engine over {} stored receipts",
+        p.replay_lookups, base.n
+    ));
+    let j = DEFAULT_CFG.builder().open(&base.opj)?;
+    let db = SqlJournal::open(&base.sql)?;
+    let threads = p.populate_threads;
+    let mut rng = Rng::new(0x5EED);
+    let chunk = (p.replay_lookups / p.replay_rounds).max(1);
+    let (mut opj_lat, mut sql_lat) = (Vec::new(), Vec::new());
+    let (mut opj_rate, mut sql_rate) = (Vec::new(), Vec::new());
+    // Warm both caches with one pass over a sample.
+    for _ in 0..chunk.min(5_000) {
+        let i = rng.below(base.n as u64) as usize;
+        let _ = j.submit(Operation::new(base_id(i), ctx.intent.clone()))?;
+        let _ = db.lookup_replay(&base_id(i), &ctx.hash)?;
+    }
+    for round in 0..p.replay_rounds {
+        let picks: Vec<usize> = (0..chunk)
+            .map(|_| rng.below(base.n as u64) as usize)
+            .collect();
+        let run_opj = |lat: &mut Vec<Duration>| -> Result<f64> {
+            let ops: Vec<Operation> = picks
+                .iter()
+                .map(|&i| {
+                    let t = i % threads;
+                    Operation::new(base_id(i), ctx.intent.clone())
+                        .scope(format!("base/{t}"))
+                        .session(format!("base-session/{t}"))
+                })
+                .collect();
+            let start = Instant::now();
+            for op in ops {
+                let t0 = Instant::now();
+                let a = j.submit(op)?;
+                lat.push(t0.elapsed());
+                if !matches!(a, Admission::Replay(_)) {
+                    return Err(format!("expected a replay, got {}", a.name()).into());
+                }
+            }
+            Ok(chunk as f64 / start.elapsed().as_secs_f64())
+        };
+        let run_sql = |lat: &mut Vec<Duration>| -> Result<f64> {
+            let ids: Vec<String> = picks.iter().map(|&i| base_id(i)).collect();
+            let start = Instant::now();
+            for id in &ids {
+                let t0 = Instant::now();
+                let a = db.lookup_replay(id, &ctx.hash)?;
+                lat.push(t0.elapsed());
+                if !matches!(a, SqlAdmission::Replay(_)) {
+                    return Err(format!("expected a replay, got {a:?}").into());
+                }
+            }
+            Ok(chunk as f64 / start.elapsed().as_secs_f64())
+        };
+        if round % 2 == 0 {
+            opj_rate.push(run_opj(&mut opj_lat)?);
+            sql_rate.push(run_sql(&mut sql_lat)?);
+        } else {
+            sql_rate.push(run_sql(&mut sql_lat)?);
+            opj_rate.push(run_opj(&mut opj_lat)?);
+        }
+    }
+    let (o, s) = (median(&opj_rate), median(&sql_rate));
+    let (po, ps) = (percentiles(&opj_lat), percentiles(&sql_lat));
+    r.figure_vs(
+        "replay_opj",
+        "replay lookup: opjournal submit() of a completed id",
+        o,
+        "ops/s",
+        format!(
+            "{}; p50 {:.2} µs, p99 {:.2} µs",
+            ratio_text(o / s, "SQLite"),
+            po.p50,
+            po.p99
+        ),
+        json!({"p50_us": po.p50, "p90_us": po.p90, "p99_us": po.p99, "max_us": po.max, "rounds": opj_rate}),
+    );
+    r.figure_vs(
+        "replay_sqlite",
+        "replay lookup: SQLite prepared SELECT receipt + result",
+        s,
+        "ops/s",
+        format!("p50 {:.2} µs, p99 {:.2} µs", ps.p50, ps.p99),
+        json!({"p50_us": ps.p50, "p90_us": ps.p90, "p99_us": ps.p99, "max_us": ps.max, "rounds": sql_rate}),
+    );
+    r.at_least(
+        "replay lookup throughput vs SQLite",
+        o / s,
+        2.5,
+        ratio_text(o / s, "SQLite"),
+        "≥ 2.50×".into(),
+    );
+    r.at_most(
+        "replay lookup p50 (opjournal)",
+        po.p50,
+        2.0,
+        format!("{:.2} µs", po.p50),
+        "≤ 2.00 µs".into(),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. Bytes on disk per live receipt
+// ---------------------------------------------------------------------------------------
+
+/// Where a journal file's bytes go, read with redb directly from a copy (the journal's
+/// own API does not expose page statistics): per table, stored key+value bytes, then the
+/// file size after `redb::Database::compact`.
+struct RedbBreakdown {
+    tables: Vec<(String, u64, u64)>,
+    stored: u64,
+    metadata: u64,
+    fragmented: u64,
+    allocated: u64,
+    compacted_len: u64,
+}
+
+fn redb_breakdown(path: &Path, scratch: &Path) -> Result<RedbBreakdown> {
+    use redb::{ReadableDatabase, ReadableTableMetadata, TableHandle};
+    copy_synced(path, scratch)?;
+    let mut db = redb::Database::open(scratch)?;
+    let mut tables = Vec::new();
+    {
+        let txn = db.begin_read()?;
+        let handles: Vec<_> = txn.list_tables()?.collect();
+        for h in handles {
+            let name = h.name().to_string();
+            let t = txn.open_untyped_table(h)?;
+            let st = t.stats()?;
+            tables.push((name, t.len()?, st.stored_bytes()));
+        }
+    }
+    let st = {
+        let txn = db.begin_write()?;
+        let st = txn.stats()?;
+        txn.abort()?;
+        st
+    };
+    db.compact()?;
+    drop(db);
+    let compacted_len = file_len(scratch);
+    remove_one(scratch);
+    tables.sort_by_key(|t| std::cmp::Reverse(t.2));
+    Ok(RedbBreakdown {
+        tables,
+        stored: st.stored_bytes(),
+        metadata: st.metadata_bytes(),
+        fragmented: st.fragmented_bytes(),
+        allocated: st.allocated_pages() * st.page_size() as u64,
+        compacted_len,
+    })
+}
+
+fn section_size(dir: &Path, base: &Base, sql_open_bytes: u64, r: &mut Report) -> Result<()> {
+    progress("bytes on disk per receipt");
+    let n = base.n as f64;
+    let opj = file_len(&base.opj) as f64 / n;
+    let sql = sql_open_bytes as f64 / n;
+    let sql_closed = file_len(&base.sql) as f64 / n;
+    let bd = redb_breakdown(&base.opj, &dir.join("size-breakdown.opj"))?;
+    let per_table: Vec<String> = bd
+        .tables
+        .iter()
+        .filter(|t| t.2 > 0)
+        .map(|(name, _, stored)| format!("{name} {:.0}", *stored as f64 / n))
+        .collect();
+    r.figure_vs(
+        "bytes_per_receipt_opj",
+        format!(
+            "bytes on disk per receipt (1 KiB result, {} receipts): opjournal",
+            base.n
+        ),
+        opj,
+        "B",
+        ratio_text(opj / sql, "SQLite"),
+        json!({"file_bytes": file_len(&base.opj)}),
+    );
+    r.figure_vs(
+        "bytes_per_receipt_opj_stored",
+        "  of which key+value bytes stored (redb stats)",
+        bd.stored as f64 / n,
+        "B",
+        per_table.join(", "),
+        json!({
+            "tables": bd.tables.iter().map(|(name, len, stored)| json!({"table": name, "entries": len, "stored_bytes": stored})).collect::<Vec<_>>(),
+            "metadata_bytes": bd.metadata,
+            "fragmented_bytes": bd.fragmented,
+            "allocated_bytes": bd.allocated,
+        }),
+    );
+    r.figure_vs(
+        "bytes_per_receipt_opj_fragmented",
+        "  of which fragmentation, free pages and btree overhead",
+        (file_len(&base.opj) as f64 - bd.stored as f64) / n,
+        "B",
+        format!(
+            "redb reports {} B/receipt fragmented, {} B/receipt metadata",
+            fmt_num(bd.fragmented as f64 / n),
+            fmt_num(bd.metadata as f64 / n)
+        ),
+        Value::Null,
+    );
+    r.figure_vs(
+        "bytes_per_receipt_opj_compacted",
+        "bytes per receipt after redb compact (opjournal compact --reclaim)",
+        bd.compacted_len as f64 / n,
+        "B",
+        ratio_text(bd.compacted_len as f64 / n / sql_closed, "SQLite closed"),
+        Value::Null,
+    );
+    r.figure_vs(
+        "bytes_per_receipt_sqlite",
+        format!(
+            "bytes on disk per receipt (1 KiB result, {} receipts): SQLite db + wal",
+            base.n
+        ),
+        sql,
+        "B",
+        format!("{} B after checkpoint and close", fmt_num(sql_closed)),
+        json!({"open_bytes": sql_open_bytes, "closed_db_bytes": file_len(&base.sql)}),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. Compaction of N expired operations, and foreground latency meanwhile
+// ---------------------------------------------------------------------------------------
+
+fn expired_clock() -> ManualClock {
+    ManualClock::new(Timestamp::from_millis(
+        now_ms() + u64::try_from(PAST_AUDIT_RETENTION.as_millis()).unwrap_or(u64::MAX),
+    ))
+}
+
+fn section_compaction(p: &Params, dir: &Path, base: &Base, r: &mut Report) -> Result<()> {
+    let mut opj_t = Vec::new();
+    let mut sql_t = Vec::new();
+    let mut last_report = Value::Null;
+    for rep in 0..p.reps {
+        progress(&format!(
+            "compaction of {} expired operations: repetition {}/{}",
+            base.n,
+            rep + 1,
+            p.reps
+        ));
+        let run_opj = |last: &mut Value| -> Result<f64> {
+            let path = dir.join("compact.opj");
+            copy_synced(&base.opj, &path)?;
+            let j = DEFAULT_CFG.builder().clock(expired_clock()).open(&path)?;
+            let start = Instant::now();
+            let report = j.compact()?;
+            let secs = start.elapsed().as_secs_f64();
+            if report.purged < base.n as u64 {
+                return Err(format!("compaction purged {} of {}", report.purged, base.n).into());
+            }
+            *last = serde_json::to_value(&report)?;
+            drop(j);
+            remove_one(&path);
+            Ok(secs)
+        };
+        let run_sql = || -> Result<f64> {
+            let path = dir.join("compact.sqlite");
+            remove_all(&sqlite_files(&path));
+            copy_synced(&base.sql, &path)?;
+            let mut db = SqlJournal::open(&path)?;
+            db.clock_offset = PAST_AUDIT_RETENTION;
+            let start = Instant::now();
+            let purged = db.purge_expired(1000)?;
+            let secs = start.elapsed().as_secs_f64();
+            if purged < base.n as u64 {
+                return Err(format!("sqlite purged {purged} of {}", base.n).into());
+            }
+            drop(db);
+            remove_all(&sqlite_files(&path));
+            Ok(secs)
+        };
+        if rep % 2 == 0 {
+            opj_t.push(run_opj(&mut last_report)?);
+            sql_t.push(run_sql()?);
+        } else {
+            sql_t.push(run_sql()?);
+            opj_t.push(run_opj(&mut last_report)?);
+        }
+    }
+    let (o, s) = (median(&opj_t), median(&sql_t));
+    r.figure_vs(
+        "compaction_opj",
+        format!(
+            "compaction of {} expired operations: opjournal compact()",
+            base.n
+        ),
+        o * 1e3,
+        "ms",
+        ratio_text(o / s, "SQLite's time"),
+        json!({"samples_s": opj_t, "report": last_report}),
+    );
+    r.figure_vs(
+        "compaction_sqlite",
+        format!(
+            "compaction of {} expired operations: SQLite DELETE, 1000 per transaction",
+            base.n
+        ),
+        s * 1e3,
+        "ms",
+        String::new(),
+        json!({"samples_s": sql_t}),
+    );
+    r.at_most(
+        "compaction time vs SQLite",
+        o / s,
+        1.0,
+        ratio_text(o / s, "SQLite's time"),
+        "≤ 1.00×".into(),
+    );
+    Ok(())
+}
+
+/// Foreground lifecycle calls with no compaction, then while a thread compacts.
+/// Returns (idle samples, busy samples, lifecycles run during compaction, compaction s).
+fn foreground_run(
+    engine: Engine,
+    dir: &Path,
+    base: &Base,
+    ctx: &Ctx,
+    n_idle: usize,
+) -> Result<(Vec<Duration>, Vec<Duration>, usize, f64)> {
+    let mut idle = Vec::new();
+    let mut busy = Vec::new();
+    let mut during = 0usize;
+    let push = |v: &mut Vec<Duration>, t: &CallTimes| {
+        v.push(t.submit);
+        v.push(t.complete);
+        v.push(t.ack);
+    };
+    let compact_secs;
+    match engine {
+        Engine::Opj(cfg) => {
+            let path = dir.join("fg.opj");
+            copy_synced(&base.opj, &path)?;
+            let j = cfg.builder().clock(expired_clock()).open(&path)?;
+            let mut rev = 0;
+            {
+                let mut conn = Conn::Opj(&j);
+                for i in 0..n_idle {
+                    let t = conn.lifecycle(ctx, &format!("fg-idle-{i}"), "fg", "fg", &mut rev)?;
+                    push(&mut idle, &t);
+                }
+            }
+            let done = AtomicBool::new(false);
+            let (res, secs) = std::thread::scope(|s| {
+                let h = s.spawn(|| -> (Result<()>, f64) {
+                    let start = Instant::now();
+                    let r = j.compact().map(|_| ()).map_err(Error::from);
+                    done.store(true, Ordering::SeqCst);
+                    (r, start.elapsed().as_secs_f64())
+                });
+                let mut conn = Conn::Opj(&j);
+                let mut fg: Result<()> = Ok(());
+                while !done.load(Ordering::SeqCst) {
+                    match conn.lifecycle(ctx, &format!("fg-busy-{during}"), "fg", "fg", &mut rev) {
+                        Ok(t) => push(&mut busy, &t),
+                        Err(e) => {
+                            fg = Err(e);
+                            break;
+                        }
+                    }
+                    during += 1;
+                }
+                let (r, secs) = h
+                    .join()
+                    .unwrap_or_else(|_| (Err("the compaction thread panicked".into()), 0.0));
+                (fg.and(r), secs)
+            });
+            res?;
+            compact_secs = secs;
+            drop(j);
+            remove_one(&path);
+        }
+        Engine::Sqlite => {
+            let path = dir.join("fg.sqlite");
+            remove_all(&sqlite_files(&path));
+            copy_synced(&base.sql, &path)?;
+            let mut db = SqlJournal::open(&path)?;
+            db.clock_offset = PAST_AUDIT_RETENTION;
+            let mut conn = Conn::Sql(db);
+            let mut rev = 0;
+            for i in 0..n_idle {
+                let t = conn.lifecycle(ctx, &format!("fg-idle-{i}"), "fg", "fg", &mut rev)?;
+                push(&mut idle, &t);
+            }
+            let done = AtomicBool::new(false);
+            let (res, secs) = std::thread::scope(|s| {
+                let h = s.spawn(|| -> (Result<u64>, f64) {
+                    let start = Instant::now();
+                    let r = SqlJournal::open(&path).and_then(|mut c| {
+                        c.clock_offset = PAST_AUDIT_RETENTION;
+                        c.purge_expired(1000)
+                    });
+                    done.store(true, Ordering::SeqCst);
+                    (r.map_err(|e| -> Error { e }), start.elapsed().as_secs_f64())
+                });
+                let mut fg: Result<()> = Ok(());
+                while !done.load(Ordering::SeqCst) {
+                    match conn.lifecycle(ctx, &format!("fg-busy-{during}"), "fg", "fg", &mut rev) {
+                        Ok(t) => push(&mut busy, &t),
+                        Err(e) => {
+                            fg = Err(e);
+                            break;
+                        }
+                    }
+                    during += 1;
+                }
+                let (r, secs) = h
+                    .join()
+                    .unwrap_or_else(|_| (Err("the purge thread panicked".into()), 0.0));
+                (fg.and(r.map(|_| ())), secs)
+            });
+            res?;
+            compact_secs = secs;
+            drop(conn);
+            remove_all(&sqlite_files(&path));
+        }
+    }
+    Ok((idle, busy, during, compact_secs))
+}
+
+/// Per engine: idle p99s, compacting p99s (µs), compaction seconds, lifecycles meanwhile.
+type FgSamples = (Vec<f64>, Vec<f64>, Vec<f64>, usize);
+
+fn section_foreground(
+    p: &Params,
+    dir: &Path,
+    base: &Base,
+    ctx: &Ctx,
+    r: &mut Report,
+) -> Result<()> {
+    let engines = [Engine::Opj(DEFAULT_CFG), Engine::Sqlite];
+    let mut p99: BTreeMap<&'static str, FgSamples> = BTreeMap::new();
+    for rep in 0..p.reps {
+        progress(&format!(
+            "foreground latency during compaction: repetition {}/{}",
+            rep + 1,
+            p.reps
+        ));
+        for k in 0..engines.len() {
+            let e = engines[(k + rep) % engines.len()];
+            let (idle, busy, during, secs) = foreground_run(e, dir, base, ctx, p.fg_lifecycles)?;
+            let entry = p99.entry(e.key()).or_default();
+            entry.0.push(percentiles(&idle).p99);
+            entry.1.push(percentiles(&busy).p99);
+            entry.2.push(secs);
+            entry.3 += during;
+        }
+    }
+    for e in engines {
+        let Some((idle, busy, secs, during)) = p99.get(e.key()) else {
+            continue;
+        };
+        let (i, b) = (median(idle), median(busy));
+        r.figure_vs(
+            format!("fg_p99_idle_{}", e.key()),
+            format!("foreground call p99, idle: {}", e.label()),
+            i / 1e3,
+            "ms",
+            String::new(),
+            json!({"samples_us": idle}),
+        );
+        r.figure_vs(
+            format!("fg_p99_compacting_{}", e.key()),
+            format!(
+                "foreground call p99, while compacting {}: {}",
+                base.n,
+                e.label()
+            ),
+            b / 1e3,
+            "ms",
+            format!(
+                "{} idle; compaction took {:.2} s; {} lifecycles ran meanwhile",
+                ratio_text(b / i, "its"),
+                median(secs),
+                during / p.reps
+            ),
+            json!({"samples_us": busy, "compaction_s": secs}),
+        );
+        if let Engine::Opj(_) = e {
+            r.at_most(
+                "foreground p99 during compaction vs idle p99",
+                b / i,
+                2.0,
+                ratio_text(b / i, "idle"),
+                "≤ 2.00×".into(),
+            );
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// 6. Reopen after kill -9
+// ---------------------------------------------------------------------------------------
+
+/// The hidden child: open, write a little, leave one operation running, say "ready", wait
+/// to be killed.
+fn crash_child(args: &[String]) -> Result<()> {
+    let [engine, path] = args else {
+        return Err("usage: bench __crash-child ENGINE PATH".into());
+    };
+    let path = PathBuf::from(path);
+    let ctx = Ctx::new()?;
+    let journal;
+    let mut conn = if engine == "sqlite" {
+        Conn::Sql(SqlJournal::open(&path)?)
+    } else {
+        let cfg = OpjCfg::from_key(engine).ok_or_else(|| format!("unknown engine `{engine}`"))?;
+        journal = cfg.builder().open(&path)?;
+        Conn::Opj(&journal)
+    };
+    let mut rev = 0;
+    for i in 0..20 {
+        conn.lifecycle(&ctx, &format!("crash-{i}"), "crash", "crash", &mut rev)?;
+    }
+    // One operation left running (InDoubt after the reopen) ...
+    match &mut conn {
+        Conn::Opj(j) => {
+            let op = Operation::new("crash-running", ctx.intent.clone()).scope("crash/run");
+            let _ = j.submit(op)?;
+        }
+        Conn::Sql(db) => {
+            let op = SqlOp {
+                id: "crash-running",
+                intent_name: INTENT_NAME,
+                intent_hash: &ctx.hash,
+                scope: Some("crash/run"),
+                base_rev: None,
+                session: None,
+            };
+            let _ = db.submit(&op)?;
+        }
+    }
+    // ... and a last lifecycle, so the last commit is a lazy acknowledgement.
+    let mut rev2 = 0;
+    conn.lifecycle(&ctx, "crash-last", "crash/last", "crash", &mut rev2)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    drop(out);
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+}
+
+fn reopen_once(engine: Engine, dir: &Path, base: &Base) -> Result<f64> {
+    let path = dir.join(match engine {
+        Engine::Opj(_) => "reopen.opj",
+        Engine::Sqlite => "reopen.sqlite",
+    });
+    remove_all(&sqlite_files(&path));
+    match engine {
+        Engine::Opj(_) => copy_synced(&base.opj, &path)?,
+        Engine::Sqlite => copy_synced(&base.sql, &path)?,
+    }
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .arg("__crash-child")
+        .arg(engine.key())
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        BufReader::new(out).read_line(&mut line)?;
+    }
+    // SIGKILL on Unix.
+    child.kill()?;
+    let status = child.wait()?;
+    if line.trim() != "ready" {
+        return Err(format!("the crash child did not get ready ({status})").into());
+    }
+    let secs = match engine {
+        Engine::Opj(cfg) => {
+            let start = Instant::now();
+            let j = cfg.builder().open(&path)?;
+            let secs = start.elapsed().as_secs_f64();
+            let running = j.lookup("crash-running")?.map(|r| r.status);
+            if running != Some(ExecutionStatus::InDoubt) {
+                return Err(format!(
+                    "after the crash, `crash-running` is {running:?}, not in doubt"
+                )
+                .into());
+            }
+            let done = j.lookup("crash-19")?.map(|r| r.status);
+            if done != Some(ExecutionStatus::Applied) {
+                return Err(format!("after the crash, `crash-19` is {done:?}, not applied").into());
+            }
+            secs
+        }
+        Engine::Sqlite => {
+            let ctx = Ctx::new()?;
+            let start = Instant::now();
+            let db = SqlJournal::open(&path)?;
+            let a = db.lookup_replay("crash-19", &ctx.hash)?;
+            let secs = start.elapsed().as_secs_f64();
+            if !matches!(a, SqlAdmission::Replay(_)) {
+                return Err(format!("after the crash, sqlite `crash-19` is {a:?}").into());
+            }
+            secs
+        }
+    };
+    remove_all(&sqlite_files(&path));
+    Ok(secs)
+}
+
+fn section_reopen(p: &Params, dir: &Path, base: &Base, r: &mut Report) -> Result<()> {
+    let engines = Engine::all();
+    let mut times: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+    for rep in 0..p.reps {
+        progress(&format!(
+            "reopen after kill -9 with {} receipts: repetition {}/{}",
+            base.n,
+            rep + 1,
+            p.reps
+        ));
+        for k in 0..engines.len() {
+            let e = engines[(k + rep) % engines.len()];
+            times
+                .entry(e.key())
+                .or_default()
+                .push(reopen_once(e, dir, base)?);
+        }
+    }
+    let sql = times.get("sqlite").map_or(0.0, |v| median(v));
+    for e in &engines {
+        let v = times.get(e.key()).map_or(0.0, |v| median(v));
+        r.figure_vs(
+            format!("reopen_after_kill_{}", e.key()),
+            format!("reopen after kill -9, {} receipts: {}", base.n, e.label()),
+            v * 1e3,
+            "ms",
+            match e {
+                Engine::Opj(_) => ratio_text(v / sql, "SQLite's time"),
+                Engine::Sqlite => "open + first lookup (WAL recovery)".into(),
+            },
+            json!({"samples_s": times.get(e.key())}),
+        );
+        if let Engine::Opj(cfg) = e {
+            r.at_most(
+                format!(
+                    "reopen after kill -9 with {} receipts [{}]",
+                    base.n,
+                    cfg.key()
+                ),
+                v * 1e3,
+                250.0,
+                format!("{:.1} ms", v * 1e3),
+                "≤ 250 ms".into(),
+            );
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// main
+// ---------------------------------------------------------------------------------------
+
+/// Hot loops for a profiler, on journals kept by `--keep`:
+///
+/// ```text
+/// bench __profile replay PATH N LOOKUPS    submit() of known ids (Replay)
+/// bench __profile compact PATH N           compact() with every operation expired (on a copy)
+/// bench __profile lifecycle CFG PATH OPS   OPS lifecycles on one thread, fresh journal
+/// ```
+fn profile(args: &[String]) -> Result<()> {
+    let ctx = Ctx::new()?;
+    let num = |i: usize| -> Result<usize> {
+        Ok(args
+            .get(i)
+            .ok_or("missing a number argument")?
+            .parse::<usize>()?)
+    };
+    match args.first().map(String::as_str) {
+        Some("replay") => {
+            let path = PathBuf::from(args.get(1).ok_or("missing PATH")?);
+            let (n, lookups) = (num(2)?, num(3)?);
+            let j = DEFAULT_CFG.builder().open(&path)?;
+            let mut rng = Rng::new(7);
+            let ops: Vec<Operation> = (0..lookups)
+                .map(|_| Operation::new(base_id(rng.below(n as u64) as usize), ctx.intent.clone()))
+                .collect();
+            let start = Instant::now();
+            for op in ops {
+                if !matches!(j.submit(op)?, Admission::Replay(_)) {
+                    return Err("expected a replay".into());
+                }
+            }
+            eprintln!(
+                "{:.2} µs per lookup",
+                start.elapsed().as_secs_f64() * 1e6 / lookups as f64
+            );
+        }
+        Some("replay-sqlite") => {
+            let path = PathBuf::from(args.get(1).ok_or("missing PATH")?);
+            let (n, lookups) = (num(2)?, num(3)?);
+            let db = SqlJournal::open(&path)?;
+            let mut rng = Rng::new(7);
+            let ids: Vec<String> = (0..lookups)
+                .map(|_| base_id(rng.below(n as u64) as usize))
+                .collect();
+            let start = Instant::now();
+            for id in &ids {
+                if !matches!(db.lookup_replay(id, &ctx.hash)?, SqlAdmission::Replay(_)) {
+                    return Err("expected a replay".into());
+                }
+            }
+            eprintln!(
+                "{:.2} µs per lookup",
+                start.elapsed().as_secs_f64() * 1e6 / lookups as f64
+            );
+        }
+        Some("compact") => {
+            let path = PathBuf::from(args.get(1).ok_or("missing PATH")?);
+            let copy = path.with_extension("profile.opj");
+            copy_synced(&path, &copy)?;
+            let j = DEFAULT_CFG.builder().clock(expired_clock()).open(&copy)?;
+            let report = j.compact()?;
+            eprintln!("{}", serde_json::to_string(&report)?);
+            drop(j);
+            remove_one(&copy);
+        }
+        Some("lifecycle") => {
+            let cfg = OpjCfg::from_key(args.get(1).ok_or("missing CFG")?).ok_or("unknown CFG")?;
+            let path = PathBuf::from(args.get(2).ok_or("missing PATH")?);
+            let ops = num(3)?;
+            remove_one(&path);
+            let j = cfg.builder().open(&path)?;
+            let mut conn = Conn::Opj(&j);
+            let mut rev = 0;
+            let start = Instant::now();
+            for i in 0..ops {
+                conn.lifecycle(&ctx, &format!("p-{i}"), "p", "p", &mut rev)?;
+            }
+            eprintln!(
+                "{:.0} lifecycles/s",
+                ops as f64 / start.elapsed().as_secs_f64()
+            );
+            drop(j);
+            remove_one(&path);
+        }
+        _ => {
+            return Err("usage: bench __profile replay|replay-sqlite|compact|lifecycle ...".into());
+        }
+    }
+    Ok(())
+}
+
+fn run(args: Args) -> Result<()> {
+    let started = Instant::now();
+    let p = &args.params;
+    let want = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
+    let data = args.out.join("data");
+    fs::create_dir_all(&data)?;
+    let mut r = Report::default();
+    r.env.push((
+        "mode".into(),
+        format!(
+            "{} run, {} repetitions, medians reported",
+            if p.quick { "quick" } else { "full" },
+            p.reps
+        ),
+    ));
+    match filesystem_of(&data) {
+        Some((mnt, ty, dev)) => {
+            if ty == "tmpfs" || ty == "ramfs" {
+                r.notes.push(format!(
+                    "{} is on {ty}: sync figures do not reflect a disk; use --out on a real disk",
+                    data.display()
+                ));
+            }
+            r.env.push((
+                "data dir".into(),
+                format!("{} ({ty} on {dev}, mounted at {mnt})", data.display()),
+            ));
+        }
+        None => r.env.push(("data dir".into(), data.display().to_string())),
+    }
+    r.env.push((
+        "machine".into(),
+        format!(
+            "{} cpus, {} {}",
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            std::env::consts::OS,
+            std::env::consts::ARCH
+        ),
+    ));
+    r.env.push((
+        "versions".into(),
+        format!("sqlite {}, redb 4.6.0", rusqlite::version()),
+    ));
+    let ctx = Ctx::new()?;
+
+    settle_disk();
+    let mut raw = if want("raw") || want("lifecycle") {
+        section_raw(p, &data, &mut r)?
+    } else {
+        Vec::new()
+    };
+    if want("lifecycle") {
+        section_lifecycle(p, &data, &ctx, &mut raw, &mut r)?;
+    }
+    let needs_base = ["replay", "size", "compaction", "foreground", "reopen"]
+        .iter()
+        .any(|s| want(s));
+    if needs_base {
+        let (base, sql_open_bytes) = build_base(p, &data, &ctx, &mut r)?;
+        settle_disk();
+        if want("size") {
+            section_size(&data, &base, sql_open_bytes, &mut r)?;
+        }
+        if want("replay") {
+            section_replay(p, &base, &ctx, &mut r)?;
+        }
+        if want("compaction") {
+            section_compaction(p, &data, &base, &mut r)?;
+        }
+        if want("foreground") {
+            section_foreground(p, &data, &base, &ctx, &mut r)?;
+        }
+        if want("reopen") {
+            section_reopen(p, &data, &base, &mut r)?;
+        }
+        if args.keep {
+            r.notes.push(format!(
+                "base journals kept: {} and {}",
+                base.opj.display(),
+                base.sql.display()
+            ));
+        } else {
+            remove_one(&base.opj);
+            remove_all(&sqlite_files(&base.sql));
+        }
+    }
+    let elapsed = started.elapsed();
+    r.env
+        .push(("elapsed".into(), format!("{:.1} s", elapsed.as_secs_f64())));
+    let text = r.text();
+    let jsonl = r.json_lines(elapsed);
+    fs::write(args.out.join("bench.txt"), &text)?;
+    fs::write(args.out.join("bench.jsonl"), &jsonl)?;
+    let mut stdout = std::io::stdout().lock();
+    if args.json {
+        stdout.write_all(jsonl.as_bytes())?;
+    } else {
+        stdout.write_all(text.as_bytes())?;
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some("__profile") {
+        return match profile(&argv[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bench profile: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    if argv.first().map(String::as_str) == Some("__crash-child") {
+        return match crash_child(&argv[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bench crash child: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let args = match parse_args(&argv) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
