@@ -1,9 +1,10 @@
 //! A small editor service that embeds the journal: the service half of `opjournal demo`,
 //! and the model for integrators (`examples/editor.rs` includes this file as it is).
 //!
-//! The editor holds one document, a scene of named objects with a revision number, and
-//! serves it over a TCP socket in JSON Lines (`docs/protocol.md`). Every mutating request
-//! goes through the journal, which is what makes a retry safe:
+//! The editor holds one document (`document.rs`: a scene of named objects with a revision
+//! number) and serves it over a TCP socket in JSON Lines (`protocol.rs`,
+//! `docs/protocol.md`). Every mutating request goes through the journal, which is what
+//! makes a retry safe:
 //!
 //! ```text
 //! hello  (a connection or a reconnect)  -> undelivered(session): push what the client missed
@@ -303,12 +304,12 @@ impl Conn {
 }
 
 /// Counts a thread in `Live` while it runs.
-struct Running<'a> {
+struct ThreadGuard<'a> {
     shared: &'a Shared,
     worker: bool,
 }
 
-impl Drop for Running<'_> {
+impl Drop for ThreadGuard<'_> {
     fn drop(&mut self) {
         let mut live = lock(&self.shared.live);
         if self.worker {
@@ -601,7 +602,7 @@ impl Shared {
 
     /// One connection: read requests line by line until the client goes away.
     fn serve(self: Arc<Self>, conn: Arc<Conn>, stream: TcpStream) {
-        let _running = Running {
+        let _counted = ThreadGuard {
             shared: &self,
             worker: false,
         };
@@ -801,7 +802,7 @@ impl Shared {
         let spawned = std::thread::Builder::new()
             .name(format!("editor-op-{id}"))
             .spawn(move || {
-                let _running = Running {
+                let _counted = ThreadGuard {
                     shared: &shared,
                     worker: true,
                 };
