@@ -722,7 +722,13 @@ pub fn repair(
             match done {
                 Ok(()) => Ok(report),
                 Err(e) if matches!(e.kind(), ErrorKind::Corrupt { .. }) => {
-                    drop(db);
+                    // A storage-engine panic caught above leaves its locks poisoned, and
+                    // closing the database then panics too (found by fuzzing): close it
+                    // under the guard as well.
+                    let _ = guarded("close", || {
+                        drop(db);
+                        Ok(())
+                    });
                     salvage(path, &target, &mut report, progress)?;
                     Ok(report)
                 }

@@ -81,3 +81,20 @@ fn repair_handles_files_that_make_the_storage_engine_panic() {
         }
     }
 }
+
+/// In debug builds redb debug-asserts ("Malformed allocator state") while `repair` rebuilds
+/// this file. `repair` caught that panic, but the panic had poisoned the engine's locks, so
+/// closing the database before salvaging panicked again, outside the guard, and took the
+/// caller down (found by the stable `open_file` property test).
+#[test]
+fn repair_survives_closing_a_database_whose_engine_panicked() {
+    let (_dir, path, _) = damaged_copy("repair-close-after-caught-panic-f58322c7");
+    let mut options = RepairOptions::default();
+    options.backup = false;
+    let outcome = std::panic::catch_unwind(|| repair(&path, &options, &mut |_, _| {}));
+    match outcome {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => assert!(is_corrupt(e.kind()), "{e:?}"),
+        Err(_) => panic!("repair panicked instead of answering"),
+    }
+}
