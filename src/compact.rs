@@ -96,10 +96,12 @@ pub(crate) fn run(inner: &Inner) -> Result<CompactionReport> {
     let start = Instant::now();
     let mut report = CompactionReport::default();
     inner.check_writable()?;
+    // Pending deliveries and acknowledgements first: they change what is due.
+    inner.flush()?;
     if anything_due(inner)? {
         let limit = inner.cfg.compaction_batch;
         loop {
-            let (more, fired) = inner.write(false, move |ctx| {
+            let (more, fired) = inner.write(move |ctx| {
                 let before = ctx.fired;
                 let more = engine::compact_batch(ctx, limit)?;
                 Ok((more, delta(ctx.fired, before)))
@@ -188,8 +190,7 @@ impl CompactorHandle {
 }
 
 fn pass(inner: &Arc<Inner>) -> Result<()> {
-    run(inner)?;
-    inner.flush()
+    run(inner).map(drop)
 }
 
 impl Drop for CompactorHandle {

@@ -1109,7 +1109,7 @@ pub(crate) fn extend_lease(ctx: &mut Ctx<'_, '_>, claim: &Claim, by: Duration) -
     Ok(out)
 }
 
-fn known_or_unknown<V: View>(v: &V, id: &str, now: Timestamp) -> Result<ReceiptRecord> {
+pub(crate) fn known_or_unknown<V: View>(v: &V, id: &str, now: Timestamp) -> Result<ReceiptRecord> {
     match effective_of(v, id, now)? {
         Some(rec) if !matches!(rec.state, ExecRecord::Vacant { .. }) => Ok(rec),
         _ => Err(Error::new(ErrorKind::UnknownOperation {
@@ -1188,57 +1188,116 @@ fn done_or_refuse<'r>(rec: &'r ReceiptRecord, action: &'static str) -> Result<&'
     }
 }
 
-/// `delivered`: one delivery attempt of the result.
-pub(crate) fn delivered(ctx: &mut Ctx<'_, '_>, id: &str) -> Result<Receipt> {
-    let rec = known_or_unknown(&*ctx.t, id, ctx.now)?;
-    let d = done_or_refuse(&rec, "record a delivery of")?;
-    if d.retired_at.is_some() {
-        return Err(Error::new(ErrorKind::InvalidState {
-            operation_id: id.to_string(),
-            action: "record a delivery of",
-            state: "retired: its result was dropped, so there is nothing to deliver".into(),
-        }));
-    }
-    let count = d.delivery.count.saturating_add(1);
-    let (next_due, final_attempt) = if matches!(
-        d.delivery.state,
-        DeliveryState::Pending | DeliveryState::Delivered
-    ) {
-        let cap = backoff(ctx.cfg, count);
-        if count >= ctx.cfg.retry.attempts {
-            (ctx.now.saturating_add(cap), true)
-        } else {
-            (
-                ctx.now.saturating_add(jitter(id, rec.epoch, count, cap)),
-                false,
-            )
-        }
-    } else {
-        (d.delivery.next_due, d.delivery.final_attempt)
-    };
-    ctx.materialize(id)?;
-    ctx.append(
-        Some(id),
-        EventKind::Delivered {
-            count,
-            next_due,
-            final_attempt,
-        },
-    )?;
-    current_view(ctx, id)
+/// A lazily durable write: a delivery attempt or an acknowledgement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LazyKind {
+    Delivered,
+    Acknowledged,
 }
 
-/// `acknowledge`: the client saw the result. Idempotent.
-pub(crate) fn acknowledge(ctx: &mut Ctx<'_, '_>, id: &str) -> Result<Receipt> {
-    let rec = known_or_unknown(&*ctx.t, id, ctx.now)?;
-    let d = done_or_refuse(&rec, "acknowledge")?;
-    if d.delivery.state == DeliveryState::Acknowledged {
-        return view(&rec).ok_or_else(|| Error::corrupt("receipts", id, "vacant after a check"));
+/// The event a lazy write records on the effective record `rec`, decided at `at`, or
+/// `None` when there is nothing to record (already acknowledged).
+pub(crate) fn lazy_event(
+    rec: &ReceiptRecord,
+    kind: LazyKind,
+    at: Timestamp,
+    cfg: &Config,
+) -> Result<Option<EventKind>> {
+    match kind {
+        LazyKind::Delivered => {
+            let d = done_or_refuse(rec, "record a delivery of")?;
+            if d.retired_at.is_some() {
+                return Err(Error::new(ErrorKind::InvalidState {
+                    operation_id: rec.operation_id.clone(),
+                    action: "record a delivery of",
+                    state: "retired: its result was dropped, so there is nothing to deliver".into(),
+                }));
+            }
+            let count = d.delivery.count.saturating_add(1);
+            let (next_due, final_attempt) = if matches!(
+                d.delivery.state,
+                DeliveryState::Pending | DeliveryState::Delivered
+            ) {
+                let cap = backoff(cfg, count);
+                if count >= cfg.retry.attempts {
+                    (at.saturating_add(cap), true)
+                } else {
+                    (
+                        at.saturating_add(jitter(&rec.operation_id, rec.epoch, count, cap)),
+                        false,
+                    )
+                }
+            } else {
+                (d.delivery.next_due, d.delivery.final_attempt)
+            };
+            Ok(Some(EventKind::Delivered {
+                count,
+                next_due,
+                final_attempt,
+            }))
+        }
+        LazyKind::Acknowledged => {
+            let d = done_or_refuse(rec, "acknowledge")?;
+            if d.delivery.state == DeliveryState::Acknowledged {
+                return Ok(None);
+            }
+            Ok(Some(EventKind::Acknowledged {
+                late: d.delivery.state == DeliveryState::AckExpired,
+            }))
+        }
     }
-    let late = d.delivery.state == DeliveryState::AckExpired;
+}
+
+/// Whether a pending lazy event is already reflected in `rec` (it was committed): pending
+/// events are applied to reads idempotently.
+fn lazy_applied(rec: &ReceiptRecord, kind: &EventKind) -> bool {
+    let ExecRecord::Done(d) = &rec.state else {
+        return true;
+    };
+    match kind {
+        EventKind::Delivered { count, .. } => d.delivery.count >= *count,
+        EventKind::Acknowledged { .. } => d.delivery.state == DeliveryState::Acknowledged,
+        _ => true,
+    }
+}
+
+/// Applies pending lazy events (not yet committed) to an effective record, for reads.
+pub(crate) fn overlay(mut rec: ReceiptRecord, pending: &[(Timestamp, EventKind)]) -> ReceiptRecord {
+    for (at, kind) in pending {
+        if lazy_applied(&rec, kind) {
+            continue;
+        }
+        let ev = Event {
+            seq: 0,
+            at: *at,
+            operation_id: Some(rec.operation_id.clone()),
+            kind: kind.clone(),
+        };
+        if let Ok(next) = transition(Some(&rec), &ev) {
+            rec = next;
+        }
+    }
+    rec
+}
+
+/// Commits a pending lazy event. One that no longer fits (the operation retired or was
+/// purged meanwhile, or the event is already committed) is dropped: losing it only
+/// causes a harmless redelivery.
+pub(crate) fn record_lazy(ctx: &mut Ctx<'_, '_>, id: &str, kind: &EventKind) -> Result<()> {
+    let Some(rec) = effective_of(&*ctx.t, id, ctx.now)? else {
+        return Ok(());
+    };
+    let fits = match (&rec.state, kind) {
+        (ExecRecord::Done(d), EventKind::Delivered { .. }) => d.retired_at.is_none(),
+        (ExecRecord::Done(_), EventKind::Acknowledged { .. }) => true,
+        _ => false,
+    };
+    if !fits || lazy_applied(&rec, kind) {
+        return Ok(());
+    }
     ctx.materialize(id)?;
-    ctx.append(Some(id), EventKind::Acknowledged { late })?;
-    current_view(ctx, id)
+    ctx.append(Some(id), kind.clone())?;
+    Ok(())
 }
 
 /// `advance_revision`: the embedder reports a change made outside the journal.

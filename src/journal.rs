@@ -3,10 +3,10 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
 
-use redb::{Database, Durability, ReadTransaction, ReadableDatabase, ReadableTableMetadata};
+use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTableMetadata};
 
 use crate::clock::Timestamp;
 use crate::codec::FORMAT_VERSION;
@@ -14,7 +14,7 @@ use crate::compact::{CompactionReport, CompactorHandle};
 use crate::config::{Config, JournalBuilder, Sharing};
 use crate::engine::{self, Ctx};
 use crate::error::{Error, ErrorKind, Result};
-use crate::record::{Event, FormatRecord, StateRecord};
+use crate::record::{Event, EventKind, FormatRecord, ReceiptRecord, StateRecord};
 use crate::store::{ReadTables, TimerKind, View, WriteTables};
 use crate::types::{Admission, Claim, OpResult, Operation, Outcome, Receipt, Replay, Resolution};
 
@@ -59,8 +59,8 @@ pub(crate) struct Inner {
     path: PathBuf,
     high_water: AtomicU64,
     poisoned: AtomicBool,
-    /// Whether a commit without a sync ([`Sharing::Exclusive`] lazy writes) awaits one.
-    unsynced: AtomicBool,
+    /// Deliveries and acknowledgements not committed yet (see [`LazyBuffer`]).
+    lazy: RwLock<LazyBuffer>,
     committer: Committer,
     /// Held by a background compactor during a pass; `true` once the journal is dropped,
     /// so no pass starts after that and the file closes as soon as `Journal` drops.
@@ -99,7 +99,6 @@ struct Queue {
 /// A queued call. `run` may be called more than once (a batch is retried without a job
 /// that hit a corrupt record), so jobs keep their inputs.
 trait Job: Send {
-    fn lazy(&self) -> bool;
     fn run(&mut self, ctx: &mut Ctx<'_, '_>) -> std::result::Result<(), RunFailure>;
     fn finish(&mut self, commit: std::result::Result<(), &Error>);
     fn fail(&mut self, err: Error);
@@ -116,7 +115,6 @@ enum RunFailure {
 type Slot<T> = Arc<Mutex<Option<Result<T>>>>;
 
 struct TypedJob<T, F> {
-    lazy: bool,
     f: F,
     result: Option<Result<T>>,
     slot: Slot<T>,
@@ -145,10 +143,6 @@ where
     T: Send + 'static,
     F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send,
 {
-    fn lazy(&self) -> bool {
-        self.lazy
-    }
-
     fn run(&mut self, ctx: &mut Ctx<'_, '_>) -> std::result::Result<(), RunFailure> {
         let r = (self.f)(ctx);
         let failure = match &r {
@@ -228,8 +222,8 @@ impl Inner {
     }
 
     /// Runs `f` in a (possibly shared) write transaction and returns once its change is
-    /// committed: synced, unless `lazy` and the journal is [`Sharing::Exclusive`].
-    pub(crate) fn write<T, F>(&self, lazy: bool, f: F) -> Result<T>
+    /// committed and synced.
+    pub(crate) fn write<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send + 'static,
@@ -237,7 +231,6 @@ impl Inner {
         self.check_writable()?;
         let slot: Slot<T> = Arc::new(Mutex::new(None));
         let job = TypedJob {
-            lazy,
             f,
             result: None,
             slot: slot.clone(),
@@ -301,10 +294,9 @@ impl Inner {
             Err(e) => return fail_all(jobs, Error::from(e), true),
         };
         txn.set_quick_repair(self.cfg.quick_repair);
-        let lazy = jobs.iter().all(|j| j.lazy()) && self.cfg.sharing == Sharing::Exclusive;
-        if lazy && let Err(e) = txn.set_durability(Durability::None) {
-            return fail_all(jobs, Error::from(e), false);
-        }
+        // Pending deliveries and acknowledges ride along, first, so this batch's checks
+        // (the session window, the hold-until-ack lock) see them.
+        let pending: Vec<LazyEntry> = read_lock(&self.lazy).entries.clone();
         let run = (|| -> std::result::Result<bool, (Option<usize>, Error)> {
             let mut t = WriteTables::open(&txn).map_err(|e| (None, e))?;
             let mut state = t.state().map_err(|e| (None, e))?;
@@ -316,6 +308,9 @@ impl Inner {
                 state: &mut state,
                 fired: Default::default(),
             };
+            for entry in &pending {
+                engine::record_lazy(&mut ctx, &entry.id, &entry.kind).map_err(|e| (None, e))?;
+            }
             for (i, job) in jobs.iter_mut().enumerate() {
                 match job.run(&mut ctx) {
                     Ok(()) => {}
@@ -337,6 +332,7 @@ impl Inner {
             Ok(true) => {}
             Ok(false) => {
                 let _ = txn.abort();
+                self.lazy_committed(pending.len());
                 for mut job in jobs.drain(..) {
                     job.finish(Ok(()));
                 }
@@ -352,7 +348,7 @@ impl Inner {
         }
         match txn.commit() {
             Ok(()) => {
-                self.unsynced.store(lazy, Ordering::SeqCst);
+                self.lazy_committed(pending.len());
                 for mut job in jobs.drain(..) {
                     job.finish(Ok(()));
                 }
@@ -364,23 +360,101 @@ impl Inner {
         }
     }
 
-    /// Makes lazily committed writes durable: an empty durable commit.
+    /// Commits pending deliveries and acknowledgements (an empty batch drains them).
     pub(crate) fn flush(&self) -> Result<()> {
-        if !self.unsynced.load(Ordering::SeqCst) {
+        if read_lock(&self.lazy).entries.is_empty() {
             return Ok(());
         }
-        self.write(false, |ctx| {
-            // An empty batch is not committed, so mark it: this commit is the sync.
-            ctx.t.dirty = true;
-            Ok(())
-        })
+        self.write(|_ctx| Ok(()))
+    }
+
+    /// Drops the first `n` pending entries: a batch committed them.
+    fn lazy_committed(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let mut lazy = write_lock(&self.lazy);
+        let n = n.min(lazy.entries.len());
+        lazy.entries.drain(..n);
+        if lazy.entries.is_empty() {
+            lazy.first_at = None;
+        }
     }
 
     /// A read snapshot and the time to judge it by.
     pub(crate) fn read(&self) -> Result<(Snapshot, Timestamp)> {
+        self.read_pending(None)
+    }
+
+    /// A read snapshot with the pending lazy writes of `id` (or of every id for `None`).
+    /// The snapshot is taken while the buffer is locked, so an entry is either still
+    /// pending or already in the snapshot (it leaves the buffer only after its commit).
+    pub(crate) fn read_pending(&self, id: Option<&str>) -> Result<(Snapshot, Timestamp)> {
+        let lazy = read_lock(&self.lazy);
         let txn = self.db.begin_read()?;
+        let pending = lazy
+            .entries
+            .iter()
+            .filter(|e| id.is_none_or(|id| e.id == id))
+            .cloned()
+            .collect();
+        drop(lazy);
         let tables = ReadTables::open(&txn)?;
-        Ok((Snapshot { tables, _txn: txn }, self.now()))
+        Ok((
+            Snapshot {
+                tables,
+                pending,
+                _txn: txn,
+            },
+            self.now(),
+        ))
+    }
+
+    /// Records a delivery or an acknowledgement lazily: it is validated and visible to
+    /// reads at once, and committed with the next batch.
+    fn lazy_write(&self, id: &str, kind: engine::LazyKind) -> Result<Receipt> {
+        self.check_writable()?;
+        let now = self.now();
+        let mut lazy = write_lock(&self.lazy);
+        let rec = {
+            let txn = self.db.begin_read()?;
+            let tables = ReadTables::open(&txn)?;
+            let rec = engine::known_or_unknown(&tables, id, now)?;
+            let pending: Vec<(Timestamp, EventKind)> = lazy
+                .entries
+                .iter()
+                .filter(|e| e.id == id)
+                .map(|e| (e.at, e.kind.clone()))
+                .collect();
+            engine::overlay(rec, &pending)
+        };
+        let after = match engine::lazy_event(&rec, kind, now, &self.cfg)? {
+            None => rec,
+            Some(event) => {
+                let ev = Event {
+                    seq: 0,
+                    at: now,
+                    operation_id: Some(id.to_string()),
+                    kind: event.clone(),
+                };
+                let next = engine::transition(Some(&rec), &ev)
+                    .map_err(|m| Error::corrupt("receipts", id, m))?;
+                lazy.entries.push(LazyEntry {
+                    id: id.to_string(),
+                    at: now,
+                    kind: event,
+                });
+                lazy.first_at.get_or_insert_with(Instant::now);
+                next
+            }
+        };
+        let due = lazy.entries.len() >= LAZY_MAX_ENTRIES
+            || lazy.first_at.is_some_and(|t| t.elapsed() >= LAZY_MAX_DELAY);
+        drop(lazy);
+        if due {
+            self.flush()?;
+        }
+        engine::view(&after).ok_or_else(|| Error::corrupt("receipts", id, "vacant after a check"))
     }
 }
 
@@ -389,10 +463,67 @@ enum BatchOutcome {
     Retry(usize),
 }
 
-/// A read transaction and its tables.
+/// A read transaction, its tables, and the lazy writes pending for what it reads.
 pub(crate) struct Snapshot {
     pub(crate) tables: ReadTables,
+    pending: Vec<LazyEntry>,
     _txn: ReadTransaction,
+}
+
+impl Snapshot {
+    /// The effective record of `id` at `now`, with pending lazy writes applied.
+    pub(crate) fn effective(&self, id: &str, now: Timestamp) -> Result<Option<ReceiptRecord>> {
+        let Some(rec) = engine::effective_of(&self.tables, id, now)? else {
+            return Ok(None);
+        };
+        if self.pending.is_empty() {
+            return Ok(Some(rec));
+        }
+        let mine: Vec<(Timestamp, EventKind)> = self
+            .pending
+            .iter()
+            .filter(|e| e.id == id)
+            .map(|e| (e.at, e.kind.clone()))
+            .collect();
+        // The clocks apply to the pending writes too (a last delivery exhausts the budget).
+        Ok(engine::effective(&engine::overlay(rec, &mine), now))
+    }
+
+    /// The public receipt of `id` at `now`.
+    pub(crate) fn lookup(&self, id: &str, now: Timestamp) -> Result<Option<Receipt>> {
+        Ok(self.effective(id, now)?.as_ref().and_then(engine::view))
+    }
+}
+
+/// The most deliveries and acknowledgements kept pending before a batch commits them.
+const LAZY_MAX_ENTRIES: usize = 256;
+/// The longest a pending entry waits when further lazy writes arrive.
+const LAZY_MAX_DELAY: Duration = Duration::from_millis(200);
+
+/// A delivery or acknowledgement validated and visible to reads, not committed yet.
+#[derive(Clone, Debug)]
+struct LazyEntry {
+    id: String,
+    at: Timestamp,
+    kind: EventKind,
+}
+
+/// Deliveries and acknowledgements are durable lazily (DESIGN.md §7): they wait here and
+/// ride along with the next commit (any state change, a compactor pass, `flush`, closing,
+/// or 256 entries / 200 ms of further lazy writes). A crash loses at most these, which
+/// only causes a recognizable redelivery. Reads apply them, so callers see their own.
+#[derive(Default, Debug)]
+struct LazyBuffer {
+    entries: Vec<LazyEntry>,
+    first_at: Option<Instant>,
+}
+
+fn read_lock<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write_lock<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
 }
 
 fn open_error(path: &Path, err: redb::DatabaseError) -> Error {
@@ -465,6 +596,9 @@ impl Drop for Journal {
     fn drop(&mut self) {
         // Wait for a background compaction pass in flight, and keep new ones from starting,
         // so the file is closed when this returns.
+        // Pending deliveries and acknowledgements are committed now (best effort: a
+        // failure here loses only those, which is a harmless redelivery).
+        let _ = self.inner.flush();
         *lock(&self.inner.gate) = true;
     }
 }
@@ -568,7 +702,7 @@ impl Journal {
                 path: path.to_path_buf(),
                 high_water: AtomicU64::new(high_water.0),
                 poisoned: AtomicBool::new(false),
-                unsynced: AtomicBool::new(false),
+                lazy: RwLock::new(LazyBuffer::default()),
                 committer: Committer::new(),
                 gate: Arc::new(Mutex::new(false)),
             }),
@@ -598,13 +732,13 @@ impl Journal {
         engine::validate_operation(&op)?;
         // Fast path: a known id is answered from a read snapshot without the writer.
         {
-            let (snap, now) = self.inner.read()?;
-            let eff = engine::effective_of(&snap.tables, &op.id, now)?;
+            let (snap, now) = self.inner.read_pending(Some(&op.id))?;
+            let eff = snap.effective(&op.id, now)?;
             if let Some(answer) = engine::answer_known(&snap.tables, eff.as_ref(), &op)? {
                 return Ok(answer);
             }
         }
-        self.inner.write(false, move |ctx| engine::submit(ctx, &op))
+        self.inner.write(move |ctx| engine::submit(ctx, &op))
     }
 
     /// Records the outcome of a claimed operation (durable before it returns).
@@ -621,7 +755,7 @@ impl Journal {
     pub fn complete(&self, claim: &Claim, outcome: Outcome) -> Result<Receipt> {
         let claim = claim.clone();
         self.inner
-            .write(false, move |ctx| engine::complete(ctx, &claim, &outcome))
+            .write(move |ctx| engine::complete(ctx, &claim, &outcome))
     }
 
     /// Gives the id back: the work was rejected before any effect. The id becomes unknown
@@ -632,8 +766,7 @@ impl Journal {
     /// [`ErrorKind::StaleClaim`]; storage errors as for [`Journal::submit`].
     pub fn release(&self, claim: &Claim) -> Result<()> {
         let claim = claim.clone();
-        self.inner
-            .write(false, move |ctx| engine::release(ctx, &claim))
+        self.inner.write(move |ctx| engine::release(ctx, &claim))
     }
 
     /// Extends the claim's lease by the configured lease duration from now, and returns
@@ -663,7 +796,7 @@ impl Journal {
         }
         let claim = claim.clone();
         self.inner
-            .write(false, move |ctx| engine::extend_lease(ctx, &claim, by))
+            .write(move |ctx| engine::extend_lease(ctx, &claim, by))
     }
 
     /// Records how an `InDoubt` operation ended, after the embedder looked at the real
@@ -679,7 +812,7 @@ impl Journal {
     pub fn resolve(&self, operation_id: &str, resolution: Resolution) -> Result<Option<Receipt>> {
         let id = operation_id.to_string();
         self.inner
-            .write(false, move |ctx| engine::resolve(ctx, &id, &resolution))
+            .write(move |ctx| engine::resolve(ctx, &id, &resolution))
     }
 
     /// Records one delivery attempt of a terminal operation's result (first send or
@@ -691,9 +824,8 @@ impl Journal {
     /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not terminal, or
     /// retired); storage errors as for [`Journal::submit`].
     pub fn delivered(&self, operation_id: &str) -> Result<Receipt> {
-        let id = operation_id.to_string();
         self.inner
-            .write(true, move |ctx| engine::delivered(ctx, &id))
+            .lazy_write(operation_id, engine::LazyKind::Delivered)
     }
 
     /// Records the client's acknowledgement. Idempotent; an acknowledgement after expiry
@@ -704,9 +836,8 @@ impl Journal {
     /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not terminal);
     /// storage errors as for [`Journal::submit`].
     pub fn acknowledge(&self, operation_id: &str) -> Result<Receipt> {
-        let id = operation_id.to_string();
         self.inner
-            .write(true, move |ctx| engine::acknowledge(ctx, &id))
+            .lazy_write(operation_id, engine::LazyKind::Acknowledged)
     }
 
     /// Reports a change of `scope` made outside the journal (a user editing by hand).
@@ -719,9 +850,8 @@ impl Journal {
     /// for a bad scope; storage errors as for [`Journal::submit`].
     pub fn advance_revision(&self, scope: &str, revision: u64) -> Result<u64> {
         let scope = scope.to_string();
-        self.inner.write(false, move |ctx| {
-            engine::advance_revision(ctx, &scope, revision)
-        })
+        self.inner
+            .write(move |ctx| engine::advance_revision(ctx, &scope, revision))
     }
 
     /// Makes lazily committed acknowledgements and delivery counts durable now.
@@ -740,8 +870,8 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn lookup(&self, operation_id: &str) -> Result<Option<Receipt>> {
-        let (snap, now) = self.inner.read()?;
-        engine::lookup(&snap.tables, operation_id, now)
+        let (snap, now) = self.inner.read_pending(Some(operation_id))?;
+        snap.lookup(operation_id, now)
     }
 
     /// The recorded result of a terminal, unretired operation.
@@ -750,8 +880,8 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn result(&self, operation_id: &str) -> Result<Option<OpResult>> {
-        let (snap, now) = self.inner.read()?;
-        match engine::effective_of(&snap.tables, operation_id, now)? {
+        let (snap, now) = self.inner.read_pending(Some(operation_id))?;
+        match snap.effective(operation_id, now)? {
             Some(rec) => engine::result_of(&snap.tables, &rec),
             None => Ok(None),
         }
@@ -763,6 +893,8 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn history(&self, operation_id: &str) -> Result<Vec<Event>> {
+        // Pending deliveries and acknowledgements become events when committed.
+        self.inner.flush()?;
         let (snap, _) = self.inner.read()?;
         let mut out = Vec::new();
         for seq in snap.tables.op_event_seqs(operation_id)? {
@@ -780,10 +912,10 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn undelivered(&self, session: &str) -> Result<Vec<Replay>> {
-        let (snap, now) = self.inner.read()?;
+        let (snap, now) = self.inner.read_pending(None)?;
         let mut out = Vec::new();
         for (_, id) in snap.tables.window_after(session, now.0, usize::MAX)? {
-            if let Some(rec) = engine::effective_of(&snap.tables, &id, now)?
+            if let Some(rec) = snap.effective(&id, now)?
                 && let Some(replay) = engine::replay_of(&snap.tables, &rec)?
                 && replay.receipt.delivery.is_some_and(|d| d.is_open())
             {
@@ -800,7 +932,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn due_redeliveries(&self, limit: usize) -> Result<Vec<Replay>> {
-        let (snap, now) = self.inner.read()?;
+        let (snap, now) = self.inner.read_pending(None)?;
         let mut out = Vec::new();
         // Entries past their ack deadline may still be indexed until compaction runs;
         // scan past them, but not unboundedly.
@@ -811,7 +943,7 @@ impl Journal {
             if out.len() >= limit {
                 break;
             }
-            if let Some(rec) = engine::effective_of(&snap.tables, &id, now)?
+            if let Some(rec) = snap.effective(&id, now)?
                 && let Some(replay) = engine::replay_of(&snap.tables, &rec)?
                 && matches!(
                     replay.receipt.delivery,
@@ -936,6 +1068,8 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn stats(&self) -> Result<crate::Stats> {
+        // Counts come from committed receipts: commit pending acknowledgements first.
+        self.inner.flush()?;
         let (snap, now) = self.inner.read()?;
         let mut stats = crate::stats::collect(&snap.tables, now)?;
         stats.file_bytes = std::fs::metadata(&self.inner.path)

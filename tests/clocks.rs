@@ -477,3 +477,51 @@ fn completing_with_outcome_starts_every_clock_from_the_outcome() -> opjournal::R
     assert_eq!(r.next_delivery_at, Some(done.saturating_add(MS * 1000)));
     Ok(())
 }
+
+#[test]
+fn deliveries_and_acks_cost_no_commit_of_their_own_and_ride_the_next_one() -> opjournal::Result<()>
+{
+    let env = Env::new();
+    let mut editor = FakeEditor::at(0);
+    let journal = env.open();
+    run_op(&journal, &mut editor, op("a"), "x")?;
+    let bytes = env.bytes();
+    let events = journal.event_count()?;
+    let r = journal.delivered("a")?;
+    assert_eq!(r.delivery_count, 1);
+    let r = journal.acknowledge("a")?;
+    assert_eq!(r.delivery, Some(DeliveryState::Acknowledged));
+    // Visible to this handle's reads at once...
+    assert_eq!(delivery(&journal, "a"), Some(DeliveryState::Acknowledged));
+    assert!(journal.undelivered("tab")?.is_empty());
+    // ...without a commit (the file is unchanged)...
+    assert!(env.bytes() == bytes, "a lazy write committed on its own");
+    assert_eq!(journal.event_count()?, events);
+    // ...and committed by the next state change.
+    fresh(&journal, Operation::new("b", add_light("y")).scope("other"));
+    assert_eq!(journal.event_count()?, events + 3);
+    let names: Vec<&str> = journal
+        .history("a")?
+        .iter()
+        .map(|e| e.kind.name())
+        .collect();
+    assert_eq!(
+        names,
+        ["submitted", "completed", "delivered", "acknowledged"]
+    );
+    Ok(())
+}
+
+#[test]
+fn pending_acks_are_committed_when_the_journal_closes() -> opjournal::Result<()> {
+    let env = Env::new();
+    let mut editor = FakeEditor::at(0);
+    {
+        let journal = env.open();
+        run_op(&journal, &mut editor, op("a"), "x")?;
+        journal.acknowledge("a")?;
+    }
+    let journal = env.open();
+    assert_eq!(delivery(&journal, "a"), Some(DeliveryState::Acknowledged));
+    Ok(())
+}
