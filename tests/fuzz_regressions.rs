@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use opjournal::check::{RepairOptions, repair};
-use opjournal::{ErrorKind, Inspector, Journal};
+use opjournal::{ErrorKind, Inspector, Intent, Journal, canonical_json};
 
 fn regression(target: &str, name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -96,5 +96,37 @@ fn repair_survives_closing_a_database_whose_engine_panicked() {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => assert!(is_corrupt(e.kind()), "{e:?}"),
         Err(_) => panic!("repair panicked instead of answering"),
+    }
+}
+
+/// serde_json's default float parser is not exact: the canonical text of
+/// `5.056589415705536e-308` parsed back to a neighbouring float, so an intent rebuilt from
+/// its own canonical text (an editor that stores the arguments and re-reads them, a client
+/// that canonicalizes before sending) hashed differently and a retry was refused as
+/// `IntentMismatch` (found by the `intent_json` fuzz target). The crate now enables
+/// serde_json's `float_roundtrip`.
+#[test]
+fn an_intent_rebuilt_from_its_canonical_text_has_the_same_hash() {
+    for text in [
+        "[5.056589415705536e-308]",
+        "[1.6328046125637032e-227]",
+        "{\"x\":2.262644012078593e-309}",
+        "[0.1,1e300,-2.5e-10,5e-324,1.7976931348623157e308]",
+    ] {
+        let value: serde_json::Value = serde_json::from_str(text).expect("valid JSON");
+        let canonical = canonical_json(&value);
+        let reparsed: serde_json::Value =
+            serde_json::from_slice(&canonical).expect("canonical text is JSON");
+        assert_eq!(
+            reparsed, value,
+            "{text}: the canonical text parses to another value"
+        );
+        let a = Intent::from_json("scene.edit", &value).expect("valid name");
+        let b = Intent::from_json("scene.edit", &reparsed).expect("valid name");
+        assert_eq!(
+            a.hash(),
+            b.hash(),
+            "{text}: the hash moved through canonical text"
+        );
     }
 }
