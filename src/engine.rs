@@ -1280,10 +1280,23 @@ pub(crate) fn overlay(mut rec: ReceiptRecord, pending: &[(Timestamp, EventKind)]
     rec
 }
 
-/// Commits a pending lazy event. One that no longer fits (the operation retired or was
-/// purged meanwhile, or the event is already committed) is dropped: losing it only
-/// causes a harmless redelivery.
-pub(crate) fn record_lazy(ctx: &mut Ctx<'_, '_>, id: &str, kind: &EventKind) -> Result<()> {
+/// Commits a pending lazy event as of `at`, the time of the call that made it (so the
+/// committed receipt is the one its caller was shown, even if a clock passed since). One
+/// that no longer fits (the event is already committed) is dropped.
+pub(crate) fn record_lazy(
+    ctx: &mut Ctx<'_, '_>,
+    id: &str,
+    kind: &EventKind,
+    at: Timestamp,
+) -> Result<()> {
+    let batch_now = ctx.now;
+    ctx.now = at;
+    let r = record_lazy_now(ctx, id, kind);
+    ctx.now = batch_now;
+    r
+}
+
+fn record_lazy_now(ctx: &mut Ctx<'_, '_>, id: &str, kind: &EventKind) -> Result<()> {
     let Some(rec) = effective_of(&*ctx.t, id, ctx.now)? else {
         return Ok(());
     };

@@ -300,6 +300,8 @@ impl Inner {
         let run = (|| -> std::result::Result<bool, (Option<usize>, Error)> {
             let mut t = WriteTables::open(&txn).map_err(|e| (None, e))?;
             let mut state = t.state().map_err(|e| (None, e))?;
+            // No event in the journal is later than the last committed batch's time.
+            let mut floor = state.clock_high_water;
             state.clock_high_water = state.clock_high_water.max(now);
             let mut ctx = Ctx {
                 t: &mut t,
@@ -309,7 +311,12 @@ impl Inner {
                 fired: Default::default(),
             };
             for entry in &pending {
-                engine::record_lazy(&mut ctx, &entry.id, &entry.kind).map_err(|e| (None, e))?;
+                // Recorded as of the call that made it (what its caller was told), kept in
+                // order after the events already in the journal.
+                let at = entry.at.max(floor).min(now);
+                floor = at;
+                engine::record_lazy(&mut ctx, &entry.id, &entry.kind, at)
+                    .map_err(|e| (None, e))?;
             }
             for (i, job) in jobs.iter_mut().enumerate() {
                 match job.run(&mut ctx) {

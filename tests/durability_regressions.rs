@@ -1,0 +1,99 @@
+//! Regression tests for durability bugs found by the seeded crash runs (`tests/crash.rs`),
+//! each named after the claim it protects.
+
+use std::time::Duration;
+
+use opjournal::{Journal, ManualClock, Timestamp};
+
+// ---------------------------------------------------------------------------------------
+// Regressions: bugs the seeded runs found, each pinned by the claim it broke.
+// ---------------------------------------------------------------------------------------
+
+const T0: u64 = 1_767_225_600_000;
+const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+const RESULT_RETENTION: Duration = Duration::from_secs(10);
+
+fn file_journal(dir: &std::path::Path, clock: &ManualClock) -> opjournal::Result<Journal> {
+    Journal::builder()
+        .ack_timeout(ACK_TIMEOUT)
+        .result_retention(RESULT_RETENTION)
+        .audit_retention(Duration::from_secs(20))
+        .clock(clock.clone())
+        .open(dir.join("journal.opj"))
+}
+
+fn finished(j: &Journal, id: &str) -> opjournal::Result<()> {
+    use opjournal::{Admission, Intent, Operation, Outcome};
+    let op = Operation::new(id, Intent::from_json("scene.edit", &serde_json::json!({}))?)
+        .scope("scene/a")
+        .session("tab-1");
+    let Admission::Fresh(claim) = j.submit(op)? else {
+        panic!("expected fresh work for `{id}`")
+    };
+    j.complete(&claim, Outcome::applied(1, b"result".to_vec()))?;
+    Ok(())
+}
+
+/// Found by seed 0xa11ce5eed00008b: an acknowledgement made before its deadline was
+/// committed (with the next batch) as of that batch's time, after the deadline — the
+/// receipt changed its `acknowledged_at` from what `acknowledge` had answered.
+#[test]
+fn lazy_acknowledgement_is_committed_with_the_time_it_was_made() -> opjournal::Result<()> {
+    use opjournal::{DeliveryState, EventKind};
+    let dir = tempfile::tempdir()?;
+    let clock = ManualClock::new(Timestamp::from_millis(T0));
+    let j = file_journal(dir.path(), &clock)?;
+    finished(&j, "op-1")?;
+    clock.advance(Duration::from_secs(1));
+    let acked = j.acknowledge("op-1")?;
+    let t1 = Timestamp::from_millis(T0 + 1_000);
+    assert_eq!(acked.acknowledged_at, Some(t1));
+    // Past the ack deadline, a write commits the pending acknowledgement.
+    clock.advance(ACK_TIMEOUT + Duration::from_secs(1));
+    j.advance_revision("scene/b", 1)?;
+    let r = j.lookup("op-1")?.expect("recorded");
+    assert_eq!(r.delivery, Some(DeliveryState::Acknowledged));
+    assert_eq!(r.acknowledged_at, Some(t1), "committed as answered");
+    let ack = j
+        .history("op-1")?
+        .into_iter()
+        .find(|e| matches!(e.kind, EventKind::Acknowledged { .. }))
+        .expect("the acknowledgement is in the history");
+    assert_eq!(ack.at, t1);
+    assert!(
+        matches!(ack.kind, EventKind::Acknowledged { late: false }),
+        "made before the deadline, so not late: {ack:?}"
+    );
+    drop(j);
+    let j = file_journal(dir.path(), &clock)?;
+    let r = j.lookup("op-1")?.expect("recorded");
+    assert_eq!(
+        r.acknowledged_at,
+        Some(t1),
+        "and so it stays after a reopen"
+    );
+    Ok(())
+}
+
+/// Found with the same runs: a delivery recorded while the result was retrievable was
+/// dropped when the batch that committed it ran after the result retention, so an `Ok`
+/// `delivered` vanished without any crash.
+#[test]
+fn lazy_delivery_made_before_retirement_is_kept_when_committed_after() -> opjournal::Result<()> {
+    use opjournal::ExecutionStatus;
+    let dir = tempfile::tempdir()?;
+    let clock = ManualClock::new(Timestamp::from_millis(T0));
+    let j = file_journal(dir.path(), &clock)?;
+    finished(&j, "op-1")?;
+    let shown = j.delivered("op-1")?;
+    assert_eq!(shown.delivery_count, 1);
+    clock.advance(RESULT_RETENTION + Duration::from_secs(1));
+    j.advance_revision("scene/b", 1)?;
+    let r = j.lookup("op-1")?.expect("the audit record stays");
+    assert_eq!(r.status, ExecutionStatus::Retired);
+    assert_eq!(r.delivery_count, 1, "the delivery answered Ok is recorded");
+    drop(j);
+    let j = file_journal(dir.path(), &clock)?;
+    assert_eq!(j.lookup("op-1")?.map(|r| r.delivery_count), Some(1));
+    Ok(())
+}
