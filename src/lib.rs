@@ -48,3 +48,8 @@ pub use types::{
     Replay, Resolution, StaleBasePolicy,
 };
 pub use validate::MAX_NAME_BYTES;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
