@@ -686,7 +686,7 @@ impl Session<'_> {
             self.say(
                 Who::Answer,
                 format!(
-                    "reloads {quiet_from}-{RELOADS}: nothing pushed; op_7 was delivered {budget} times, its retry budget"
+                    "reloads {quiet_from}-{RELOADS}: nothing pushed: op_7 has been delivered {budget} times, its whole retry budget"
                 ),
             );
         }
