@@ -125,7 +125,7 @@ fn integrity_of_copy(path: &Path) -> Integrity {
         let copy = dir.path().join("journal.opj");
         std::fs::copy(path, &copy).map_err(Error::io)?;
         let mut db = redb::Builder::new().create(&copy).map_err(Error::from)?;
-        Ok(db.check_integrity().map_err(Error::from)?)
+        db.check_integrity().map_err(Error::from)
     });
     match r {
         Ok(true) => Integrity::Passed,
@@ -218,7 +218,7 @@ pub(crate) fn verify_tables<V: View>(
                 let (k, v) = entry?;
                 let seq = k.value();
                 events += 1;
-                if events % 4096 == 0 {
+                if events.is_multiple_of(4096) {
                     progress(events, total);
                 }
                 let ev = match store::decode_event(seq, v.value()) {
@@ -1059,7 +1059,7 @@ fn repair_db(
                     misfits.push((seq, corrupt_detail(&e), raw, owner));
                 }
             }
-            if replayed % 4096 == 0 {
+            if replayed.is_multiple_of(4096) {
                 progress(replayed, events_raw);
             }
         }
