@@ -943,13 +943,20 @@ impl Journal {
         let mut out = Vec::new();
         // Entries past their ack deadline may still be indexed until compaction runs;
         // scan past them, but not unboundedly.
-        let candidates =
-            snap.tables
-                .timers_due(TimerKind::Redeliver, now.0, limit.saturating_mul(4).max(64))?;
-        for (_, id) in candidates {
-            if out.len() >= limit {
-                break;
+        let mut ids: Vec<String> = snap
+            .tables
+            .timers_due(TimerKind::Redeliver, now.0, limit.saturating_mul(4).max(64))?
+            .into_iter()
+            .map(|(_, id)| id)
+            .collect();
+        // A pending (not yet committed) delivery moves its next push, which the timer index
+        // does not show until the delivery is committed.
+        for e in &snap.pending {
+            if !ids.contains(&e.id) {
+                ids.push(e.id.clone());
             }
+        }
+        for id in ids {
             if let Some(rec) = snap.effective(&id, now)?
                 && let Some(replay) = engine::replay_of(&snap.tables, &rec)?
                 && matches!(
@@ -961,6 +968,11 @@ impl Journal {
                 out.push(replay);
             }
         }
+        out.sort_by(|a, b| {
+            let key = |r: &Replay| (r.receipt.next_delivery_at, r.receipt.operation_id.clone());
+            key(a).cmp(&key(b))
+        });
+        out.truncate(limit);
         Ok(out)
     }
 

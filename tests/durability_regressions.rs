@@ -97,3 +97,52 @@ fn lazy_delivery_made_before_retirement_is_kept_when_committed_after() -> opjour
     assert_eq!(j.lookup("op-1")?.map(|r| r.delivery_count), Some(1));
     Ok(())
 }
+
+/// Found by seed 0xa11ce5eed0000c5: a delivery pending in the lazy buffer moves the
+/// operation's next push, but `due_redeliveries` read only the committed timer index, so a
+/// result whose next push was due was left out (and others listed out of order) until the
+/// next commit.
+#[test]
+fn due_redeliveries_follow_a_delivery_not_yet_committed() -> opjournal::Result<()> {
+    use opjournal::{Admission, Intent, Operation, Outcome, RetryPolicy};
+    let dir = tempfile::tempdir()?;
+    let clock = ManualClock::new(Timestamp::from_millis(T0));
+    let initial = Duration::from_secs(1);
+    let j = Journal::builder()
+        .retry_policy(RetryPolicy {
+            attempts: 3,
+            initial_backoff: initial,
+            max_backoff: Duration::from_secs(4),
+        })
+        .clock(clock.clone())
+        .open(dir.path().join("journal.opj"))?;
+    // The first push is due `initial` after the outcome; a delivery made at once schedules
+    // the next one after a jitter in [0, initial]. Pick an operation whose jitter is short.
+    let mut found = None;
+    for i in 0..16 {
+        let id = format!("op-{i}");
+        let op = Operation::new(id.as_str(), Intent::from_json("x", &serde_json::json!({}))?);
+        let Admission::Fresh(claim) = j.submit(op)? else {
+            panic!("expected fresh work")
+        };
+        j.complete(&claim, Outcome::applied(1, b"r".to_vec()))?;
+        let r = j.delivered(&id)?;
+        let next = r.next_delivery_at.expect("a next push is scheduled");
+        if next < j.now().saturating_add(initial) {
+            found = Some((id, next));
+            break;
+        }
+    }
+    let (id, next) = found.expect("some jitter is shorter than the full backoff");
+    clock.set(next);
+    let due: Vec<String> = j
+        .due_redeliveries(16)?
+        .into_iter()
+        .map(|r| r.receipt.operation_id)
+        .collect();
+    assert!(
+        due.contains(&id),
+        "`{id}` is due at {next} after its pending delivery: {due:?}"
+    );
+    Ok(())
+}
