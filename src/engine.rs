@@ -1214,10 +1214,13 @@ pub(crate) fn lazy_event(
                 }));
             }
             let count = d.delivery.count.saturating_add(1);
+            // Once the last attempt is recorded, further deliveries (replays a client asked
+            // for) do not postpone the exhaustion.
             let (next_due, final_attempt) = if matches!(
                 d.delivery.state,
                 DeliveryState::Pending | DeliveryState::Delivered
-            ) {
+            ) && !d.delivery.final_attempt
+            {
                 let cap = backoff(cfg, count);
                 if count >= cfg.retry.attempts {
                     (at.saturating_add(cap), true)

@@ -315,8 +315,7 @@ impl Inner {
                 // order after the events already in the journal.
                 let at = entry.at.max(floor).min(now);
                 floor = at;
-                engine::record_lazy(&mut ctx, &entry.id, &entry.kind, at)
-                    .map_err(|e| (None, e))?;
+                engine::record_lazy(&mut ctx, &entry.id, &entry.kind, at).map_err(|e| (None, e))?;
             }
             for (i, job) in jobs.iter_mut().enumerate() {
                 match job.run(&mut ctx) {
@@ -913,7 +912,9 @@ impl Journal {
     }
 
     /// What to push to `session` after a reconnect: its terminal results that are neither
-    /// acknowledged nor expired, oldest first, each with its result.
+    /// acknowledged nor expired, and whose retry budget is not spent, oldest first, each
+    /// with its result. (An exhausted result is not pushed again; the client can still
+    /// fetch it by asking about its id.)
     ///
     /// # Errors
     ///
@@ -924,7 +925,10 @@ impl Journal {
         for (_, id) in snap.tables.window_after(session, now.0, usize::MAX)? {
             if let Some(rec) = snap.effective(&id, now)?
                 && let Some(replay) = engine::replay_of(&snap.tables, &rec)?
-                && replay.receipt.delivery.is_some_and(|d| d.is_open())
+                && matches!(
+                    replay.receipt.delivery,
+                    Some(crate::DeliveryState::Pending | crate::DeliveryState::Delivered)
+                )
             {
                 out.push(replay);
             }

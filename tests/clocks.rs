@@ -525,3 +525,30 @@ fn pending_acks_are_committed_when_the_journal_closes() -> opjournal::Result<()>
     assert_eq!(delivery(&journal, "a"), Some(DeliveryState::Acknowledged));
     Ok(())
 }
+
+#[test]
+fn deliveries_after_the_last_attempt_do_not_postpone_exhaustion() -> opjournal::Result<()> {
+    let env = Env::new();
+    let mut editor = FakeEditor::at(0);
+    let policy = RetryPolicy {
+        attempts: 2,
+        initial_backoff: Duration::from_secs(1),
+        max_backoff: Duration::from_secs(60),
+    };
+    let journal = env.builder().retry_policy(policy).open(&env.path)?;
+    run_op(&journal, &mut editor, op("a"), "x")?;
+    journal.delivered("a")?;
+    let last = journal.delivered("a")?.next_delivery_at.expect("last wait");
+    // The client keeps asking (replays) faster than the last backoff.
+    for _ in 0..5 {
+        env.advance(Duration::from_millis(300));
+        let r = journal.delivered("a")?;
+        assert_eq!(r.next_delivery_at, Some(last));
+    }
+    at(&env, last, 0);
+    assert_eq!(delivery(&journal, "a"), Some(DeliveryState::Exhausted));
+    // An exhausted result is not pushed on reconnect; it is still there when asked for.
+    assert!(journal.undelivered("tab")?.is_empty());
+    assert!(matches!(journal.submit(op("a"))?, Admission::Replay(_)));
+    Ok(())
+}
