@@ -147,9 +147,7 @@ impl CompactorHandle {
                     if *closed {
                         return None;
                     }
-                    let Some(inner) = inner.upgrade() else {
-                        return None;
-                    };
+                    let inner = inner.upgrade()?;
                     let result = pass(&inner);
                     drop(inner);
                     drop(closed);
