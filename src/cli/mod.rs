@@ -1,22 +1,122 @@
-//! The CLI's command tree (clap derive).
+//! The `opjournal` command-line tool (DESIGN.md §11): inspect, verify, repair and compact
+//! journal files, also while an editor has them open.
+//!
+//! Results go to stdout as aligned tables, or as JSON Lines with `--json` (docs/cli.md);
+//! diagnostics go to stderr. Exit status: 0 clean, 1 problems found, 2 could not run.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod commands;
 pub(crate) mod demo;
+mod failure;
+mod format;
+mod output;
+mod progress;
+
+use format::TimeArg;
+
+const AFTER_HELP: &str = "\
+Examples:
+  opjournal stats project.opj
+  opjournal ls project.opj --status in_doubt
+  opjournal show project.opj op_7f3
+  opjournal --json log project.opj --follow
+  opjournal verify project.opj && echo intact
+
+Read-only commands (stats, ls, show, log, verify, export) never modify the file and work
+while an editor has it open (with the library's default `Sharing::LiveReaders`).
+Exit status: 0 clean, 1 problems found (verify, repair --dry-run), 2 could not run.
+JSON Lines output is documented in docs/cli.md.";
 
 /// Inspect, verify, repair and compact opjournal journal files.
 #[derive(Parser, Debug)]
-#[command(name = "opjournal", version, about)]
-struct Cli {
+#[command(name = "opjournal", version, about, after_help = AFTER_HELP)]
+pub(crate) struct Cli {
+    /// Print JSON Lines (one `{"type": ..., "data": ...}` object per line, ending with a
+    /// `summary`) instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+
     #[command(subcommand)]
-    command: Command,
+    pub command: Command,
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {
+pub(crate) enum Command {
+    /// Show counts by execution status and delivery state, the oldest unacknowledged result,
+    /// the file size and the format version.
+    #[command(after_help = "Example:\n  opjournal stats project.opj")]
+    Stats(FileArgs),
+
+    /// List operations (receipts), oldest submission first, filtered by status, delivery,
+    /// scope, session, intent or time.
+    #[command(after_help = "\
+Examples:
+  opjournal ls project.opj
+  opjournal ls project.opj --status in_doubt,running
+  opjournal ls project.opj --scope scene/main --since 2h --limit 20")]
+    Ls(LsArgs),
+
+    /// Show one operation: its receipt, a preview of its result, and its event history.
+    #[command(after_help = "Example:\n  opjournal show project.opj op_7f3 --full")]
+    Show(ShowArgs),
+
+    /// Print the event journal (the file's source of truth), filtered, and optionally keep
+    /// printing new events as a writer records them.
+    #[command(after_help = "\
+Examples:
+  opjournal log project.opj --op op_7f3
+  opjournal log project.opj --tail 20 --follow")]
+    Log(LogArgs),
+
+    /// Check the file: the storage engine's page checksums, every record's CRC and decode,
+    /// and every index against a replay of the event journal. Exits 1 if anything is wrong.
+    #[command(
+        after_help = "Example:\n  opjournal verify project.opj || opjournal repair project.opj --dry-run"
+    )]
+    Verify(FileArgs),
+
+    /// Back the file up, then rebuild every index from the event journal, quarantine damaged
+    /// records and report exactly what was lost; salvage intact records into a new file if
+    /// the storage engine refuses it.
+    #[command(after_help = "\
+Examples:
+  opjournal repair project.opj --dry-run
+  opjournal repair project.opj
+
+The editor must be closed: repair needs the journal to itself.")]
+    Repair(RepairArgs),
+
+    /// Run the compactor now (fire every due timer: lease expiry, retry budgets, ack
+    /// timeouts, retention) and print what it did; `--reclaim` also shrinks the file.
+    #[command(after_help = "\
+Example:
+  opjournal compact project.opj --reclaim
+
+The editor must be closed: compact needs the journal to itself.")]
+    Compact(CompactArgs),
+
+    /// Record how an in-doubt operation ended, after checking the real project state:
+    /// applied at a revision, failed, or not applied (the id becomes free again).
+    #[command(after_help = "\
+Examples:
+  opjournal resolve project.opj op_7f3 --applied 184
+  opjournal resolve project.opj op_7f3 --failed \"the door no longer exists\"
+  opjournal resolve project.opj op_7f3 --not-applied
+
+The editor must be closed: resolve needs the journal to itself.")]
+    Resolve(ResolveArgs),
+
+    /// Write every receipt and event as JSON Lines (streaming, in constant memory).
+    #[command(after_help = "\
+Examples:
+  opjournal export project.opj > project.jsonl
+  opjournal export project.opj --only events --results | jq -c 'select(.type == \"result\")'")]
+    Export(ExportArgs),
+
     /// Run a realistic editor session over a loopback socket, with forced disconnects at
     /// every boundary, and leave a journal to inspect.
     Demo {
@@ -29,9 +129,205 @@ enum Command {
     },
 }
 
+#[derive(Args, Debug)]
+pub(crate) struct FileArgs {
+    /// The journal file (usually `*.opj`).
+    pub file: PathBuf,
+}
+
+/// Execution statuses, as named on the command line.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum StatusArg {
+    Running,
+    #[value(name = "in_doubt", alias = "in-doubt")]
+    InDoubt,
+    Applied,
+    Failed,
+    Retired,
+}
+
+/// Delivery states, as named on the command line.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum DeliveryArg {
+    Pending,
+    Delivered,
+    Acknowledged,
+    Exhausted,
+    #[value(name = "ack_expired", alias = "ack-expired")]
+    AckExpired,
+}
+
+/// Orders for `ls`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum SortArg {
+    /// Oldest submission first.
+    Submitted,
+    /// By operation id.
+    Id,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct LsArgs {
+    /// The journal file (usually `*.opj`).
+    pub file: PathBuf,
+    /// Only these execution statuses (comma-separated or repeated).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub status: Vec<StatusArg>,
+    /// Only these delivery states (comma-separated or repeated).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub delivery: Vec<DeliveryArg>,
+    /// Only operations on this scope.
+    #[arg(long)]
+    pub scope: Option<String>,
+    /// Only operations of this client session.
+    #[arg(long)]
+    pub session: Option<String>,
+    /// Only operations with this intent name.
+    #[arg(long)]
+    pub intent: Option<String>,
+    /// Only operations submitted at or after this time (`2026-11-30T14:00:00Z`,
+    /// `2026-11-30`) or this long ago (`15min`, `2h`, `3days`).
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<TimeArg>,
+    /// Only operations submitted before this time (same forms as --since).
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<TimeArg>,
+    /// The order of the rows.
+    #[arg(long, value_enum, default_value_t = SortArg::Submitted)]
+    pub sort: SortArg,
+    /// Show at most N operations: the last N in the chosen order.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ShowArgs {
+    /// The journal file (usually `*.opj`).
+    pub file: PathBuf,
+    /// The operation id.
+    pub id: String,
+    /// Print the whole result payload instead of a preview.
+    #[arg(long)]
+    pub full: bool,
+}
+
+/// Event kinds, as named on the command line.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub(crate) enum KindArg {
+    Submitted,
+    LeaseExtended,
+    Completed,
+    Released,
+    LeaseExpired,
+    Resolved,
+    Delivered,
+    Acknowledged,
+    AckExpired,
+    Exhausted,
+    Retired,
+    Salvaged,
+    RevisionAdvanced,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct LogArgs {
+    /// The journal file (usually `*.opj`).
+    pub file: PathBuf,
+    /// Only events of this operation.
+    #[arg(long, value_name = "ID")]
+    pub op: Option<String>,
+    /// Only events of these kinds (comma-separated or repeated).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub kind: Vec<KindArg>,
+    /// Start at this sequence number.
+    #[arg(long, value_name = "SEQ", default_value_t = 0)]
+    pub from: u64,
+    /// Only events recorded at or after this time (same forms as `ls --since`).
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<TimeArg>,
+    /// Show only the last N matching events (then follow, with --follow).
+    #[arg(long, value_name = "N")]
+    pub tail: Option<usize>,
+    /// Keep running and print new events as they are committed (Ctrl-C to stop).
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct RepairArgs {
+    /// The journal file (usually `*.opj`).
+    pub file: PathBuf,
+    /// Report what repair would do, working on a temporary copy; the file is not touched.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Do not write a backup copy (`FILE.<unix time>.bak`) before repairing.
+    #[arg(long)]
+    pub no_backup: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct CompactArgs {
+    /// The journal file (usually `*.opj`).
+    pub file: PathBuf,
+    /// Also shrink the file (the storage engine's compaction), reporting its size before
+    /// and after.
+    #[arg(long)]
+    pub reclaim: bool,
+}
+
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("outcome").required(true).args(["applied", "failed", "not_applied"])))]
+pub(crate) struct ResolveArgs {
+    /// The journal file (usually `*.opj`).
+    pub file: PathBuf,
+    /// The in-doubt operation's id.
+    pub id: String,
+    /// The effect happened and produced this scope revision.
+    #[arg(long, value_name = "REV")]
+    pub applied: Option<u64>,
+    /// The operation failed, with this message for the client.
+    #[arg(long, value_name = "MSG")]
+    pub failed: Option<String>,
+    /// The effect did not happen: the id becomes free, and a resubmission starts the next
+    /// attempt.
+    #[arg(long)]
+    pub not_applied: bool,
+    /// The result payload to record with --applied or --failed (text).
+    #[arg(long, value_name = "TEXT", conflicts_with = "not_applied")]
+    pub result: Option<String>,
+}
+
+/// What `export` writes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OnlyArg {
+    Receipts,
+    Events,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ExportArgs {
+    /// The journal file (usually `*.opj`).
+    pub file: PathBuf,
+    /// Export only receipts, or only events.
+    #[arg(long, value_enum)]
+    pub only: Option<OnlyArg>,
+    /// Also export each stored result payload (a `result` line after its receipt).
+    #[arg(long)]
+    pub results: bool,
+}
+
 pub(crate) fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.command {
-        Command::Demo { journal, keep } => demo::run(&demo::DemoArgs { journal, keep }),
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to stdout and exit 0; usage errors go to stderr, exit 2.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    if let Command::Demo { journal, keep } = cli.command {
+        return demo::run(&demo::DemoArgs { journal, keep });
     }
+    commands::run(cli)
 }

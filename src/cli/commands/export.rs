@@ -1,0 +1,95 @@
+//! `opjournal export FILE`: every receipt and event as JSON Lines, streaming: records are
+//! written as they are read, so memory stays constant however large the journal is.
+//!
+//! The output is always JSON Lines (`--json` or not), in the envelope of docs/cli.md.
+
+use serde_json::json;
+
+use super::{Outcome, Run, Summary, inspect, read_err};
+use crate::cli::failure::Failure;
+use crate::cli::format::{event_json, preview, receipt_json};
+use crate::cli::output::Out;
+use crate::cli::progress::Progress;
+use crate::cli::{ExportArgs, OnlyArg};
+
+pub(super) fn run(args: &ExportArgs, out: &mut Out) -> Run {
+    // Export is JSON Lines whatever the flag, summary included.
+    out.set_json();
+    let mut summary = Summary::start("export", &args.file);
+    let insp = inspect(&args.file)?;
+    summary.access(insp.access());
+    let err = read_err(&args.file);
+    let (events_total, receipts_total) = insp.sizes().map_err(&err)?;
+    let bar = Progress::bar("exporting", "records");
+    let want_receipts = args.only != Some(OnlyArg::Events);
+    let want_events = args.only != Some(OnlyArg::Receipts);
+    bar.total(
+        if want_receipts { receipts_total } else { 0 } + if want_events { events_total } else { 0 },
+    );
+    let (mut receipts, mut events, mut results) = (0u64, 0u64, 0u64);
+    // A failed write stops the walk; it is reported after the library returns.
+    let mut failure: Option<Failure> = None;
+    if want_receipts {
+        insp.for_each_receipt(|r| {
+            let mut write = || -> Result<(), Failure> {
+                out.record("receipt", &receipt_json(&r))?;
+                receipts += 1;
+                if args.results
+                    && r.result_size.is_some()
+                    && let Some(res) = insp.result(&r.operation_id).map_err(&err)?
+                {
+                    let p = preview(&res.bytes, true);
+                    out.record(
+                        "result",
+                        &json!({
+                            "operation_id": r.operation_id,
+                            "len": res.bytes.len(),
+                            "changed_assets": res.changed_assets,
+                            "encoding": p.encoding,
+                            "content": p.content(&res.bytes),
+                            "shown_bytes": p.shown,
+                            "truncated": false,
+                        }),
+                    )?;
+                    results += 1;
+                }
+                bar.tick();
+                Ok(())
+            };
+            match write() {
+                Ok(()) => Ok(true),
+                Err(f) => {
+                    failure = Some(f);
+                    Ok(false)
+                }
+            }
+        })
+        .map_err(&err)?;
+    }
+    if let Some(f) = failure.take() {
+        return Err(f);
+    }
+    if want_events {
+        insp.for_each_event(0, |ev| match out.record("event", &event_json(&ev)) {
+            Ok(()) => {
+                events += 1;
+                bar.tick();
+                Ok(true)
+            }
+            Err(f) => {
+                failure = Some(f);
+                Ok(false)
+            }
+        })
+        .map_err(&err)?;
+    }
+    if let Some(f) = failure {
+        return Err(f);
+    }
+    drop(bar);
+    summary.write(
+        out,
+        Outcome::Clean,
+        json!({"receipts": receipts, "events": events, "results": results}),
+    )
+}

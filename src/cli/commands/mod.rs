@@ -1,0 +1,215 @@
+//! The commands, and what they share: opening the journal read-only, notes on stderr, the
+//! JSON summary, exit codes, and turning a panic into an error message.
+
+use std::io::Write as _;
+use std::panic::AssertUnwindSafe;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use opjournal::{Access, Inspector};
+use serde_json::{Value, json};
+
+use super::failure::{CliError, Failure, Mode, explain};
+use super::output::Out;
+use super::{Cli, Command};
+
+mod compact;
+mod export;
+mod log;
+mod ls;
+mod repair;
+mod resolve;
+mod show;
+mod stats;
+mod verify;
+
+/// How a command that ran ended.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Nothing wrong (exit 0).
+    Clean,
+    /// The command ran and found problems (exit 1).
+    Problems,
+}
+
+type Run = Result<Outcome, Failure>;
+
+/// The last panic's message, kept by the quiet panic hook.
+static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
+
+/// Replaces the default panic hook (which prints a backtrace notice) with one that only
+/// remembers the message: the storage engine may panic on a damaged file, and the library
+/// catches those inside verify and repair; one that escapes is reported as an error below.
+fn quiet_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        if let Ok(mut slot) = LAST_PANIC.lock() {
+            *slot = Some(format!("{msg}{at}"));
+        }
+    }));
+}
+
+fn file_of(command: &Command) -> Option<&Path> {
+    Some(match command {
+        Command::Stats(a) | Command::Verify(a) => &a.file,
+        Command::Ls(a) => &a.file,
+        Command::Show(a) => &a.file,
+        Command::Log(a) => &a.file,
+        Command::Repair(a) => &a.file,
+        Command::Compact(a) => &a.file,
+        Command::Resolve(a) => &a.file,
+        Command::Export(a) => &a.file,
+        Command::Demo { .. } => return None,
+    })
+}
+
+/// Runs the command and turns how it ended into the exit status.
+pub(crate) fn run(cli: Cli) -> ExitCode {
+    quiet_panics();
+    let mut out = Out::stdout(cli.json);
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let r = dispatch(&cli.command, &mut out);
+        // Flush before deciding: a closed pipe shows up here for buffered output.
+        let flushed = out.flush();
+        match (r, flushed) {
+            (Err(e), _) => Err(e),
+            (Ok(_), Err(e)) => Err(e),
+            (Ok(o), Ok(())) => Ok(o),
+        }
+    }));
+    match result {
+        Ok(Ok(Outcome::Clean)) => ExitCode::SUCCESS,
+        Ok(Ok(Outcome::Problems)) => ExitCode::from(1),
+        Ok(Err(Failure::BrokenPipe)) => ExitCode::SUCCESS,
+        Ok(Err(Failure::Error(e))) => {
+            e.print();
+            ExitCode::from(2)
+        }
+        Err(_) => {
+            let detail = LAST_PANIC
+                .lock()
+                .ok()
+                .and_then(|mut s| s.take())
+                .unwrap_or_else(|| "unknown panic".into());
+            let file =
+                file_of(&cli.command).map_or_else(|| "FILE".into(), |p| p.display().to_string());
+            CliError::new(format!(
+                "the file is damaged beyond what the storage engine can read ({detail}); run `opjournal repair {file}`"
+            ))
+            .hint(format!(
+                "`opjournal verify {file}` names the damage; if verify finds the file intact, this is a bug in opjournal: please report it with the message above"
+            ))
+            .print();
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn dispatch(command: &Command, out: &mut Out) -> Run {
+    match command {
+        Command::Stats(a) => stats::run(a, out),
+        Command::Ls(a) => ls::run(a, out),
+        Command::Show(a) => show::run(a, out),
+        Command::Log(a) => log::run(a, out),
+        Command::Verify(a) => verify::run(a, out),
+        Command::Repair(a) => repair::run(a, out),
+        Command::Compact(a) => compact::run(a, out),
+        Command::Resolve(a) => resolve::run(a, out),
+        Command::Export(a) => export::run(a, out),
+        // Dispatched in `cli::main`, before the panic hook.
+        Command::Demo { .. } => Ok(Outcome::Clean),
+    }
+}
+
+/// A line on stderr: `note: ...`.
+pub(crate) fn note(msg: impl AsRef<str>) {
+    let _ = writeln!(std::io::stderr(), "note: {}", msg.as_ref());
+}
+
+/// The name of an access mode, as in the JSON summary.
+pub(crate) fn access_name(a: Access) -> &'static str {
+    match a {
+        Access::Idle => "idle",
+        Access::Live => "live",
+        Access::RecoveredCopy => "recovered_copy",
+        _ => "other",
+    }
+}
+
+/// Opens the journal read-only, saying on stderr how it was reached when a writer has it
+/// open or it was not closed cleanly.
+pub(crate) fn inspect(path: &Path) -> Result<Inspector, Failure> {
+    let insp = Inspector::open(path).map_err(|e| explain(&e, path, Mode::Read))?;
+    if insp.access() != Access::Idle {
+        note(insp.access().describe());
+    }
+    Ok(insp)
+}
+
+/// Opens the journal read-only to check it before a write command opens it for writing
+/// (a writer would create a missing file, and commits on open).
+pub(crate) fn inspect_before_writing(path: &Path) -> Result<Inspector, Failure> {
+    Inspector::open(path).map_err(|e| explain(&e, path, Mode::Read).into())
+}
+
+/// A library error while reading the journal at `path`.
+pub(crate) fn read_err(path: &Path) -> impl Fn(opjournal::Error) -> Failure + '_ {
+    move |e| Failure::Error(explain(&e, path, Mode::Read))
+}
+
+/// A library error while writing the journal at `path`.
+pub(crate) fn write_err(path: &Path) -> impl Fn(opjournal::Error) -> Failure + '_ {
+    move |e| Failure::Error(explain(&e, path, Mode::Write))
+}
+
+/// The final JSON line of every command: what ran, on which file, and its counts.
+pub(crate) struct Summary {
+    command: &'static str,
+    file: String,
+    started: Instant,
+    access: Option<Access>,
+}
+
+impl Summary {
+    pub(crate) fn start(command: &'static str, file: &Path) -> Summary {
+        Summary {
+            command,
+            file: file.display().to_string(),
+            started: Instant::now(),
+            access: None,
+        }
+    }
+
+    pub(crate) fn access(&mut self, a: Access) {
+        self.access = Some(a);
+    }
+
+    /// Writes the summary (JSON mode only), merging `counts` into it.
+    pub(crate) fn write(&self, out: &mut Out, outcome: Outcome, counts: Value) -> Run {
+        if out.json() {
+            let mut data = json!({
+                "command": self.command,
+                "file": self.file,
+                "access": self.access.map(access_name),
+                "ok": outcome == Outcome::Clean,
+                "elapsed_ms": self.started.elapsed().as_secs_f64() * 1000.0,
+            });
+            if let (Value::Object(d), Value::Object(c)) = (&mut data, counts) {
+                d.extend(c);
+            }
+            out.record("summary", &data)?;
+        }
+        Ok(outcome)
+    }
+}

@@ -1,0 +1,93 @@
+//! `opjournal stats FILE`: counts by status and delivery state, the oldest unacknowledged
+//! result, file size and format version.
+
+use serde_json::{Value, json};
+
+use super::{Outcome, Run, Summary, inspect, read_err};
+use crate::cli::FileArgs;
+use crate::cli::format::{clean, size, utc, when};
+use crate::cli::output::Out;
+
+pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
+    let mut summary = Summary::start("stats", &args.file);
+    let insp = inspect(&args.file)?;
+    summary.access(insp.access());
+    let s = insp.stats().map_err(read_err(&args.file))?;
+    if out.json() {
+        let mut data = serde_json::to_value(&s).unwrap_or(Value::Null);
+        if let Value::Object(map) = &mut data {
+            map.insert(
+                "oldest_unacked".into(),
+                match &s.oldest_unacked {
+                    Some((id, at)) => json!({"operation_id": id, "completed_at": at}),
+                    None => Value::Null,
+                },
+            );
+        }
+        out.record("stats", &data)?;
+        return summary.write(out, Outcome::Clean, json!({}));
+    }
+    let now = s.now;
+    let n = |v: u64| v.to_string();
+    let mut rows: Vec<(&str, String)> = vec![
+        ("journal", args.file.display().to_string()),
+        (
+            "format",
+            format!(
+                "version {}, created {}",
+                s.format_version,
+                when(s.created_at, now)
+            ),
+        ),
+        (
+            "now",
+            format!("{} (clocks applied as of this time)", utc(now)),
+        ),
+        ("file size", size(s.file_bytes)),
+        ("", String::new()),
+        ("operations", n(s.operations)),
+        ("  running", n(s.running)),
+        ("  in_doubt", n(s.in_doubt)),
+        ("  applied", n(s.applied)),
+        ("  failed", n(s.failed)),
+        ("  retired", n(s.retired)),
+        (
+            "released ids",
+            format!("{} (given back; history kept until purged)", s.released),
+        ),
+        ("", String::new()),
+        ("delivery", String::new()),
+        ("  pending", n(s.pending)),
+        ("  delivered", n(s.delivered)),
+        ("  acknowledged", n(s.acknowledged)),
+        ("  exhausted", n(s.exhausted)),
+        ("  ack_expired", n(s.ack_expired)),
+        (
+            "oldest unacked",
+            match &s.oldest_unacked {
+                Some((id, at)) => format!("{}, completed {}", clean(id), when(*at, now)),
+                None => "none".into(),
+            },
+        ),
+        ("", String::new()),
+        ("storage", String::new()),
+        ("  events", n(s.events)),
+        ("  results", n(s.results)),
+        ("  scopes", n(s.scopes)),
+        ("  timers", n(s.timers)),
+        ("  quarantined", n(s.quarantined)),
+    ];
+    if s.in_doubt > 0 {
+        rows.push(("", String::new()));
+        rows.push((
+            "next",
+            format!(
+                "{} in doubt: `opjournal ls {} --status in_doubt`, then `opjournal resolve`",
+                s.in_doubt,
+                args.file.display()
+            ),
+        ));
+    }
+    out.pairs(&rows)?;
+    summary.write(out, Outcome::Clean, json!({}))
+}

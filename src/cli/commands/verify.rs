@@ -1,0 +1,246 @@
+//! `opjournal verify FILE`: page checksums, every record's CRC and decode, and every index
+//! against a replay of the event journal. Exit 1 names every problem.
+
+use std::path::Path;
+
+use opjournal::check::{Finding, Integrity, VerifyReport};
+use opjournal::codec::{self, RecordKind};
+use opjournal::{ErrorKind, Inspector};
+use serde_json::json;
+
+use super::{Outcome, Run, Summary, note, read_err};
+use crate::cli::FileArgs;
+use crate::cli::failure::{Failure, Mode, explain};
+use crate::cli::format::{clean, count};
+use crate::cli::output::{Align, Out, Table};
+use crate::cli::progress::Progress;
+
+/// Intact journal records found by scanning a file's raw bytes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Frames {
+    pub events: u64,
+    pub all: u64,
+}
+
+/// Scans `path`'s bytes for framed records whose CRC holds: what `repair` can salvage when
+/// the storage engine refuses the file.
+pub(crate) fn intact_frames(path: &Path) -> std::io::Result<Frames> {
+    let bytes = std::fs::read(path)?;
+    let mut found = Frames::default();
+    let mut i = 0usize;
+    while i + codec::HEADER_LEN <= bytes.len() {
+        if bytes[i..i + 2] == codec::MAGIC
+            && (1..=codec::FORMAT_VERSION).contains(&bytes[i + 2])
+            && let Some(kind) = RecordKind::from_byte(bytes[i + 3])
+        {
+            let len = u32::from_le_bytes([bytes[i + 4], bytes[i + 5], bytes[i + 6], bytes[i + 7]]);
+            let end = i
+                .saturating_add(codec::HEADER_LEN)
+                .saturating_add(len as usize);
+            if end <= bytes.len() && codec::unframe(kind, &bytes[i..end]).is_ok() {
+                found.all += 1;
+                if kind == RecordKind::Event {
+                    found.events += 1;
+                }
+                i = end;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    Ok(found)
+}
+
+/// Whether an error opening the file means it cannot be inspected at all (exit 2), rather
+/// than that it is a damaged journal (a finding, exit 1).
+fn cannot_inspect(e: &opjournal::Error) -> bool {
+    match e.kind() {
+        ErrorKind::Io => {
+            let io = std::error::Error::source(e).and_then(|s| s.downcast_ref::<std::io::Error>());
+            !matches!(
+                io.map(std::io::Error::kind),
+                Some(std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::InvalidData)
+            )
+        }
+        ErrorKind::Locked { .. } | ErrorKind::UnsupportedFormat { .. } => true,
+        _ => false,
+    }
+}
+
+pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
+    let mut summary = Summary::start("verify", &args.file);
+    let insp = match Inspector::open(&args.file) {
+        Ok(insp) => insp,
+        Err(e) if cannot_inspect(&e) => return Err(explain(&e, &args.file, Mode::Read).into()),
+        Err(e) => return refused(args, out, &summary, &e),
+    };
+    if insp.access() != opjournal::Access::Idle {
+        note(insp.access().describe());
+    }
+    summary.access(insp.access());
+    let bar = Progress::bar("verifying", "events");
+    let report = insp
+        .verify(&mut |done, total| bar.set(done, total))
+        .map_err(read_err(&args.file))?;
+    drop(bar);
+    let outcome = if report.is_clean() {
+        Outcome::Clean
+    } else {
+        Outcome::Problems
+    };
+    let problems =
+        report.findings.len() as u64 + u64::from(matches!(report.integrity, Integrity::Failed(_)));
+    let counts = json!({
+        "problems": problems,
+        "events": report.events,
+        "receipts": report.receipts,
+        "results": report.results,
+        "scopes": report.scopes,
+        "index_entries": report.index_entries,
+        "quarantined": report.quarantined,
+    });
+    if out.json() {
+        out.record(
+            "integrity",
+            &serde_json::to_value(&report.integrity).unwrap_or_default(),
+        )?;
+        for f in &report.findings {
+            out.record("finding", &serde_json::to_value(f).unwrap_or_default())?;
+        }
+        return summary.write(out, outcome, counts);
+    }
+    human(out, &args.file, &report, problems)?;
+    summary.write(out, outcome, counts)
+}
+
+fn human(out: &mut Out, file: &Path, report: &VerifyReport, problems: u64) -> Result<(), Failure> {
+    out.line(format!("verified {}", file.display()))?;
+    out.pairs(&[
+        (
+            "  storage engine",
+            match &report.integrity {
+                Integrity::Passed => "page checksums passed".to_string(),
+                Integrity::Failed(d) => format!("FAILED: {}", clean(d)),
+                Integrity::Skipped(d) => format!("not checked: {}", clean(d)),
+                _ => "unknown".into(),
+            },
+        ),
+        (
+            "  records",
+            format!(
+                "{}, {}, {}, {}; {} compared with a replay of the events",
+                count(report.events, "event", "events"),
+                count(report.receipts, "receipt", "receipts"),
+                count(report.results, "result", "results"),
+                count(report.scopes, "scope", "scopes"),
+                count(report.index_entries, "index entry", "index entries"),
+            ),
+        ),
+        (
+            "  quarantine",
+            format!(
+                "{} set aside by earlier repairs",
+                count(report.quarantined, "record", "records")
+            ),
+        ),
+    ])?;
+    out.line("")?;
+    if problems == 0 {
+        out.line("no problems found")?;
+        return Ok(());
+    }
+    out.line(format!("{} found:", count(problems, "problem", "problems")))?;
+    findings_table(out, &report.findings)?;
+    out.line("")?;
+    out.line(format!(
+        "`opjournal repair {0} --dry-run` shows what repair would rebuild and what would be lost; `opjournal repair {0}` does it (after a backup)",
+        file.display()
+    ))
+}
+
+pub(crate) fn findings_table(out: &mut Out, findings: &[Finding]) -> Result<(), Failure> {
+    let mut table = Table::new(&[
+        ("TABLE", Align::Left),
+        ("KEY", Align::Left),
+        ("PROBLEM", Align::Left),
+    ])
+    .indent(2);
+    for f in findings {
+        table.push(vec![clean(&f.table), clean(&f.key), clean(&f.problem)]);
+    }
+    if !table.is_empty() {
+        out.table(&table)?;
+    }
+    Ok(())
+}
+
+/// The storage engine (or the journal's own meta records) refused the file: report that as
+/// the problem, with what a salvage could recover.
+fn refused(args: &FileArgs, out: &mut Out, summary: &Summary, e: &opjournal::Error) -> Run {
+    let frames = intact_frames(&args.file).map_err(|io| {
+        Failure::Error(explain(&opjournal::Error::from(io), &args.file, Mode::Read))
+    })?;
+    if matches!(e.kind(), ErrorKind::NotAJournal { .. }) && frames.events == 0 {
+        return Err(explain(e, &args.file, Mode::Read).into());
+    }
+    let finding = match e.kind() {
+        ErrorKind::Corrupt { table, key, detail } => Finding {
+            table: table.clone(),
+            key: key.clone(),
+            problem: detail.clone(),
+        },
+        ErrorKind::NotAJournal { detail, .. } => Finding {
+            table: "(file)".into(),
+            key: "(tables)".into(),
+            problem: format!(
+                "the file does not read as a journal ({detail}), but it holds intact journal records"
+            ),
+        },
+        _ => {
+            let mut problem = format!("the storage engine refuses the file: {e}");
+            let mut source = std::error::Error::source(e);
+            while let Some(s) = source {
+                problem.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            Finding {
+                table: "(redb)".into(),
+                key: "(file)".into(),
+                problem,
+            }
+        }
+    };
+    let salvage = if frames.events > 0 {
+        format!(
+            "{} intact ({}) found in the raw bytes; `opjournal repair {}` salvages them into a new file",
+            count(frames.all, "record is", "records are"),
+            count(frames.events, "event", "events"),
+            args.file.display()
+        )
+    } else {
+        "no intact event found in the raw bytes: nothing can be salvaged; restore the file from a backup".to_string()
+    };
+    let counts = json!({"problems": 1, "salvageable_records": frames.all, "salvageable_events": frames.events});
+    if out.json() {
+        out.record(
+            "integrity",
+            &json!({"result": "failed", "detail": format!("the file cannot be opened: {e}")}),
+        )?;
+        out.record(
+            "finding",
+            &serde_json::to_value(&finding).unwrap_or_default(),
+        )?;
+        return summary.write(out, Outcome::Problems, counts);
+    }
+    out.line(format!("verified {}", args.file.display()))?;
+    out.pairs(&[(
+        "  storage engine",
+        "FAILED: the file cannot be opened".to_string(),
+    )])?;
+    out.line("")?;
+    out.line("1 problem found:")?;
+    findings_table(out, std::slice::from_ref(&finding))?;
+    out.line("")?;
+    out.line(salvage)?;
+    summary.write(out, Outcome::Problems, counts)
+}
