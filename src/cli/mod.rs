@@ -33,7 +33,12 @@ JSON Lines output is documented in docs/cli.md.";
 
 /// Inspect, verify, repair and compact opjournal journal files.
 #[derive(Parser, Debug)]
-#[command(name = "opjournal", version, about, after_help = AFTER_HELP)]
+#[command(
+    name = "opjournal",
+    version,
+    about = "Inspect, verify, repair and compact opjournal journal files, also while an editor has them open",
+    after_help = AFTER_HELP
+)]
 pub(crate) struct Cli {
     /// Print JSON Lines (one `{"type": ..., "data": ...}` object per line, ending with a
     /// `summary`) instead of tables.
