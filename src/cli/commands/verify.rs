@@ -150,7 +150,18 @@ fn human(out: &mut Out, file: &Path, report: &VerifyReport, problems: u64) -> Re
         return Ok(());
     }
     out.line(format!("{} found:", count(problems, "problem", "problems")))?;
-    findings_table(out, &report.findings)?;
+    let mut rows = report.findings.clone();
+    if let Integrity::Failed(detail) = &report.integrity {
+        rows.insert(
+            0,
+            Finding {
+                table: "(redb)".into(),
+                key: "(pages)".into(),
+                problem: detail.clone(),
+            },
+        );
+    }
+    findings_table(out, &rows)?;
     out.line("")?;
     out.line(format!(
         "`opjournal repair {0} --dry-run` shows what repair would rebuild and what would be lost; `opjournal repair {0}` does it (after a backup)",
