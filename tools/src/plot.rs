@@ -64,8 +64,8 @@ fn fmt_tick(v: f64) -> String {
 
 /// Renders `series` as an SVG document.
 pub fn line_chart(chart: &Chart<'_>, series: &[Series]) -> String {
-    let (w, h) = (860.0, 520.0);
-    let (left, right, top, bottom) = (80.0, 250.0, 70.0, 60.0);
+    let (w, h) = (900.0, 520.0);
+    let (left, right, top, bottom) = (80.0, 290.0, 70.0, 60.0);
     let pw = w - left - right;
     let ph = h - top - bottom;
     let xs: Vec<f64> = {

@@ -60,10 +60,11 @@ const SECTIONS: [&str; 7] = [
 struct Params {
     quick: bool,
     reps: usize,
-    lifecycle_reps: usize,
+    lifecycle_slices: usize,
+    slice_lifecycles: usize,
+    raw_slice_writes: usize,
     raw_writes: usize,
     sweep_threads: Vec<usize>,
-    sweep_lifecycles: usize,
     base_n: usize,
     populate_threads: usize,
     replay_lookups: usize,
@@ -77,10 +78,11 @@ impl Params {
             Params {
                 quick,
                 reps: 2,
-                lifecycle_reps: 2,
+                lifecycle_slices: 4,
+                slice_lifecycles: 16,
+                raw_slice_writes: 50,
                 raw_writes: 200,
                 sweep_threads: vec![1, 2, 4, 8, 16],
-                sweep_lifecycles: 48,
                 base_n: 10_000,
                 populate_threads: 32,
                 replay_lookups: 20_000,
@@ -91,10 +93,11 @@ impl Params {
             Params {
                 quick,
                 reps: 3,
-                lifecycle_reps: 5,
+                lifecycle_slices: 12,
+                slice_lifecycles: 32,
+                raw_slice_writes: 100,
                 raw_writes: 1_000,
                 sweep_threads: vec![1, 2, 4, 8, 16],
-                sweep_lifecycles: 400,
                 base_n: 100_000,
                 populate_threads: 32,
                 replay_lookups: 200_000,
@@ -158,7 +161,7 @@ fn parse_args(raw: &[String]) -> Result<Args> {
     let mut params = Params::new(quick);
     if let Some(r) = reps {
         params.reps = r.max(1);
-        params.lifecycle_reps = r.max(1);
+        params.lifecycle_slices = (4 * r).max(2);
     }
     if let Some(b) = base {
         params.base_n = b.max(100);
@@ -226,6 +229,15 @@ impl OpjCfg {
             (false, false) => "opjournal LiveReaders, quick_repair off",
             (true, true) => "opjournal Exclusive, quick_repair on",
             (true, false) => "opjournal Exclusive, quick_repair off",
+        }
+    }
+
+    fn short_label(self) -> &'static str {
+        match (self.exclusive, self.quick_repair) {
+            (false, true) => "opjournal LiveReaders, QR on (default)",
+            (false, false) => "opjournal LiveReaders, QR off",
+            (true, true) => "opjournal Exclusive, QR on",
+            (true, false) => "opjournal Exclusive, QR off",
         }
     }
 
@@ -607,6 +619,41 @@ fn settle_disk() {
     let _ = Command::new("sync").status();
 }
 
+/// The 1, 5 and 15 minute load averages: other work on the machine disturbs sync timings.
+fn load_average() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// The library revision measured: the git commit of the workspace, and whether `src/`
+/// had uncommitted changes when the benchmark ran.
+fn library_revision() -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(&root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        Some(head) => {
+            let dirty = git(&["status", "--porcelain", "--", "src", "Cargo.toml"])
+                .is_some_and(|s| !s.is_empty());
+            if dirty {
+                format!("git {head} with uncommitted changes in src/")
+            } else {
+                format!("git {head}")
+            }
+        }
+        None => "unknown (not a git checkout)".into(),
+    }
+}
+
 fn scope_of(t: usize) -> String {
     format!("scope/{t}")
 }
@@ -831,57 +878,80 @@ struct Point {
     written_per_op: f64,
 }
 
-fn lifecycle_point(
+/// One engine's journal for a thread count, kept open across the interleaved slices.
+struct LcJournal {
     engine: Engine,
-    threads: usize,
-    total: usize,
-    dir: &Path,
-    ctx: &Ctx,
-    tag: &str,
-) -> Result<Point> {
-    let per_thread = (total / threads).max(4);
-    let warm = 3;
-    let (opj_path, sql_path) = (
-        dir.join(format!("lc-{tag}.opj")),
-        dir.join(format!("lc-{tag}.sqlite")),
-    );
-    remove_one(&opj_path);
-    remove_all(&sqlite_files(&sql_path));
-    let journal = match engine {
-        Engine::Opj(cfg) => Some(cfg.builder().open(&opj_path)?),
-        Engine::Sqlite => {
-            drop(SqlJournal::open(&sql_path)?);
-            None
-        }
-    };
+    opj_path: PathBuf,
+    sql_path: PathBuf,
+    journal: Option<Journal>,
+    /// Each thread's scope revision, carried from slice to slice.
+    revs: Vec<u64>,
+    slices: usize,
+}
+
+impl LcJournal {
+    fn create(engine: Engine, threads: usize, dir: &Path) -> Result<LcJournal> {
+        let tag = format!("{}-{threads}", engine.key());
+        let (opj_path, sql_path) = (
+            dir.join(format!("lc-{tag}.opj")),
+            dir.join(format!("lc-{tag}.sqlite")),
+        );
+        remove_one(&opj_path);
+        remove_all(&sqlite_files(&sql_path));
+        let journal = match engine {
+            Engine::Opj(cfg) => Some(cfg.builder().open(&opj_path)?),
+            Engine::Sqlite => {
+                drop(SqlJournal::open(&sql_path)?);
+                None
+            }
+        };
+        Ok(LcJournal {
+            engine,
+            opj_path,
+            sql_path,
+            journal,
+            revs: vec![0; threads],
+            slices: 0,
+        })
+    }
+
+    fn remove(self) {
+        drop(self.journal);
+        remove_one(&self.opj_path);
+        remove_all(&sqlite_files(&self.sql_path));
+    }
+}
+
+/// One slice: every thread runs `per_thread` lifecycles (after one untimed warm-up
+/// lifecycle that also opens its SQLite connection).
+fn lifecycle_slice(lc: &mut LcJournal, per_thread: usize, ctx: &Ctx) -> Result<Point> {
+    let threads = lc.revs.len();
+    let slice = lc.slices;
+    lc.slices += 1;
     let barrier = Barrier::new(threads + 1);
+    let journal = lc.journal.as_ref();
+    let sql_path = &lc.sql_path;
     let (elapsed, results) = std::thread::scope(|s| {
         let mut handles = Vec::new();
-        for t in 0..threads {
+        for (t, rev) in lc.revs.iter_mut().enumerate() {
             let barrier = &barrier;
-            let journal = journal.as_ref();
-            let sql_path = &sql_path;
             handles.push(s.spawn(move || -> Result<Vec<Duration>> {
                 let scope = scope_of(t);
                 let session = session_of(t);
-                let mut rev = 0u64;
                 let warmed = (|| -> Result<Conn<'_>> {
                     let mut conn = match journal {
                         Some(j) => Conn::Opj(j),
                         None => Conn::Sql(SqlJournal::open(sql_path)?),
                     };
-                    for i in 0..warm {
-                        conn.lifecycle(ctx, &format!("w{t}-{i}"), &scope, &session, &mut rev)?;
-                    }
+                    conn.lifecycle(ctx, &format!("w{slice}-{t}"), &scope, &session, rev)?;
                     Ok(conn)
                 })();
                 barrier.wait();
                 let mut conn = warmed?;
                 let mut lat = Vec::with_capacity(per_thread);
                 for i in 0..per_thread {
-                    let times =
-                        conn.lifecycle(ctx, &format!("t{t}-{i}"), &scope, &session, &mut rev)?;
-                    lat.push(times.total());
+                    let id = format!("s{slice}-t{t}-{i}");
+                    lat.push(conn.lifecycle(ctx, &id, &scope, &session, rev)?.total());
                 }
                 Ok(lat)
             }));
@@ -905,13 +975,10 @@ fn lifecycle_point(
         )
     });
     let (elapsed, written) = elapsed;
-    drop(journal);
     let mut latencies = Vec::new();
     for r in results {
         latencies.extend(r?);
     }
-    remove_one(&opj_path);
-    remove_all(&sqlite_files(&sql_path));
     Ok(Point {
         per_s: latencies.len() as f64 / elapsed.as_secs_f64(),
         written_per_op: written as f64 / latencies.len().max(1) as f64,
@@ -930,42 +997,39 @@ fn section_lifecycle(
     let mut samples: BTreeMap<(&'static str, usize), Vec<f64>> = BTreeMap::new();
     let mut lats: BTreeMap<(&'static str, usize), Vec<Duration>> = BTreeMap::new();
     let mut written: BTreeMap<(&'static str, usize), Vec<f64>> = BTreeMap::new();
-    for rep in 0..p.lifecycle_reps {
-        for &threads in &p.sweep_threads {
-            progress(&format!(
-                "lifecycle: repetition {}/{}, {threads} thread(s)",
-                rep + 1,
-                p.lifecycle_reps
-            ));
+    for &threads in &p.sweep_threads {
+        progress(&format!(
+            "lifecycle: {threads} thread(s), {} interleaved slices of {} lifecycles per engine",
+            p.lifecycle_slices, p.slice_lifecycles
+        ));
+        let mut journals = Vec::new();
+        for e in &engines {
+            journals.push(LcJournal::create(*e, threads, dir)?);
+        }
+        let per_thread = (p.slice_lifecycles / threads).max(2);
+        for slice in 0..p.lifecycle_slices {
             if threads == 1 {
-                // The disk's sync rate drifts on shared machines: sample it between the
-                // single-thread runs it is compared with.
-                raw_samples.push(raw_sync_rate(dir, p.raw_writes, RawMode::Append)?);
+                // The disk's sync rate drifts on a shared machine: sample it between the
+                // single-thread slices it is compared with.
+                raw_samples.push(raw_sync_rate(dir, p.raw_slice_writes, RawMode::Append)?);
             }
-            // Interleaved: every engine once per (repetition, thread count).
-            for k in 0..engines.len() {
-                // Rotate the starting engine so no engine always runs first.
-                let engine = engines[(k + rep) % engines.len()];
-                let point = lifecycle_point(
-                    engine,
-                    threads,
-                    p.sweep_lifecycles,
-                    dir,
-                    ctx,
-                    &format!("{}-{threads}-{rep}", engine.key()),
-                )?;
-                samples
-                    .entry((engine.key(), threads))
-                    .or_default()
-                    .push(point.per_s);
-                lats.entry((engine.key(), threads))
+            // Interleaved (A, B, C, ...), the starting engine rotated every slice.
+            for k in 0..journals.len() {
+                let lc = &mut journals[(k + slice) % engines.len()];
+                let key = lc.engine.key();
+                let point = lifecycle_slice(lc, per_thread, ctx)?;
+                samples.entry((key, threads)).or_default().push(point.per_s);
+                lats.entry((key, threads))
                     .or_default()
                     .extend(point.latencies);
                 written
-                    .entry((engine.key(), threads))
+                    .entry((key, threads))
                     .or_default()
                     .push(point.written_per_op);
             }
+        }
+        for lc in journals {
+            lc.remove();
         }
     }
     let med = |key: &'static str, t: usize| samples.get(&(key, t)).map_or(0.0, |v| median(v));
@@ -1064,7 +1128,10 @@ fn section_lifecycle(
     let series: Vec<Series> = engines
         .iter()
         .map(|e| Series {
-            name: e.label().to_string(),
+            name: match e {
+                Engine::Opj(c) => c.short_label().to_string(),
+                Engine::Sqlite => "SQLite WAL, synchronous=FULL".to_string(),
+            },
             points: p
                 .sweep_threads
                 .iter()
@@ -1073,8 +1140,8 @@ fn section_lifecycle(
         })
         .collect();
     let subtitle = format!(
-        "submit + complete(applied, 1 KiB) + acknowledge per operation; median of {} runs; {}",
-        p.lifecycle_reps,
+        "submit + complete(applied, 1 KiB) + acknowledge per operation; median of {} interleaved slices; {}",
+        p.lifecycle_slices,
         if p.quick { "quick run" } else { "full run" }
     );
     let svg = plot::line_chart(
@@ -1655,6 +1722,11 @@ fn section_foreground(
         ));
         for k in 0..engines.len() {
             let e = engines[(k + rep) % engines.len()];
+            if e == Engine::Sqlite && rep > 0 {
+                // Context only, and slow (the purge waits behind the foreground writer):
+                // one repetition is enough.
+                continue;
+            }
             let (idle, busy, during, secs) = foreground_run(e, dir, base, ctx, p.fg_lifecycles)?;
             let entry = p99.entry(e.key()).or_default();
             entry.0.push(percentiles(&idle).p99);
@@ -1689,7 +1761,7 @@ fn section_foreground(
                 "{} idle; compaction took {:.2} s; {} lifecycles ran meanwhile",
                 ratio_text(b / i, "its"),
                 median(secs),
-                during / p.reps
+                during / idle.len().max(1)
             ),
             json!({"samples_us": busy, "compaction_s": secs}),
         );
@@ -1940,6 +2012,43 @@ fn profile(args: &[String]) -> Result<()> {
             drop(j);
             remove_one(&copy);
         }
+        Some("lifecycle-on") => {
+            let cfg = OpjCfg::from_key(args.get(1).ok_or("missing CFG")?).ok_or("unknown CFG")?;
+            let path = PathBuf::from(args.get(2).ok_or("missing PATH")?);
+            let ops = num(3)?;
+            let copy = path.with_extension("profile.opj");
+            copy_synced(&path, &copy)?;
+            let j = cfg.builder().open(&copy)?;
+            let mut conn = Conn::Opj(&j);
+            let mut rev = 0;
+            let start = Instant::now();
+            for i in 0..ops {
+                conn.lifecycle(&ctx, &format!("p-{i}"), "p", "p", &mut rev)?;
+            }
+            eprintln!(
+                "{:.0} lifecycles/s",
+                ops as f64 / start.elapsed().as_secs_f64()
+            );
+            drop(j);
+            remove_one(&copy);
+        }
+        Some("lifecycle-sqlite") => {
+            let path = PathBuf::from(args.get(1).ok_or("missing PATH")?);
+            let ops = num(2)?;
+            remove_all(&sqlite_files(&path));
+            let mut conn = Conn::Sql(SqlJournal::open(&path)?);
+            let mut rev = 0;
+            let start = Instant::now();
+            for i in 0..ops {
+                conn.lifecycle(&ctx, &format!("p-{i}"), "p", "p", &mut rev)?;
+            }
+            eprintln!(
+                "{:.0} lifecycles/s",
+                ops as f64 / start.elapsed().as_secs_f64()
+            );
+            drop(conn);
+            remove_all(&sqlite_files(&path));
+        }
         Some("lifecycle") => {
             let cfg = OpjCfg::from_key(args.get(1).ok_or("missing CFG")?).ok_or("unknown CFG")?;
             let path = PathBuf::from(args.get(2).ok_or("missing PATH")?);
@@ -2009,6 +2118,8 @@ fn run(args: Args) -> Result<()> {
         "versions".into(),
         format!("sqlite {}, redb 4.6.0", rusqlite::version()),
     ));
+    r.env.push(("opjournal source".into(), library_revision()));
+    r.env.push(("load average at start".into(), load_average()));
     let ctx = Ctx::new()?;
 
     settle_disk();
@@ -2052,6 +2163,7 @@ fn run(args: Args) -> Result<()> {
             remove_all(&sqlite_files(&base.sql));
         }
     }
+    r.env.push(("load average at end".into(), load_average()));
     let elapsed = started.elapsed();
     r.env
         .push(("elapsed".into(), format!("{:.1} s", elapsed.as_secs_f64())));
