@@ -281,7 +281,7 @@ fn clock_and_compactor(sh: &Shared) {
     while !sh.stop.load(Ordering::SeqCst) {
         sh.clock.advance(Duration::from_millis(150));
         n += 1;
-        if n % 10 == 0
+        if n.is_multiple_of(10)
             && let Err(e) = sh.journal.compact()
         {
             sh.violation(format!("compact: {e}"));
