@@ -1,0 +1,970 @@
+//! `ops_vs_model`: an arbitrary sequence of API calls against the reference model
+//! (`tests/support/model.rs`), on a disk that injects I/O errors and power cuts
+//! (`tests/support/fault_backend.rs`).
+//!
+//! Every public operation is reachable: submit (fresh, resubmitted, other intent, stale
+//! base, busy scope, full window, bad input), complete (applied, failed, too large, not
+//! forward), release, extend the lease, resolve, delivered, acknowledge, advance a
+//! revision, lookup, result, undelivered, in_doubt, due redeliveries, compact, flush;
+//! clock jumps forward and back; clean close and reopen; process crash and power cut
+//! (unsynced writes kept, dropped or torn); an I/O error (EIO or ENOSPC, once or from then
+//! on) armed at the Nth write, length change or sync.
+//!
+//! Claims checked:
+//! - every answer is the model's (a value or a predicted refusal), and a full comparison
+//!   of every observable state (`Model::check_against`) holds when asked;
+//! - exactly once: the fake editor applies an effect only under a `Fresh` claim, and the
+//!   journal never hands out `Fresh` again for an id whose effect was applied and whose
+//!   audit record has not aged out; a `Replay` carries the recorded result (compared by
+//!   the model) and is marked as a replay;
+//! - a fault never goes unreported (a call during which one fired does not return `Ok`),
+//!   a failed commit poisons the handle, a poisoned handle refuses writes and never syncs
+//!   again;
+//! - after every reopen the journal equals one state the crash may have left (every
+//!   durable `Ok` kept, never a mix), effects the editor applied are recorded or in doubt
+//!   (never forgotten), and `verify` finds the file clean.
+//!
+//! The model and the disk are shared with the reliability tests; this file includes them
+//! through the crate root (`crate::model`, `crate::fault_backend`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use arbitrary::{Arbitrary, Unstructured};
+use opjournal::{Claim, Inspector, Journal, ManualClock, ScopeLock, Sharing, Timestamp};
+
+use crate::fault_backend::{CutPolicy, EIO, ENOSPC, FaultAction, FaultDisk, IoKind, Trigger};
+use crate::model::{
+    Call, ErrView, Model, ModelConfig, OpSpec, OutcomeSpec, Recovery, ResolutionSpec, StepResult,
+};
+
+/// Where every run's clock starts: 2026-01-01T00:00:00Z.
+pub const T0: u64 = 1_767_225_600_000;
+/// Operations per input, at most (longer inputs are cut).
+pub const MAX_OPS: usize = 96;
+/// Reopens per input, at most (each verifies the file: the expensive part).
+pub const MAX_REOPENS: usize = 6;
+
+const IDS: [&str; 6] = ["op-0", "op-1", "op-2", "op-3", "op-4", "op-5"];
+const SCOPES: [&str; 2] = ["scene/a", "scene/b"];
+const SESSIONS: [&str; 2] = ["tab-1", "tab-2"];
+
+/// The journal's configuration, chosen by the input.
+#[derive(Arbitrary, Debug, Clone)]
+pub struct Setup {
+    /// `ScopeLock::HoldUntilAck` instead of `Serial`.
+    pub hold_until_ack: bool,
+    /// Session window: 1 + this % 4.
+    pub window: u8,
+    /// Compaction batch: 1 + this % 4.
+    pub batch: u8,
+}
+
+/// How a submit names its base revision.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub enum Base {
+    /// No base revision.
+    None,
+    /// The scope's current revision.
+    Current,
+    /// One behind (stale unless allowed).
+    Behind,
+    /// Ahead of the scope.
+    Ahead,
+}
+
+/// A fault to arm on the disk.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub struct Fault {
+    /// Write, set_len or sync.
+    pub kind: u8,
+    /// Which one fires, counted from now.
+    pub nth: u8,
+    /// EIO or ENOSPC, once or persistent, or a power cut.
+    pub action: u8,
+}
+
+/// One step of the fuzzed session.
+#[derive(Arbitrary, Debug, Clone)]
+pub enum Op {
+    /// `submit` of one of six ids.
+    Submit {
+        /// Which id.
+        id: u8,
+        /// Which scope (or none).
+        scope: u8,
+        /// Which session (or none).
+        session: u8,
+        /// The base revision.
+        base: Base,
+        /// A different intent under the same id.
+        other_intent: bool,
+        /// `allow_stale_base()`.
+        allow_stale: bool,
+    },
+    /// `submit` with an invalid id, scope or session (refused, writes nothing).
+    SubmitInvalid {
+        /// Which input is bad and how.
+        which: u8,
+    },
+    /// The editor applies the effect of a claim it holds (no journal call).
+    ApplyEffect {
+        /// Which claim.
+        pick: u8,
+    },
+    /// `complete(applied)` of a claim whose effect was applied.
+    CompleteApplied {
+        /// Which claim.
+        pick: u8,
+    },
+    /// `complete(failed)` of a claim (with or without an effect).
+    CompleteFailed {
+        /// Which claim.
+        pick: u8,
+    },
+    /// `release` of a claim whose effect was not applied.
+    Release {
+        /// Which claim.
+        pick: u8,
+    },
+    /// `extend_lease_by`.
+    ExtendLease {
+        /// Which claim.
+        pick: u8,
+        /// By how much.
+        by: u8,
+    },
+    /// `resolve` an in-doubt operation as the editor knows it ended.
+    Resolve {
+        /// Which in-doubt id.
+        pick: u8,
+        /// Not applied or failed, when the effect was not applied.
+        failed: bool,
+    },
+    /// Calls the model predicts to be refused: stale claims, resolving what is not in
+    /// doubt, revisions not forward, results too large.
+    Probe {
+        /// Which kind.
+        kind: u8,
+        /// Which claim or id.
+        pick: u8,
+    },
+    /// `delivered`.
+    Delivered {
+        /// Which id.
+        id: u8,
+    },
+    /// `acknowledge`.
+    Acknowledge {
+        /// Which id.
+        id: u8,
+    },
+    /// `advance_revision`.
+    AdvanceRevision {
+        /// Which scope.
+        scope: u8,
+        /// 0: current, 1: one behind, else ahead.
+        delta: u8,
+    },
+    /// The clock jumps forward.
+    ClockForward {
+        /// Which jump.
+        by: u8,
+    },
+    /// The clock jumps back (the journal must not follow).
+    ClockBack {
+        /// By how many milliseconds (at most 65 s).
+        by: u16,
+    },
+    /// `compact`.
+    Compact,
+    /// `flush`.
+    Flush,
+    /// `lookup`, compared.
+    Lookup {
+        /// Which id.
+        id: u8,
+    },
+    /// Every observable state compared with the model.
+    CheckAll,
+    /// Arm an I/O error or a power cut.
+    ArmFault(Fault),
+    /// Close cleanly and reopen.
+    Reopen,
+    /// The process dies (writes kept) or the power fails (unsynced writes kept, dropped or
+    /// torn), then reopen.
+    Crash {
+        /// A power cut rather than a process crash.
+        power: bool,
+        /// Keep all, drop all, or each independently.
+        policy: u8,
+        /// Randomness for the torn writes.
+        seed: u64,
+    },
+}
+
+/// One fuzz input.
+#[derive(Debug, Clone)]
+pub struct Input {
+    /// The journal's configuration.
+    pub setup: Setup,
+    /// The session.
+    pub ops: Vec<Op>,
+}
+
+impl Input {
+    /// The setup, then one operation after another until the bytes run out (at most
+    /// [`MAX_OPS`]). Unlike a derived `Vec`, no continuation byte sits between operations,
+    /// so every byte the fuzzer adds at the end is one more step.
+    pub fn from_bytes(data: &[u8]) -> Input {
+        let mut u = Unstructured::new(data);
+        let setup = Setup::arbitrary(&mut u).unwrap_or(Setup {
+            hold_until_ack: false,
+            window: 2,
+            batch: 1,
+        });
+        let mut ops = Vec::new();
+        while !u.is_empty() && ops.len() < MAX_OPS {
+            match Op::arbitrary(&mut u) {
+                Ok(op) => ops.push(op),
+                Err(_) => break,
+            }
+        }
+        Input { setup, ops }
+    }
+}
+
+/// What a run did (for the stable test's coverage assertions).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Figures {
+    /// Journal calls made.
+    pub calls: u64,
+    /// Predicted refusals.
+    pub refusals: u64,
+    /// Effects applied by the editor.
+    pub applications: u64,
+    /// Calls that failed with an injected fault.
+    pub failures: u64,
+    /// Writes refused by a poisoned handle.
+    pub poisoned_refusals: u64,
+    /// Reopens (clean, crash or power cut), each verified.
+    pub reopens: u64,
+    /// Replays answered.
+    pub replays: u64,
+}
+
+/// The editor's and the harness's state.
+struct Session {
+    cfg: ModelConfig,
+    clock: ManualClock,
+    model: Model,
+    recovery: Recovery,
+    disk: FaultDisk,
+    journal: Option<Journal>,
+    poisoned: bool,
+    fault_armed: bool,
+    /// Claims this process holds.
+    claims: BTreeMap<String, Claim>,
+    /// Effects applied, outcome not yet recorded: id → (revision, result bytes).
+    effects: BTreeMap<String, (u64, Vec<u8>)>,
+    /// Claims no longer current.
+    old_claims: Vec<Claim>,
+    /// Ids whose effect was applied: when the journal may forget the outcome (`None`:
+    /// not recorded yet).
+    applied: BTreeMap<String, Option<u64>>,
+    figures: Figures,
+    log: Vec<String>,
+}
+
+fn pick<T: Clone>(items: &[T], i: u8) -> Option<T> {
+    if items.is_empty() {
+        None
+    } else {
+        Some(items[usize::from(i) % items.len()].clone())
+    }
+}
+
+fn open(cfg: &ModelConfig, clock: &ManualClock, disk: &FaultDisk) -> opjournal::Result<Journal> {
+    cfg.builder(clock)
+        .open_backend(disk.backend(), "fault-disk.opj")
+}
+
+/// `verify` on a disk image: redb's page check, every record's CRC and decode, every
+/// index equal to the replay of the event journal.
+pub fn verify_image(image: &[u8]) -> Result<(), String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let path = dir.path().join("image.opj");
+    std::fs::write(&path, image).map_err(|e| e.to_string())?;
+    let insp = Inspector::open(&path).map_err(|e| format!("the inspector cannot open it: {e}"))?;
+    let report = insp
+        .verify(&mut |_, _| {})
+        .map_err(|e| format!("verify failed: {e}"))?;
+    if !report.is_clean() {
+        return Err(format!(
+            "verify found problems: integrity {:?}, findings {:#?}",
+            report.integrity, report.findings
+        ));
+    }
+    Ok(())
+}
+
+fn trigger(f: Fault) -> Trigger {
+    let kind = match f.kind % 3 {
+        0 => IoKind::Write,
+        1 => IoKind::Sync,
+        _ => IoKind::SetLen,
+    };
+    let nth = 1 + u64::from(f.nth % 24);
+    let action = match f.action % 6 {
+        0 => FaultAction::PowerCut,
+        1 => FaultAction::Fail {
+            errno: EIO,
+            persistent: false,
+        },
+        2 => FaultAction::Fail {
+            errno: EIO,
+            persistent: true,
+        },
+        3 => FaultAction::Fail {
+            errno: ENOSPC,
+            persistent: false,
+        },
+        _ => FaultAction::Fail {
+            errno: ENOSPC,
+            persistent: true,
+        },
+    };
+    Trigger { kind, nth, action }
+}
+
+impl Session {
+    fn new(setup: &Setup) -> Result<Session, String> {
+        let mut cfg = ModelConfig::small();
+        cfg.scope_lock = if setup.hold_until_ack {
+            ScopeLock::HoldUntilAck
+        } else {
+            ScopeLock::Serial
+        };
+        cfg.session_window = 1 + u32::from(setup.window % 4);
+        cfg.compaction_batch = 1 + usize::from(setup.batch % 4);
+        // Custom backends are always opened exclusively.
+        cfg.sharing = Sharing::Exclusive;
+        let clock = ManualClock::new(Timestamp::from_millis(T0));
+        let disk = FaultDisk::new();
+        let journal = open(&cfg, &clock, &disk).map_err(|e| format!("create: {e}"))?;
+        let model = Model::new(cfg.clone(), clock.clone());
+        let recovery = Recovery::new(&model);
+        Ok(Session {
+            cfg,
+            clock,
+            model,
+            recovery,
+            disk,
+            journal: Some(journal),
+            poisoned: false,
+            fault_armed: false,
+            claims: BTreeMap::new(),
+            effects: BTreeMap::new(),
+            old_claims: Vec::new(),
+            applied: BTreeMap::new(),
+            figures: Figures::default(),
+            log: Vec::new(),
+        })
+    }
+
+    fn note(&mut self, line: String) {
+        self.log.push(line);
+    }
+
+    fn fail(&self, msg: String) -> String {
+        let start = self.log.len().saturating_sub(40);
+        format!(
+            "{msg}\n--- config {:?}\n--- last steps ---\n{}",
+            self.cfg,
+            self.log[start..].join("\n")
+        )
+    }
+
+    fn journal(&self) -> Result<&Journal, String> {
+        self.journal
+            .as_ref()
+            .ok_or_else(|| "no journal open".to_string())
+    }
+
+    fn claimed(&self, with_effect: Option<bool>) -> Vec<String> {
+        self.claims
+            .keys()
+            .filter(|id| with_effect.is_none_or(|e| self.effects.contains_key(*id) == e))
+            .cloned()
+            .collect()
+    }
+
+    fn op_spec(&self, id: u8, scope: u8, session: u8, base: Base, other: bool) -> OpSpec {
+        let i = usize::from(id) % IDS.len();
+        let scope = match scope % 3 {
+            0 => None,
+            s => Some(SCOPES[usize::from(s) - 1].to_string()),
+        };
+        let session = match session % 3 {
+            0 => None,
+            s => Some(SESSIONS[usize::from(s) - 1].to_string()),
+        };
+        let base_revision = match (&scope, base) {
+            (Some(s), Base::Current) => Some(self.model.scope_revision(s)),
+            (Some(s), Base::Behind) => Some(self.model.scope_revision(s).saturating_sub(1)),
+            (Some(s), Base::Ahead) => Some(self.model.scope_revision(s) + 2),
+            (None, Base::Current | Base::Behind | Base::Ahead) => Some(0),
+            (_, Base::None) => None,
+        };
+        OpSpec {
+            id: IDS[i].to_string(),
+            intent_name: "scene.edit".into(),
+            intent_args: serde_json::json!({ "target": i, "variant": u8::from(other) }),
+            scope,
+            session,
+            base_revision,
+            allow_stale: false,
+        }
+    }
+
+    /// One input step. `Err` is a violated claim.
+    fn step(&mut self, op: &Op) -> Result<(), String> {
+        if self.disk.is_dead() {
+            // The power is off: nothing else can happen before the reboot.
+            return self.reopen(End::PowerCut(CutPolicy::Random), 0);
+        }
+        match op {
+            Op::Reopen => return self.reopen(End::Clean, 0),
+            Op::Crash {
+                power,
+                policy,
+                seed,
+            } => {
+                let end = if *power {
+                    End::PowerCut(match policy % 3 {
+                        0 => CutPolicy::KeepAll,
+                        1 => CutPolicy::DropAll,
+                        _ => CutPolicy::Random,
+                    })
+                } else {
+                    End::ProcessCrash
+                };
+                return self.reopen(end, *seed);
+            }
+            Op::ClockForward { by } => {
+                let by =
+                    [0u64, 50, 150, 400, 900, 1_500, 5_200, 11_000, 21_000][usize::from(*by) % 9];
+                self.clock.advance(Duration::from_millis(by));
+                self.note(format!("clock +{by} ms"));
+                return Ok(());
+            }
+            Op::ClockBack { by } => {
+                let now = opjournal::Clock::now(&self.clock).as_millis();
+                self.clock
+                    .set(Timestamp::from_millis(now.saturating_sub(u64::from(*by))));
+                self.note(format!("clock back {by} ms"));
+                return Ok(());
+            }
+            Op::ArmFault(f) => {
+                let t = trigger(*f);
+                self.note(format!("ARM {t:?}"));
+                self.disk.arm(t);
+                self.fault_armed = true;
+                return Ok(());
+            }
+            Op::ApplyEffect { pick: p } => {
+                if let Some(id) = pick(&self.claimed(Some(false)), *p) {
+                    self.apply_effect(&id);
+                }
+                return Ok(());
+            }
+            _ => {}
+        }
+        if self.poisoned {
+            return self.poisoned_step(op);
+        }
+        let call = match op {
+            Op::Submit {
+                id,
+                scope,
+                session,
+                base,
+                other_intent,
+                allow_stale,
+            } => {
+                let mut spec = self.op_spec(*id, *scope, *session, *base, *other_intent);
+                spec.allow_stale = *allow_stale;
+                Call::Submit(spec)
+            }
+            Op::SubmitInvalid { which } => {
+                let mut spec = self.op_spec(0, 1, 1, Base::None, false);
+                let bad = match which % 3 {
+                    0 => String::new(),
+                    1 => "tab\u{7}bell".to_string(),
+                    _ => "x".repeat(opjournal::MAX_NAME_BYTES + 1),
+                };
+                match (which / 3) % 3 {
+                    0 => spec.id = bad,
+                    1 => spec.scope = Some(bad),
+                    _ => spec.session = Some(bad),
+                }
+                Call::Submit(spec)
+            }
+            Op::CompleteApplied { pick: p } => {
+                let Some(id) = pick(&self.claimed(Some(true)), *p) else {
+                    return Ok(());
+                };
+                let claim = self.claims[&id].clone();
+                let (rev, bytes) = self.effects[&id].clone();
+                // An external edit may have moved the scope since: the effect lands on top.
+                let rev = match claim.scope() {
+                    Some(s) => rev.max(self.model.scope_revision(s) + 1),
+                    None => rev,
+                };
+                self.effects.insert(id.clone(), (rev, bytes.clone()));
+                Call::Complete(claim, OutcomeSpec::applied(rev, bytes))
+            }
+            Op::CompleteFailed { pick: p } => {
+                let Some(id) = pick(&self.claimed(None), *p) else {
+                    return Ok(());
+                };
+                let claim = self.claims[&id].clone();
+                Call::Complete(claim, OutcomeSpec::failed("the target no longer exists"))
+            }
+            Op::Release { pick: p } => {
+                let Some(id) = pick(&self.claimed(Some(false)), *p) else {
+                    return Ok(());
+                };
+                Call::Release(self.claims[&id].clone())
+            }
+            Op::ExtendLease { pick: p, by } => {
+                let Some(id) = pick(&self.claimed(None), *p) else {
+                    return Ok(());
+                };
+                let by = Duration::from_millis([200, 1_000, 3_000][usize::from(*by) % 3]);
+                Call::ExtendLease(self.claims[&id].clone(), by)
+            }
+            Op::Resolve { pick: p, failed } => {
+                // Asked of a copy: the model must read the clock only when the journal does.
+                let mut m = self.model.clone();
+                let in_doubt: Vec<String> = IDS
+                    .iter()
+                    .map(|s| s.to_string())
+                    .filter(|id| m.is_in_doubt(id))
+                    .collect();
+                let Some(id) = pick(&in_doubt, *p) else {
+                    return Ok(());
+                };
+                // The editor looks at the project: it knows whether it applied the effect.
+                let res = match self.effects.get(&id) {
+                    Some((rev, bytes)) => {
+                        ResolutionSpec::Completed(OutcomeSpec::applied(*rev, bytes.clone()))
+                    }
+                    None if *failed => ResolutionSpec::Completed(OutcomeSpec::failed("abandoned")),
+                    None => ResolutionSpec::NotApplied,
+                };
+                Call::Resolve(id, res)
+            }
+            Op::Probe { kind, pick: p } => match self.probe(*kind, *p) {
+                Some(call) => call,
+                None => return Ok(()),
+            },
+            Op::Delivered { id } => Call::Delivered(IDS[usize::from(*id) % IDS.len()].into()),
+            Op::Acknowledge { id } => Call::Acknowledge(IDS[usize::from(*id) % IDS.len()].into()),
+            Op::AdvanceRevision { scope, delta } => {
+                let scope = SCOPES[usize::from(*scope) % SCOPES.len()].to_string();
+                let current = self.model.scope_revision(&scope);
+                let rev = match delta % 4 {
+                    0 => current,
+                    1 => current.saturating_sub(1),
+                    d => current + u64::from(d),
+                };
+                Call::AdvanceRevision(scope, rev)
+            }
+            Op::Compact => Call::Compact,
+            Op::Flush => Call::Flush,
+            Op::Lookup { id } => Call::Lookup(IDS[usize::from(*id) % IDS.len()].into()),
+            Op::CheckAll => {
+                let j = self.journal.take().ok_or("no journal open")?;
+                let r = self.model.check_against(&j);
+                self.journal = Some(j);
+                return r.map_err(|e| self.fail(format!("full comparison: {e}")));
+            }
+            Op::Reopen
+            | Op::Crash { .. }
+            | Op::ClockForward { .. }
+            | Op::ClockBack { .. }
+            | Op::ArmFault(_)
+            | Op::ApplyEffect { .. } => return Ok(()),
+        };
+        self.call(call)
+    }
+
+    fn apply_effect(&mut self, id: &str) {
+        let Some(claim) = self.claims.get(id) else {
+            return;
+        };
+        let rev = match claim.scope() {
+            Some(s) => self.model.scope_revision(s) + 1,
+            None => 1 + u64::from(claim.attempt()),
+        };
+        let bytes = format!("{id}/{}@{rev}", claim.attempt()).into_bytes();
+        self.applied.insert(id.to_string(), None);
+        self.effects.insert(id.to_string(), (rev, bytes));
+        self.figures.applications += 1;
+        self.note(format!("editor applies `{id}` at rev {rev}"));
+    }
+
+    /// A call the model predicts to be refused, or `None`.
+    fn probe(&mut self, kind: u8, p: u8) -> Option<Call> {
+        let call = match kind % 4 {
+            0 => {
+                let claim = pick(&self.old_claims, p)?;
+                match p % 3 {
+                    0 => Call::Release(claim),
+                    1 => Call::ExtendLease(claim, Duration::from_millis(500)),
+                    _ => Call::Complete(claim, OutcomeSpec::failed("stale")),
+                }
+            }
+            1 => Call::Resolve(
+                IDS[usize::from(p) % IDS.len()].into(),
+                ResolutionSpec::NotApplied,
+            ),
+            2 => {
+                let id = pick(&self.claimed(None), p)?;
+                let claim = self.claims[&id].clone();
+                let rev = claim.scope().map_or(0, |s| self.model.scope_revision(s));
+                Call::Complete(claim, OutcomeSpec::applied(rev, b"late".to_vec()))
+            }
+            _ => {
+                let id = pick(&self.claimed(None), p)?;
+                let claim = self.claims[&id].clone();
+                let big = vec![7u8; self.cfg.max_result_bytes as usize + 1];
+                Call::Complete(claim, OutcomeSpec::applied(u64::MAX, big))
+            }
+        };
+        let mut m = self.model.clone();
+        let refused = match &call {
+            Call::Release(c) => m.release(c).is_err(),
+            Call::ExtendLease(c, by) => m.extend_lease(c, *by).is_err(),
+            Call::Complete(c, o) => m.complete(c, o).is_err(),
+            Call::Resolve(id, r) => m.resolve(id, r).is_err(),
+            _ => false,
+        };
+        // Only refusals: a probe must not change what the editor knows.
+        refused.then_some(call)
+    }
+
+    /// A poisoned handle: every write must be refused with a failure, and nothing change.
+    fn poisoned_step(&mut self, op: &Op) -> Result<(), String> {
+        let j = self.journal()?;
+        if !j.is_poisoned() {
+            return Err(self.fail("a storage failure did not poison the handle".into()));
+        }
+        let id = IDS[0];
+        let (what, r) = match op {
+            Op::AdvanceRevision { scope, .. } => {
+                let scope = SCOPES[usize::from(*scope) % SCOPES.len()];
+                let rev = self.model.scope_revision(scope) + 1;
+                (
+                    "advance_revision",
+                    j.advance_revision(scope, rev).map(|_| ()),
+                )
+            }
+            Op::Acknowledge { .. } => ("acknowledge", j.acknowledge(id).map(|_| ())),
+            Op::Delivered { .. } => ("delivered", j.delivered(id).map(|_| ())),
+            Op::Compact => ("compact", j.compact().map(|_| ())),
+            // Reads and other writes: the model does not know which state the failed call
+            // left until the reopen; nothing to compare.
+            _ => return Ok(()),
+        };
+        match r {
+            Ok(()) => Err(self.fail(format!("the poisoned handle accepted a write ({what})"))),
+            Err(e) => {
+                if !ErrView::of(&e).is_failure() {
+                    return Err(self.fail(format!(
+                        "the poisoned handle answered {what} with a refusal instead of an error: {e}"
+                    )));
+                }
+                self.figures.poisoned_refusals += 1;
+                self.note(format!("poisoned handle refuses {what}: {e}"));
+                Ok(())
+            }
+        }
+    }
+
+    /// Runs `call` on the journal and the model, and keeps the editor's books.
+    fn call(&mut self, call: Call) -> Result<(), String> {
+        self.figures.calls += 1;
+        let desc = format!("{call:?}");
+        let fired_before = self.disk.fired();
+        let j = self.journal.take().ok_or("no journal open")?;
+        let r = self.model.step(&j, &call);
+        self.journal = Some(j);
+        let r = r.map_err(|diff| {
+            self.note(format!("{desc} -> MISMATCH"));
+            self.fail(diff)
+        })?;
+        let fired = !fired_before && self.disk.fired();
+        match r {
+            StepResult::Failed { error, after } => {
+                self.note(format!("{desc} -> FAILED {error:?}"));
+                if matches!(call, Call::Lookup(_)) {
+                    return Ok(());
+                }
+                if !self.fault_armed {
+                    return Err(self.fail(format!(
+                        "{desc} failed ({error:?}) without an injected fault"
+                    )));
+                }
+                self.figures.failures += 1;
+                self.poisoned = true;
+                if matches!(call, Call::Compact) {
+                    // Earlier batches of the failed compaction are durable.
+                    self.recovery.update_all(Model::compaction_uncertain);
+                }
+                self.recovery.maybe(&after);
+                if !self.journal()?.is_poisoned() && !matches!(call, Call::Flush) {
+                    return Err(self.fail(format!(
+                        "{desc} failed ({error:?}) but the handle is not poisoned"
+                    )));
+                }
+                Ok(())
+            }
+            StepResult::Done {
+                claim,
+                durable,
+                refused,
+            } => {
+                if fired {
+                    return Err(self.fail(format!(
+                        "a fault fired during {desc}, which answered as if nothing happened"
+                    )));
+                }
+                if refused {
+                    self.figures.refusals += 1;
+                    self.note(format!("{desc} -> refused as predicted"));
+                    return Ok(());
+                }
+                let durable = self.after_ok(&call, claim, durable)?;
+                match durable {
+                    Some(true) => self.recovery.durable(&self.model),
+                    Some(false) => self.recovery.maybe(&self.model),
+                    None => {}
+                }
+                self.note(format!("{desc} -> ok (durable {durable:?})"));
+                Ok(())
+            }
+        }
+    }
+
+    /// Bookkeeping after an answer the model agreed with. Returns whether the call wrote
+    /// something durable (`Some(true)`), lazily (`Some(false)`), or nothing (`None`).
+    fn after_ok(
+        &mut self,
+        call: &Call,
+        claim: Option<Claim>,
+        durable: bool,
+    ) -> Result<Option<bool>, String> {
+        let now = self.model.high_water();
+        Ok(match call {
+            Call::Submit(op) => match claim {
+                Some(c) => {
+                    // Exactly once: the editor never gets to apply an effect twice.
+                    if let Some(purge_at) = self.applied.get(&op.id)
+                        && purge_at.is_none_or(|p| now < p)
+                    {
+                        return Err(self.fail(format!(
+                            "DOUBLE APPLICATION: `{}` was answered Fresh (attempt {}) although its effect was applied and its record is not purged (purge at {purge_at:?})",
+                            op.id,
+                            c.attempt()
+                        )));
+                    }
+                    self.applied.remove(&op.id);
+                    self.claims.insert(op.id.clone(), c);
+                    Some(durable)
+                }
+                None => {
+                    if self.model.clone().is_terminal(&op.id) {
+                        self.figures.replays += 1;
+                    }
+                    None
+                }
+            },
+            Call::Complete(c, _) | Call::Release(c) => {
+                let id = c.operation_id().to_string();
+                self.claims.remove(&id);
+                self.old_claims.push(c.clone());
+                if self.effects.remove(&id).is_some() {
+                    self.confirm(&id);
+                }
+                Some(true)
+            }
+            Call::ExtendLease(c, _) => {
+                if let Some(newc) = claim {
+                    self.claims.insert(c.operation_id().to_string(), newc);
+                }
+                Some(true)
+            }
+            Call::Resolve(id, _) => {
+                if let Some(c) = self.claims.remove(id) {
+                    self.old_claims.push(c);
+                }
+                if self.effects.remove(id).is_some() {
+                    self.confirm(id);
+                }
+                Some(true)
+            }
+            Call::Delivered(_) | Call::Acknowledge(_) => Some(durable),
+            Call::AdvanceRevision(..) | Call::Flush => Some(true),
+            Call::Compact => durable.then_some(true),
+            Call::Lookup(_) => None,
+        })
+    }
+
+    /// The outcome of an applied effect is recorded: it may be forgotten only once its
+    /// audit record is purged.
+    fn confirm(&mut self, id: &str) {
+        let purge_at = self.model.lookup(id).and_then(|r| r.purge_at);
+        self.applied.insert(id.to_string(), purge_at);
+    }
+
+    /// Ends the journal's life as `end` says, verifies the file, reopens it, and checks it
+    /// against every state the crash may have left.
+    fn reopen(&mut self, end: End, seed: u64) -> Result<(), String> {
+        if self.figures.reopens >= MAX_REOPENS as u64 && !self.disk.is_dead() {
+            return Ok(());
+        }
+        self.reopen_now(end, seed)
+    }
+
+    fn reopen_now(&mut self, end: End, seed: u64) -> Result<(), String> {
+        self.figures.reopens += 1;
+        // Never retry an fsync on a handle that saw an I/O error.
+        let stats = self.disk.stats();
+        if stats.syncs_after_fault > 0 && !self.disk.is_dead() {
+            return Err(self.fail(format!(
+                "the handle attempted {} sync(s) after a fault",
+                stats.syncs_after_fault
+            )));
+        }
+        let end = if self.disk.fired() && end == End::Clean {
+            End::ProcessCrash
+        } else {
+            end
+        };
+        self.note(format!("END {end:?}"));
+        let mut rng = seed | 1;
+        let image = match end {
+            End::Clean => {
+                self.journal = None;
+                self.disk.live_image()
+            }
+            End::ProcessCrash => {
+                let image = self.disk.live_image();
+                self.disk.cut();
+                self.journal = None;
+                image
+            }
+            End::PowerCut(policy) => {
+                self.disk.cut();
+                self.journal = None;
+                self.disk.power_cut_image(policy, &mut || {
+                    // xorshift64: any 64-bit generator will do.
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                })
+            }
+        };
+        verify_image(&image).map_err(|e| self.fail(format!("after {end:?}: {e}")))?;
+        self.disk = FaultDisk::from_image(image);
+        self.fault_armed = false;
+        self.model.before_reopen();
+        let j = open(&self.cfg, &self.clock, &self.disk)
+            .map_err(|e| self.fail(format!("reopen after {end:?} failed: {e}")))?;
+        let (model, lost) = self.recovery.recover(&j).map_err(|e| {
+            self.fail(format!(
+                "after {end:?}, the journal matches no state the crash may leave:\n{e}"
+            ))
+        })?;
+        self.note(format!("reopened: {lost} uncertain call(s) lost"));
+        self.model = model;
+        self.recovery = Recovery::new(&self.model);
+        self.poisoned = false;
+        // The process that held the claims is gone.
+        let claims = std::mem::take(&mut self.claims);
+        self.old_claims.extend(claims.into_values());
+        if self.old_claims.len() > 64 {
+            self.old_claims.drain(..32);
+        }
+        // Effects applied whose outcome was not recorded: in doubt, never forgotten.
+        let effects: Vec<String> = self.effects.keys().cloned().collect();
+        for id in effects {
+            if self.model.is_terminal(&id) {
+                self.effects.remove(&id);
+                self.confirm(&id);
+            } else if !self.model.is_in_doubt(&id) {
+                return Err(self.fail(format!(
+                    "DOUBLE APPLICATION RISK: the editor applied `{id}` but after {end:?} the journal neither records its outcome nor holds it in doubt ({:?})",
+                    j.lookup(&id).map_err(|e| e.to_string())
+                )));
+            }
+        }
+        self.journal = Some(j);
+        Ok(())
+    }
+}
+
+/// How a journal's life ends before a reopen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    Clean,
+    ProcessCrash,
+    PowerCut(CutPolicy),
+}
+
+/// Runs one input. `Err` describes the violated claim and the steps that led to it.
+///
+/// # Errors
+///
+/// The violation, with the configuration and the last steps.
+pub fn run(input: &Input) -> Result<Figures, String> {
+    let mut s = Session::new(&input.setup)?;
+    for op in &input.ops {
+        s.step(op)?;
+    }
+    // The end of the session: recover from a fault still pending, compare everything,
+    // close cleanly, verify the file.
+    if s.poisoned || s.disk.fired() || s.disk.is_dead() {
+        let end = if s.disk.is_dead() {
+            End::PowerCut(CutPolicy::Random)
+        } else {
+            End::ProcessCrash
+        };
+        s.reopen_now(end, 7)?;
+    }
+    let j = s.journal.take().ok_or("no journal open")?;
+    let r = s.model.check_against(&j);
+    s.journal = Some(j);
+    r.map_err(|e| s.fail(format!("final comparison: {e}")))?;
+    s.disk.heal();
+    s.journal = None;
+    verify_image(&s.disk.live_image()).map_err(|e| s.fail(format!("final image: {e}")))?;
+    Ok(s.figures)
+}
+
+/// Checks every claim of this module on one fuzz input.
+///
+/// # Panics
+///
+/// When a claim does not hold (that is the finding).
+pub fn check(data: &[u8]) {
+    let input = Input::from_bytes(data);
+    crate::panics::escaped("ops_vs_model", || {
+        if let Err(e) = run(&input) {
+            panic!("ops_vs_model: {e}");
+        }
+    });
+}

@@ -1,0 +1,162 @@
+//! Small, real journals to start the `open_file` fuzzer and the stable property tests
+//! from. Each is built by the library itself with a manual clock, so it holds every kind
+//! of record: events of every kind, receipts in every state, scopes, results, timers,
+//! windows and holds.
+
+use std::path::Path;
+use std::time::Duration;
+
+use opjournal::{
+    Admission, Intent, Journal, ManualClock, Operation, Outcome, Resolution, ScopeLock, Timestamp,
+};
+
+/// 2026-11-30T00:00:00Z.
+pub const T0: Timestamp = Timestamp::from_millis(1_796_083_200_000);
+
+fn intent(name: &str, n: u64) -> opjournal::Result<Intent> {
+    Intent::from_json(name, &serde_json::json!({ "n": n, "near": "door" }))
+}
+
+fn fresh(j: &Journal, op: Operation) -> opjournal::Result<opjournal::Claim> {
+    match j.submit(op)? {
+        Admission::Fresh(c) => Ok(c),
+        other => Err(opjournal::Error::from(std::io::Error::other(format!(
+            "seed journal: expected a fresh admission, got {}",
+            other.name()
+        )))),
+    }
+}
+
+/// An editor session: operations applied, failed, released, delivered, acknowledged,
+/// one left running (in doubt after reopening), one resolved, and an external revision.
+pub fn write_session(path: &Path) -> opjournal::Result<()> {
+    let clock = ManualClock::new(T0);
+    {
+        let j = Journal::builder()
+            .clock(clock.clone())
+            .scope_lock(ScopeLock::Serial)
+            .open(path)?;
+        let mut rev = 0;
+        for n in 0..6u64 {
+            let op = Operation::new(format!("op_{n}"), intent("scene.add_light", n)?)
+                .scope("scene/main")
+                .base_revision(rev)
+                .session("tab-1");
+            let claim = fresh(&j, op)?;
+            clock.advance(Duration::from_millis(250));
+            match n % 3 {
+                0 => {
+                    rev += 1;
+                    j.complete(
+                        &claim,
+                        Outcome::applied(rev, format!("light-{n}").into_bytes())
+                            .changed_assets([format!("scene/main/light-{n}")]),
+                    )?;
+                    j.delivered(claim.operation_id())?;
+                    if n == 0 {
+                        j.acknowledge("op_0")?;
+                    }
+                }
+                1 => {
+                    j.complete(&claim, Outcome::failed("the door no longer exists"))?;
+                }
+                _ => j.release(&claim)?,
+            }
+        }
+        j.advance_revision("scene/main", rev + 5)?;
+        j.advance_revision("files/readme.md", 3)?;
+        let op = Operation::new("op_running", intent("file.write", 9)?)
+            .scope("files/readme.md")
+            .base_revision(3)
+            .session("agent-7");
+        let claim = fresh(&j, op)?;
+        let _ = j.extend_lease(&claim)?;
+        j.flush()?;
+    }
+    clock.advance(Duration::from_secs(60));
+    {
+        // Reopening makes `op_running` in doubt; resolve one more after a lease expiry.
+        let j = Journal::builder()
+            .clock(clock.clone())
+            .lease(Duration::from_secs(10))
+            .open(path)?;
+        let claim = fresh(
+            &j,
+            Operation::new("op_lease", intent("scene.move", 1)?).scope("scene/other"),
+        )?;
+        drop(claim);
+        clock.advance(Duration::from_secs(11));
+        j.compact()?;
+        j.resolve("op_lease", Resolution::applied(1, b"moved".to_vec()))?;
+        j.flush()?;
+    }
+    Ok(())
+}
+
+/// A journal whose clocks ran: acknowledgements expired, results retired, deliveries
+/// exhausted, with a hold-until-ack scope lock.
+pub fn write_aged(path: &Path) -> opjournal::Result<()> {
+    let clock = ManualClock::new(T0);
+    let j = Journal::builder()
+        .clock(clock.clone())
+        .scope_lock(ScopeLock::HoldUntilAck)
+        .ack_timeout(Duration::from_secs(60))
+        .result_retention(Duration::from_secs(120))
+        .audit_retention(Duration::from_secs(600))
+        .retry_policy(opjournal::RetryPolicy {
+            attempts: 2,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(400),
+        })
+        .open(path)?;
+    for n in 0..4u64 {
+        let op = Operation::new(format!("aged_{n}"), intent("doc.edit", n)?)
+            .scope(format!("doc/{}", n % 2))
+            .session("s");
+        let claim = fresh(&j, op)?;
+        j.complete(&claim, Outcome::applied(n + 1, vec![b'x'; 40]))?;
+        j.delivered(&format!("aged_{n}"))?;
+        clock.advance(Duration::from_millis(500));
+        j.delivered(&format!("aged_{n}"))?;
+        if n == 1 {
+            j.acknowledge("aged_1")?;
+        }
+        clock.advance(Duration::from_secs(70));
+        j.compact()?;
+    }
+    clock.advance(Duration::from_secs(200));
+    j.compact()?;
+    j.flush()?;
+    Ok(())
+}
+
+/// A journal that was just created: meta records only.
+pub fn write_empty(path: &Path) -> opjournal::Result<()> {
+    let j = Journal::builder().clock(ManualClock::new(T0)).open(path)?;
+    j.flush()?;
+    Ok(())
+}
+
+/// Writes one seed journal at a path.
+type Builder = fn(&Path) -> opjournal::Result<()>;
+
+/// Every seed journal, as `(name, bytes)`.
+///
+/// # Errors
+///
+/// The library's error, if building one fails.
+pub fn all() -> opjournal::Result<Vec<(&'static str, Vec<u8>)>> {
+    let dir = tempfile::tempdir().map_err(opjournal::Error::from)?;
+    let mut out = Vec::new();
+    let builders: [(&'static str, Builder); 3] = [
+        ("session.opj", write_session),
+        ("aged.opj", write_aged),
+        ("empty.opj", write_empty),
+    ];
+    for (name, build) in builders {
+        let path = dir.path().join(name);
+        build(&path)?;
+        out.push((name, std::fs::read(&path).map_err(opjournal::Error::from)?));
+    }
+    Ok(out)
+}

@@ -1,0 +1,418 @@
+//! The fuzz targets' claims on stable, on every `cargo test`: the same checks as
+//! `fuzz/fuzz_targets/*` (these files include the targets' logic from `fuzz/src/` by
+//! path), fed by proptest instead of libFuzzer, plus a replay of every committed seed and
+//! regression input. See docs/fuzzing.md.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use opjournal::codec::{self, RecordKind};
+use proptest::prelude::*;
+use proptest::sample::Index;
+use serde_json::{Number, Value};
+
+#[path = "../fuzz/src/alloc_meter.rs"]
+mod alloc_meter;
+#[path = "../fuzz/src/decode_record.rs"]
+mod decode_record;
+#[path = "../fuzz/src/intent_json.rs"]
+mod intent_json;
+#[path = "../fuzz/src/open_file.rs"]
+mod open_file;
+#[path = "../fuzz/src/ops_vs_model.rs"]
+mod ops_vs_model;
+#[path = "../fuzz/src/panics.rs"]
+mod panics;
+#[path = "../fuzz/src/seeds.rs"]
+mod seeds;
+// The reference model and the fault-injecting disk, as `ops_vs_model` expects them.
+#[path = "support/fault_backend.rs"]
+mod fault_backend;
+#[path = "support/model.rs"]
+mod model;
+
+#[global_allocator]
+static ALLOC: alloc_meter::Meter = alloc_meter::Meter;
+
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
+}
+
+/// The seed journals, built once per test binary.
+fn seed_journals() -> &'static [(&'static str, Vec<u8>)] {
+    static SEEDS: OnceLock<Vec<(&'static str, Vec<u8>)>> = OnceLock::new();
+    SEEDS.get_or_init(|| seeds::all().unwrap_or_else(|e| panic!("seed journals: {e:?}")))
+}
+
+/// Every CRC-valid framed record inside `bytes`, as `(kind byte, frame)`.
+fn frames_in(bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i + codec::HEADER_LEN <= bytes.len() {
+        if bytes[i..].starts_with(&codec::MAGIC) {
+            let len = u32::from_le_bytes([bytes[i + 4], bytes[i + 5], bytes[i + 6], bytes[i + 7]]);
+            let end = i + codec::HEADER_LEN + len as usize;
+            if end <= bytes.len()
+                && let Ok((kind, _)) = codec::unframe_any(&bytes[i..end])
+            {
+                out.push((kind, bytes[i..end].to_vec()));
+                i = end;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// The framed records of the seed journals: every record kind the library writes.
+fn real_records() -> &'static [(u8, Vec<u8>)] {
+    static RECORDS: OnceLock<Vec<(u8, Vec<u8>)>> = OnceLock::new();
+    RECORDS.get_or_init(|| {
+        seed_journals()
+            .iter()
+            .flat_map(|(_, bytes)| frames_in(bytes))
+            .collect()
+    })
+}
+
+#[test]
+fn seed_journals_hold_every_record_kind_the_decoders_read() {
+    let kinds: std::collections::BTreeSet<u8> = real_records().iter().map(|(k, _)| *k).collect();
+    for kind in [
+        RecordKind::Meta,
+        RecordKind::Event,
+        RecordKind::Receipt,
+        RecordKind::Scope,
+        RecordKind::Result,
+    ] {
+        assert!(
+            kinds.contains(&(kind as u8)),
+            "no {kind:?} record in the seed journals (found kinds {kinds:?})"
+        );
+    }
+    for (kind, frame) in real_records() {
+        let accepted = opjournal::fuzzing::decode_every_record(frame)
+            .unwrap_or_else(|e| panic!("a real record of kind {kind} breaks a round trip: {e}"));
+        assert!(
+            accepted >= 1,
+            "a real record of kind {kind} is accepted by no decoder"
+        );
+    }
+}
+
+/// A byte-level change to a file or record, positioned relative to its length.
+#[derive(Debug, Clone)]
+enum Mutation {
+    FlipBit(Index, u8),
+    SetByte(Index, u8),
+    Truncate(Index),
+    Zero(Index, u16),
+    CopyWithin(Index, Index, u16),
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        4 => (any::<Index>(), 0u8..8).prop_map(|(i, b)| Mutation::FlipBit(i, b)),
+        2 => (any::<Index>(), any::<u8>()).prop_map(|(i, b)| Mutation::SetByte(i, b)),
+        1 => any::<Index>().prop_map(Mutation::Truncate),
+        1 => (any::<Index>(), 1u16..4096).prop_map(|(i, n)| Mutation::Zero(i, n)),
+        1 => (any::<Index>(), any::<Index>(), 1u16..512)
+            .prop_map(|(a, b, n)| Mutation::CopyWithin(a, b, n)),
+    ]
+}
+
+fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
+    if bytes.is_empty() {
+        return;
+    }
+    let len = bytes.len();
+    match m {
+        Mutation::FlipBit(i, b) => bytes[i.index(len)] ^= 1 << b,
+        Mutation::SetByte(i, b) => bytes[i.index(len)] = *b,
+        Mutation::Truncate(i) => bytes.truncate(i.index(len)),
+        Mutation::Zero(i, n) => {
+            let start = i.index(len);
+            let end = (start + usize::from(*n)).min(len);
+            bytes[start..end].fill(0);
+        }
+        Mutation::CopyWithin(a, b, n) => {
+            let (src, dst) = (a.index(len), b.index(len));
+            let n = usize::from(*n).min(len - src).min(len - dst);
+            bytes.copy_within(src..src + n, dst);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn decoders_never_panic_and_round_trip_whatever_they_accept(
+        bytes in prop::collection::vec(any::<u8>(), 0..256),
+        kind in 1u8..=6,
+    ) {
+        decode_record::check(&bytes);
+        // Framed with a valid header and CRC, so the payload decoders see the bytes.
+        let kind = RecordKind::from_byte(kind).unwrap_or(RecordKind::Event);
+        decode_record::check(&codec::frame(kind, &bytes));
+    }
+
+    #[test]
+    fn mutated_real_records_decode_to_round_tripping_values_or_are_refused(
+        pick in any::<Index>(),
+        mutations in prop::collection::vec(mutation(), 1..4),
+        reframe in any::<bool>(),
+    ) {
+        let (kind, frame) = pick.get(real_records());
+        let mut bytes = frame.clone();
+        if reframe {
+            // Mutate the payload and give it a valid CRC again.
+            let mut payload = bytes[codec::HEADER_LEN..].to_vec();
+            for m in &mutations {
+                apply(&mut payload, m);
+            }
+            let kind = RecordKind::from_byte(*kind).unwrap_or(RecordKind::Event);
+            bytes = codec::frame(kind, &payload);
+        } else {
+            for m in &mutations {
+                apply(&mut bytes, m);
+            }
+        }
+        decode_record::check(&bytes);
+    }
+}
+
+/// A JSON value: scalars of every kind, keys from a small alphabet (so prefixes and
+/// collisions are common) and from all of Unicode, nested a few levels.
+fn json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<f64>().prop_filter_map("JSON has no NaN or infinity", |f| {
+            Number::from_f64(f).map(Value::Number)
+        }),
+        (-1000i32..1000).prop_map(|n| Value::from(f64::from(n) / 8.0)),
+        "\\PC{0,12}".prop_map(Value::String),
+        "[\"\\\\/\u{0}-\u{1f}a\u{e9}\u{1f600}]{0,6}".prop_map(Value::String),
+    ];
+    let key = prop_oneof!["[ab]{0,3}", "\\PC{0,6}"];
+    leaf.prop_recursive(4, 48, 6, move |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::btree_map(key.clone(), inner, 0..6)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn intent_hash_ignores_key_order_whitespace_and_escapes(
+        value in json(),
+        layout in prop::collection::vec(any::<u8>(), 0..64),
+    ) {
+        intent_json::check_value(&value, &layout);
+    }
+
+    #[test]
+    fn distinct_canonical_values_hash_differently(a in json(), b in json()) {
+        intent_json::check_pair(&a, &b);
+    }
+
+    #[test]
+    fn intent_json_target_holds_on_arbitrary_bytes(
+        data in prop::collection::vec(any::<u8>(), 0..512),
+    ) {
+        intent_json::check(&data);
+    }
+}
+
+proptest! {
+    // Each case opens, inspects, verifies and repairs a real file: keep them few.
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn damaged_journals_answer_typed_errors_and_repair_makes_them_whole(
+        pick in any::<Index>(),
+        mutations in prop::collection::vec(mutation(), 1..6),
+    ) {
+        panics::install(false);
+        let (_, journal) = pick.get(seed_journals());
+        let mut bytes = journal.clone();
+        for m in &mutations {
+            apply(&mut bytes, m);
+        }
+        open_file::check(&bytes);
+    }
+}
+
+#[test]
+fn seed_journals_are_clean_and_pass_the_open_file_checks() {
+    panics::install(false);
+    for (name, bytes) in seed_journals() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("write {name}: {e}"));
+        let insp = opjournal::Inspector::open(&path)
+            .unwrap_or_else(|e| panic!("seed {name} does not open: {e:?}"));
+        let report = insp
+            .verify(&mut |_, _| {})
+            .unwrap_or_else(|e| panic!("seed {name} does not verify: {e:?}"));
+        assert!(report.is_clean(), "seed {name} is not clean: {report:?}");
+        drop(insp);
+        open_file::check(bytes);
+    }
+}
+
+/// Every file under `fuzz/corpus/<target>/` and `fuzz/regressions/<target>/`.
+fn committed_inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for base in ["corpus", "regressions"] {
+        let dir = fuzz_dir().join(base).join(target);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_file() {
+                let bytes =
+                    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                out.push((path, bytes));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Inputs for `ops_vs_model` from a fixed generator (xorshift64), so the coverage
+/// assertions below are stable.
+fn session_inputs(count: usize, len: usize) -> Vec<Vec<u8>> {
+    let mut x: u64 = 0x5EED_0F0F_0B5E_55ED;
+    (0..count)
+        .map(|_| {
+            (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x >> 24) as u8
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn random_sessions_match_the_model_and_reach_every_kind_of_outcome() {
+    panics::install(false);
+    let mut total = ops_vs_model::Figures::default();
+    for data in session_inputs(40, 768) {
+        let input = ops_vs_model::Input::from_bytes(&data);
+        let f = panics::dump_on_panic("ops_vs_model", &data, || {
+            ops_vs_model::run(&input).unwrap_or_else(|e| panic!("ops_vs_model: {e}"))
+        });
+        total.calls += f.calls;
+        total.refusals += f.refusals;
+        total.applications += f.applications;
+        total.failures += f.failures;
+        total.poisoned_refusals += f.poisoned_refusals;
+        total.reopens += f.reopens;
+        total.replays += f.replays;
+    }
+    eprintln!("ops_vs_model sweep: {total:?}");
+    // The sweep proves it reached each path it claims to check.
+    assert!(total.calls > 500, "{total:?}");
+    assert!(total.refusals > 0, "no predicted refusal: {total:?}");
+    assert!(total.applications > 0, "no effect applied: {total:?}");
+    assert!(total.replays > 0, "no replay: {total:?}");
+    assert!(
+        total.failures > 0,
+        "no injected fault failed a call: {total:?}"
+    );
+    assert!(
+        total.poisoned_refusals > 0,
+        "no poisoned refusal: {total:?}"
+    );
+    assert!(total.reopens > 40, "too few reopens: {total:?}");
+}
+
+proptest! {
+    // Each case opens and verifies journals: keep them few.
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    #[test]
+    fn arbitrary_sessions_match_the_model(data in prop::collection::vec(any::<u8>(), 0..1024)) {
+        panics::install(false);
+        panics::dump_on_panic("ops_vs_model", &data, || ops_vs_model::check(&data));
+    }
+}
+
+#[test]
+fn committed_ops_vs_model_inputs_pass_the_target() {
+    panics::install(false);
+    let inputs = committed_inputs("ops_vs_model");
+    assert!(!inputs.is_empty(), "no committed ops_vs_model inputs");
+    for (_, bytes) in &inputs {
+        ops_vs_model::check(bytes);
+    }
+}
+
+#[test]
+fn committed_decode_record_inputs_pass_the_target() {
+    let inputs = committed_inputs("decode_record");
+    assert!(!inputs.is_empty(), "no committed decode_record inputs");
+    for (_, bytes) in &inputs {
+        decode_record::check(bytes);
+    }
+}
+
+#[test]
+fn committed_intent_json_inputs_pass_the_target() {
+    let inputs = committed_inputs("intent_json");
+    assert!(!inputs.is_empty(), "no committed intent_json inputs");
+    for (_, bytes) in &inputs {
+        intent_json::check(bytes);
+    }
+}
+
+#[test]
+fn committed_open_file_inputs_pass_the_target() {
+    panics::install(false);
+    let inputs = committed_inputs("open_file");
+    assert!(!inputs.is_empty(), "no committed open_file inputs");
+    for (_, bytes) in &inputs {
+        open_file::check(bytes);
+    }
+}
+
+/// Regenerates the committed `open_file` and `decode_record` seed corpora from the
+/// library: `cargo test --test fuzz_properties -- --ignored write_seed_corpora`.
+#[test]
+#[ignore = "writes fuzz/corpus/{open_file,decode_record}; run by hand after a format change"]
+fn write_seed_corpora() {
+    let write = |target: &str, name: &str, bytes: &[u8]| {
+        let dir = fuzz_dir().join("corpus").join(target);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        println!("{} ({} bytes)", path.display(), bytes.len());
+    };
+    for (name, bytes) in seed_journals() {
+        write("open_file", name, bytes);
+    }
+    // The first two records of each kind.
+    let mut per_kind = std::collections::BTreeMap::<u8, usize>::new();
+    for (kind, frame) in real_records() {
+        let n = per_kind.entry(*kind).or_default();
+        if *n < 2 {
+            write("decode_record", &format!("kind{kind}-{n}"), frame);
+            *n += 1;
+        }
+    }
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Runs every cargo-fuzz target (or the ones named) for N seconds each, one after another.
+#
+#   tools/fuzz.sh [SECONDS] [TARGET...]        default: 60 seconds, every target
+#
+# With a nightly toolchain the targets run under AddressSanitizer; without one, on stable
+# with `--sanitizer none` (cargo-fuzz still sets `--cfg fuzzing` and libFuzzer's coverage).
+# Environment:
+#   FUZZ_SANITIZER   address | none        (default: address when nightly exists, else none)
+#   FUZZ_JOBS        parallel libFuzzer jobs per target (default 1; more than 1 makes
+#                    libFuzzer write each job's log to fuzz/fuzz-N.log instead)
+#   FUZZ_INSTALL=1   `cargo install cargo-fuzz --locked` first if it is missing
+#
+# New corpus entries go to fuzz/work/<target>/ (not committed); the committed seeds in
+# fuzz/corpus/<target>/ and fuzz/regressions/<target>/ are read, never written. Crashes go to
+# fuzz/artifacts/<target>/, logs to fuzz/logs/<target>.log. Exits 1 if any target failed.
+set -euo pipefail
+cd "$(dirname "$0")/../fuzz"
+
+secs=${1:-60}
+shift || true
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+    targets=(decode_record intent_json ops_vs_model open_file)
+fi
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    if [ "${FUZZ_INSTALL:-0}" = 1 ]; then
+        cargo install cargo-fuzz --locked
+    else
+        echo "cargo-fuzz is missing: run \`cargo install cargo-fuzz --locked\` (or set FUZZ_INSTALL=1)" >&2
+        exit 2
+    fi
+fi
+
+toolchain=()
+sanitizer=${FUZZ_SANITIZER:-}
+if [ -z "$sanitizer" ]; then
+    if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then sanitizer=address; else sanitizer=none; fi
+fi
+if [ "$sanitizer" != none ]; then toolchain=(+nightly); fi
+
+# Per-target libFuzzer options: input size, a per-input timeout (catches hangs), memory.
+opts_for() {
+    case "$1" in
+        decode_record) echo "-max_len=65536 -timeout=10 -rss_limit_mb=2048" ;;
+        intent_json) echo "-max_len=8192 -timeout=10 -rss_limit_mb=2048" ;;
+        ops_vs_model) echo "-max_len=2048 -len_control=0 -timeout=30 -rss_limit_mb=2048" ;;
+        open_file) echo "-max_len=262144 -timeout=30 -rss_limit_mb=4096" ;;
+        *) echo "-timeout=30" ;;
+    esac
+}
+
+mkdir -p logs
+failed=0
+printf '%-14s %10s %8s %8s %8s %7s  %s\n' target execs exec/s cov ft corpus result
+for t in "${targets[@]}"; do
+    mkdir -p "work/$t" "artifacts/$t"
+    seeds=()
+    for d in "corpus/$t" "regressions/$t"; do
+        [ -d "$d" ] && seeds+=("$d")
+    done
+    extra=()
+    [ -f "dict/$t.dict" ] && extra+=("-dict=dict/$t.dict")
+    if [ "${FUZZ_JOBS:-1}" -gt 1 ]; then extra+=("-jobs=$FUZZ_JOBS" "-workers=$FUZZ_JOBS"); fi
+    # shellcheck disable=SC2046
+    if cargo "${toolchain[@]}" fuzz run --sanitizer "$sanitizer" "$t" "work/$t" "${seeds[@]}" -- \
+        -max_total_time="$secs" -artifact_prefix="artifacts/$t/" -print_final_stats=1 \
+        "${extra[@]}" $(opts_for "$t") \
+        >"logs/$t.log" 2>&1; then
+        result=ok
+    else
+        result="FAILED (see fuzz/logs/$t.log, fuzz/artifacts/$t/)"
+        failed=1
+    fi
+    # libFuzzer's last status line: "#N DONE cov: C ft: F corp: K/..." (or the last pulse).
+    last=$(grep -E '^#[0-9]+' "logs/$t.log" | tail -1 || true)
+    execs=$(grep -oE 'stat::number_of_executed_units: [0-9]+' "logs/$t.log" | tail -1 | grep -oE '[0-9]+$' || true)
+    rate=$(grep -oE 'stat::average_exec_per_sec: *[0-9]+' "logs/$t.log" | tail -1 | grep -oE '[0-9]+$' || true)
+    cov=$(grep -oE 'cov: [0-9]+' <<<"$last" | grep -oE '[0-9]+' || true)
+    ft=$(grep -oE 'ft: [0-9]+' <<<"$last" | grep -oE '[0-9]+' || true)
+    corp=$(grep -oE 'corp: [0-9]+' <<<"$last" | grep -oE '[0-9]+' || true)
+    printf '%-14s %10s %8s %8s %8s %7s  %s\n' "$t" "${execs:--}" "${rate:--}" "${cov:--}" "${ft:--}" "${corp:--}" "$result"
+done
+exit $failed
