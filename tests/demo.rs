@@ -51,12 +51,10 @@ impl Run {
 
 fn demo(journal: &Path, json: bool) -> std::io::Result<Output> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_opjournal"));
-    cmd.arg("demo").arg("--journal").arg(journal);
     if json {
-        cmd.env("OPJOURNAL_DEMO_JSON", "1");
-    } else {
-        cmd.env_remove("OPJOURNAL_DEMO_JSON");
+        cmd.arg("--json");
     }
+    cmd.arg("demo").arg("--journal").arg(journal);
     cmd.output()
 }
 

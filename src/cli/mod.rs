@@ -128,7 +128,8 @@ Examples:
         /// Where to write the journal (default: a new file in the temp directory).
         #[arg(long)]
         journal: Option<PathBuf>,
-        /// Keep the journal file (always kept when --journal is given).
+        /// Also keep the editor's document file beside the journal (the journal is
+        /// always left for inspection).
         #[arg(long)]
         keep: bool,
     },
@@ -332,7 +333,11 @@ pub(crate) fn main() -> ExitCode {
         }
     };
     if let Command::Demo { journal, keep } = cli.command {
-        return demo::run(&demo::DemoArgs { journal, keep });
+        return demo::run(&demo::DemoArgs {
+            journal,
+            keep,
+            json: cli.json,
+        });
     }
     commands::run(cli)
 }

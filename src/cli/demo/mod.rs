@@ -4,7 +4,7 @@
 //! table of what the client did, what the service answered and how many times each edit
 //! landed, and leaves the journal to inspect.
 //!
-//! `--json` (or `OPJOURNAL_DEMO_JSON=1`) prints the session as JSON Lines instead.
+//! `--json` prints the session as JSON Lines instead.
 
 mod client;
 mod document;
@@ -26,14 +26,12 @@ pub(crate) struct DemoArgs {
     pub journal: Option<PathBuf>,
     /// Also keep the editor's document file beside the journal.
     pub keep: bool,
+    /// Print the session as JSON Lines (`opjournal --json demo`).
+    pub json: bool,
 }
 
-/// The environment variable that selects JSON Lines output.
-const JSON_ENV: &str = "OPJOURNAL_DEMO_JSON";
-
 pub(crate) fn run(args: &DemoArgs) -> ExitCode {
-    let json = std::env::var_os(JSON_ENV).is_some_and(|v| v == "1");
-    let mut out = Transcript::new(json);
+    let mut out = Transcript::new(args.json);
     match session(args, &mut out) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),

@@ -694,10 +694,9 @@ impl Session<'_> {
         let after = journal
             .stats()
             .map_err(journal_err("read the journal's stats"))?;
-        let waiting = journal
-            .undelivered(SESSION)
-            .map_err(journal_err("list the session's unacknowledged results"))?
-            .len();
+        // Unacknowledged results, including one whose retry budget is spent (no longer
+        // pushed on reconnect, but still waiting for its acknowledgement).
+        let waiting = (after.pending + after.delivered + after.exhausted) as usize;
         drop(journal);
         let storm = Storm {
             reloads: RELOADS,
