@@ -667,6 +667,9 @@ pub fn repair(
         path.to_path_buf()
     };
     let looks_like_redb = check_redb_magic(&target).is_ok();
+    if looks_like_redb {
+        refuse_foreign(path, &target)?;
+    }
     if !options.dry_run && options.backup {
         // Refuse early if a writer holds the file, before copying it.
         if looks_like_redb {
@@ -740,6 +743,62 @@ pub fn repair(
             salvage(path, &target, &mut report, progress)?;
             Ok(report)
         }
+    }
+}
+
+/// Refuses, before anything is written, a redb database that is not a journal and a
+/// journal of a newer format. A file the storage engine cannot read is left to repair.
+fn refuse_foreign(path: &Path, target: &Path) -> Result<()> {
+    let verdict = guarded("open", || {
+        let db = match redb::Builder::new()
+            .set_concurrency_mode(redb::ConcurrencyMode::ExclusiveWriter)
+            .open_read_only(target)
+        {
+            Ok(db) => db,
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                return Err(Error::new(ErrorKind::Locked {
+                    path: path.to_path_buf(),
+                }));
+            }
+            Err(_) => return Ok(()),
+        };
+        let txn = db.begin_read()?;
+        let names: Vec<String> = {
+            use redb::TableHandle;
+            txn.list_tables()?.map(|h| h.name().to_string()).collect()
+        };
+        if !names.iter().any(|n| n == "meta") {
+            if names.is_empty() {
+                return Ok(());
+            }
+            return Err(Error::new(ErrorKind::NotAJournal {
+                path: path.to_path_buf(),
+                detail: "it is a redb database without the journal's `meta` table".into(),
+            }));
+        }
+        let meta = txn.open_table(store::META)?;
+        let format = match meta.get("format")? {
+            Some(v) => store::decode_meta::<FormatRecord>("format", v.value()).ok(),
+            None => None,
+        };
+        if let Some(f) = format {
+            crate::journal::check_format(path, Some(f), true)?;
+        }
+        Ok(())
+    });
+    match verdict {
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::NotAJournal { .. }
+                    | ErrorKind::UnsupportedFormat { .. }
+                    | ErrorKind::Locked { .. }
+            ) =>
+        {
+            Err(e)
+        }
+        // Anything else is damage for repair itself to deal with.
+        _ => Ok(()),
     }
 }
 

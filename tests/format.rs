@@ -319,3 +319,38 @@ fn altered_event_bytes_give_corrupt_naming_the_sequence() -> opjournal::Result<(
     );
     Ok(())
 }
+
+#[test]
+fn repair_refuses_foreign_and_newer_files_without_writing_a_backup() {
+    let env = Env::new();
+    write_meta_only(&env.path, 2);
+    let before = env.bytes();
+    let err = opjournal::check::repair(&env.path, &Default::default(), &mut |_, _| {})
+        .expect_err("newer format");
+    assert!(
+        matches!(err.kind(), ErrorKind::UnsupportedFormat { .. }),
+        "{err:?}"
+    );
+    let other = env.dir.path().join("other.redb");
+    {
+        let db = redb::Database::create(&other).expect("redb");
+        let txn = db.begin_write().expect("txn");
+        txn.open_table(redb::TableDefinition::<u64, u64>::new("things"))
+            .expect("table")
+            .insert(1, 2)
+            .expect("insert");
+        txn.commit().expect("commit");
+    }
+    let err = opjournal::check::repair(&other, &Default::default(), &mut |_, _| {})
+        .expect_err("foreign redb");
+    assert!(
+        matches!(err.kind(), ErrorKind::NotAJournal { .. }),
+        "{err:?}"
+    );
+    assert!(env.bytes() == before);
+    let files: Vec<_> = std::fs::read_dir(env.dir.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(files.len(), 2, "no backup was written: {files:?}");
+}
