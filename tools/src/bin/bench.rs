@@ -78,16 +78,16 @@ impl Params {
             Params {
                 quick,
                 reps: 2,
-                lifecycle_slices: 4,
+                lifecycle_slices: 3,
                 slice_lifecycles: 16,
                 raw_slice_writes: 50,
                 raw_writes: 200,
                 sweep_threads: vec![1, 2, 4, 8, 16],
-                base_n: 10_000,
+                base_n: 5_000,
                 populate_threads: 32,
                 replay_lookups: 20_000,
                 replay_rounds: 4,
-                fg_lifecycles: 60,
+                fg_lifecycles: 40,
             }
         } else {
             Params {
