@@ -148,9 +148,8 @@ pub(crate) fn verify_inspector(
         Access::Idle | Access::RecoveredCopy => integrity_of_copy(insp.path()),
     };
     let mut report = match guarded("records", || {
-        let txn = insp.handle.begin_read()?;
-        let tables = ReadTables::open(&txn)?;
-        let quarantined = match txn.open_table(store::QUARANTINE) {
+        let tables = ReadTables::new(insp.handle.begin_read()?);
+        let quarantined = match tables.txn().open_table(store::QUARANTINE) {
             Ok(q) => q.len()?,
             Err(_) => 0,
         };
@@ -184,11 +183,11 @@ pub(crate) fn verify_tables<V: View>(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<VerifyReport> {
     let mut findings = Vec::new();
-    let total = src.events_t().len()?;
+    let total = src.events_t()?.len()?;
     // Meta.
     let mut state: Option<StateRecord> = None;
     for key in ["format", "state"] {
-        match src.meta_t().get(key)? {
+        match src.meta_t()?.get(key)? {
             None => findings.push(Finding::new("meta", key, "missing")),
             Some(v) => {
                 if key == "format" {
@@ -214,7 +213,7 @@ pub(crate) fn verify_tables<V: View>(
         let txn = mem.begin_write()?;
         {
             let mut t = WriteTables::open(&txn)?;
-            for entry in src.events_t().iter()? {
+            for entry in src.events_t()?.iter()? {
                 let (k, v) = entry?;
                 let seq = k.value();
                 events += 1;
@@ -272,13 +271,12 @@ pub(crate) fn verify_tables<V: View>(
             ));
         }
     }
-    let rtxn = mem.begin_read()?;
-    let rebuilt = ReadTables::open(&rtxn)?;
+    let rebuilt = ReadTables::new(mem.begin_read()?);
 
     // Receipts.
     let mut receipts = 0u64;
     let mut stored_ids = BTreeSet::new();
-    for entry in src.receipts_t().iter()? {
+    for entry in src.receipts_t()?.iter()? {
         let (k, v) = entry?;
         let id = k.value().to_string();
         receipts += 1;
@@ -309,7 +307,7 @@ pub(crate) fn verify_tables<V: View>(
         }
         stored_ids.insert(id);
     }
-    for entry in rebuilt.receipts_t().iter()? {
+    for entry in rebuilt.receipts_t()?.iter()? {
         let (k, _) = entry?;
         if !stored_ids.contains(k.value()) {
             findings.push(Finding::new(
@@ -323,7 +321,7 @@ pub(crate) fn verify_tables<V: View>(
     // Scopes.
     let mut scopes = 0u64;
     let mut stored_scopes = BTreeSet::new();
-    for entry in src.scopes_t().iter()? {
+    for entry in src.scopes_t()?.iter()? {
         let (k, v) = entry?;
         let name = k.value().to_string();
         scopes += 1;
@@ -344,7 +342,7 @@ pub(crate) fn verify_tables<V: View>(
         }
         stored_scopes.insert(name);
     }
-    for entry in rebuilt.scopes_t().iter()? {
+    for entry in rebuilt.scopes_t()?.iter()? {
         let (k, _) = entry?;
         if !stored_scopes.contains(k.value()) {
             findings.push(Finding::new(
@@ -357,7 +355,7 @@ pub(crate) fn verify_tables<V: View>(
 
     // Results: each referenced payload present and matching; no orphans.
     let mut referenced: BTreeMap<u64, (String, crate::record::ResultInfo)> = BTreeMap::new();
-    for entry in rebuilt.receipts_t().iter()? {
+    for entry in rebuilt.receipts_t()?.iter()? {
         let (k, v) = entry?;
         let rec = store::decode_receipt(k.value(), v.value())?;
         if let ExecRecord::Done(d) = &rec.state
@@ -368,7 +366,7 @@ pub(crate) fn verify_tables<V: View>(
     }
     let mut results = 0u64;
     let mut seen_results = BTreeSet::new();
-    for entry in src.results_t().iter()? {
+    for entry in src.results_t()?.iter()? {
         let (k, v) = entry?;
         let seq = k.value();
         results += 1;
@@ -432,10 +430,10 @@ pub(crate) fn verify_tables<V: View>(
     let mut index_entries = 0u64;
     index_entries += compare_keys(
         "op_events",
-        keys(src.op_events_t(), |(op, seq): (&str, u64)| {
+        keys(src.op_events_t()?, |(op, seq): (&str, u64)| {
             format!("{op} @ {seq}")
         })?,
-        keys(rebuilt.op_events_t(), |(op, seq): (&str, u64)| {
+        keys(rebuilt.op_events_t()?, |(op, seq): (&str, u64)| {
             format!("{op} @ {seq}")
         })?,
         &mut findings,
@@ -446,35 +444,35 @@ pub(crate) fn verify_tables<V: View>(
     };
     index_entries += compare_keys(
         "timers",
-        keys(src.timers_t(), timer_key)?,
-        keys(rebuilt.timers_t(), timer_key)?,
+        keys(src.timers_t()?, timer_key)?,
+        keys(rebuilt.timers_t()?, timer_key)?,
         &mut findings,
     );
     let scope_timer_key = |(due, seq): (u64, u64)| format!("{} event {seq}", Timestamp(due));
     index_entries += compare_keys(
         "scope_timers",
-        keys(src.scope_timers_t(), scope_timer_key)?,
-        keys(rebuilt.scope_timers_t(), scope_timer_key)?,
+        keys(src.scope_timers_t()?, scope_timer_key)?,
+        keys(rebuilt.scope_timers_t()?, scope_timer_key)?,
         &mut findings,
     );
     let window_key = |(s, due, op): (&str, u64, &str)| format!("{s} {} {op}", Timestamp(due));
     index_entries += compare_keys(
         "windows",
-        keys(src.windows_t(), window_key)?,
-        keys(rebuilt.windows_t(), window_key)?,
+        keys(src.windows_t()?, window_key)?,
+        keys(rebuilt.windows_t()?, window_key)?,
         &mut findings,
     );
     let hold_key = |(s, op): (&str, &str)| format!("{s} {op}");
     index_entries += compare_keys(
         "scope_holds",
-        keys(src.holds_t(), hold_key)?,
-        keys(rebuilt.holds_t(), hold_key)?,
+        keys(src.holds_t()?, hold_key)?,
+        keys(rebuilt.holds_t()?, hold_key)?,
         &mut findings,
     );
     index_entries += compare_keys(
         "in_doubt",
-        keys(src.in_doubt_t(), |op: &str| op.to_string())?,
-        keys(rebuilt.in_doubt_t(), |op: &str| op.to_string())?,
+        keys(src.in_doubt_t()?, |op: &str| op.to_string())?,
+        keys(rebuilt.in_doubt_t()?, |op: &str| op.to_string())?,
         &mut findings,
     );
 
@@ -1082,21 +1080,21 @@ fn repair_db(
         }
         drop(q);
         let mut t = WriteTables::open(&txn)?;
-        let old_state = match t.meta_t().get("state")? {
+        let old_state = match t.meta_t()?.get("state")? {
             Some(v) => store::decode_meta::<StateRecord>("state", v.value()).ok(),
             None => None,
         };
         // Replay.
         let events_raw = {
             use redb::ReadableTableMetadata as _;
-            t.events_t().len()?
+            t.events_t()?.len()?
         };
         let mut replayed = 0u64;
         let mut max_seq = 0u64;
         let mut max_at = Timestamp(0);
         let seqs: Vec<u64> = {
             let mut v = Vec::new();
-            for entry in t.events_t().iter()? {
+            for entry in t.events_t()?.iter()? {
                 let (k, _) = entry?;
                 v.push(k.value());
             }
@@ -1215,7 +1213,7 @@ fn repair_db(
         let mut lost_results = Vec::new();
         let ids: Vec<String> = {
             let mut v = Vec::new();
-            for entry in ctx.t.receipts_t().iter()? {
+            for entry in ctx.t.receipts_t()?.iter()? {
                 let (k, _) = entry?;
                 v.push(k.value().to_string());
             }
@@ -1228,7 +1226,7 @@ fn repair_db(
             if let ExecRecord::Done(d) = &rec.state
                 && let Some(seq) = d.result_seq
             {
-                let ok = match ctx.t.results_t().get(seq)? {
+                let ok = match ctx.t.results_t()?.get(seq)? {
                     Some(v) => match store::decode_result(seq, v.value()) {
                         Ok((h, bytes)) => {
                             h.operation_id == *id
@@ -1257,7 +1255,7 @@ fn repair_db(
         }
         let result_keys: Vec<u64> = {
             let mut v = Vec::new();
-            for entry in ctx.t.results_t().iter()? {
+            for entry in ctx.t.results_t()?.iter()? {
                 let (k, _) = entry?;
                 v.push(k.value());
             }
@@ -1271,8 +1269,8 @@ fn repair_db(
         }
         let state = ctx.state.clone();
         t.put_state(&state)?;
-        report.receipts_rebuilt = t.receipts_t().len()?;
-        report.scopes_rebuilt = t.scopes_t().len()?;
+        report.receipts_rebuilt = t.receipts_t()?.len()?;
+        report.scopes_rebuilt = t.scopes_t()?.len()?;
     }
     txn.commit()?;
     Ok(())

@@ -248,12 +248,11 @@ impl Inspector {
         self.access
     }
 
-    pub(crate) fn snapshot(&self) -> Result<(ReadTables, ReadTransaction, Timestamp)> {
-        let txn = self.handle.begin_read()?;
-        let tables = ReadTables::open(&txn)?;
+    pub(crate) fn snapshot(&self) -> Result<(ReadTables, Timestamp)> {
+        let tables = ReadTables::new(self.handle.begin_read()?);
         let hw = tables.state()?.clock_high_water;
         let now = self.clock.now().max(hw);
-        Ok((tables, txn, now))
+        Ok((tables, now))
     }
 
     /// The time clocks are judged by: the system clock, never below the journal's
@@ -263,7 +262,7 @@ impl Inspector {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn now(&self) -> Result<Timestamp> {
-        guarded("now", || Ok(self.snapshot()?.2))
+        guarded("now", || Ok(self.snapshot()?.1))
     }
 
     /// Counts by status and delivery state, and file facts.
@@ -273,7 +272,7 @@ impl Inspector {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn stats(&self) -> Result<Stats> {
         guarded("stats", || {
-            let (t, _txn, now) = self.snapshot()?;
+            let (t, now) = self.snapshot()?;
             let mut s = stats::collect(&t, now)?;
             s.file_bytes = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
             let txn = self.handle.begin_read()?;
@@ -291,7 +290,7 @@ impl Inspector {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn lookup(&self, operation_id: &str) -> Result<Option<Receipt>> {
         guarded("lookup", || {
-            let (t, _txn, now) = self.snapshot()?;
+            let (t, now) = self.snapshot()?;
             engine::lookup(&t, operation_id, now)
         })
     }
@@ -303,7 +302,7 @@ impl Inspector {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn result(&self, operation_id: &str) -> Result<Option<OpResult>> {
         guarded("result", || {
-            let (t, _txn, now) = self.snapshot()?;
+            let (t, now) = self.snapshot()?;
             match engine::effective_of(&t, operation_id, now)? {
                 Some(rec) => engine::result_of(&t, &rec),
                 None => Ok(None),
@@ -318,7 +317,7 @@ impl Inspector {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn history(&self, operation_id: &str) -> Result<Vec<Event>> {
         guarded("history", || {
-            let (t, _txn, _) = self.snapshot()?;
+            let (t, _) = self.snapshot()?;
             let mut out = Vec::new();
             for seq in t.op_event_seqs(operation_id)? {
                 if let Some(ev) = t.event(seq)? {
@@ -338,8 +337,8 @@ impl Inspector {
     pub fn for_each_receipt(&self, mut f: impl FnMut(Receipt) -> Result<bool>) -> Result<()> {
         let mut caller_panic = None;
         let r = guarded("receipts", || {
-            let (t, _txn, now) = self.snapshot()?;
-            for entry in t.receipts_t().iter()? {
+            let (t, now) = self.snapshot()?;
+            for entry in t.receipts_t()?.iter()? {
                 let (k, v) = entry?;
                 let rec = store::decode_receipt(k.value(), v.value())?;
                 if let Some(r) = engine::effective(&rec, now).as_ref().and_then(engine::view)
@@ -367,8 +366,8 @@ impl Inspector {
     ) -> Result<()> {
         let mut caller_panic = None;
         let r = guarded("events", || {
-            let (t, _txn, _) = self.snapshot()?;
-            for entry in t.events_t().range(from..)? {
+            let (t, _) = self.snapshot()?;
+            for entry in t.events_t()?.range(from..)? {
                 let (k, v) = entry?;
                 let ev = store::decode_event(k.value(), v.value())?;
                 if !call_caller(&mut caller_panic, || f(ev))? {
@@ -389,8 +388,8 @@ impl Inspector {
     pub fn sizes(&self) -> Result<(u64, u64)> {
         guarded("sizes", || {
             use redb::ReadableTableMetadata;
-            let (t, _txn, _) = self.snapshot()?;
-            Ok((t.events_t().len()?, t.receipts_t().len()?))
+            let (t, _) = self.snapshot()?;
+            Ok((t.events_t()?.len()?, t.receipts_t()?.len()?))
         })
     }
 

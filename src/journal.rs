@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTableMetadata};
+use redb::{Database, ReadableDatabase, ReadableTableMetadata};
 
 use crate::clock::Timestamp;
 use crate::codec::FORMAT_VERSION;
@@ -405,12 +405,10 @@ impl Inner {
             .cloned()
             .collect();
         drop(lazy);
-        let tables = ReadTables::open(&txn)?;
         Ok((
             Snapshot {
-                tables,
+                tables: ReadTables::new(txn),
                 pending,
-                _txn: txn,
             },
             self.now(),
         ))
@@ -423,8 +421,7 @@ impl Inner {
         let now = self.now();
         let mut lazy = write_lock(&self.lazy);
         let rec = {
-            let txn = self.db.begin_read()?;
-            let tables = ReadTables::open(&txn)?;
+            let tables = ReadTables::new(self.db.begin_read()?);
             let rec = engine::known_or_unknown(&tables, id, now)?;
             let pending: Vec<(Timestamp, EventKind)> = lazy
                 .entries
@@ -473,7 +470,6 @@ enum BatchOutcome {
 pub(crate) struct Snapshot {
     pub(crate) tables: ReadTables,
     pending: Vec<LazyEntry>,
-    _txn: ReadTransaction,
 }
 
 impl Snapshot {
@@ -995,7 +991,7 @@ impl Journal {
         {
             ids.push(id);
         }
-        for entry in redb::ReadableTable::iter(snap.tables.in_doubt_t())? {
+        for entry in redb::ReadableTable::iter(snap.tables.in_doubt_t()?)? {
             let (k, _) = entry?;
             ids.push(k.value().to_string());
         }
@@ -1113,6 +1109,6 @@ impl Journal {
     /// [`ErrorKind::Io`].
     pub fn event_count(&self) -> Result<u64> {
         let (snap, _) = self.inner.read()?;
-        Ok(snap.tables.events_t().len()?)
+        Ok(snap.tables.events_t()?.len()?)
     }
 }

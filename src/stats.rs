@@ -72,7 +72,7 @@ pub(crate) fn collect<V: View>(v: &V, now: Timestamp) -> Result<Stats> {
         s.created_at = f.created_at;
     }
     s.clock_high_water = v.state()?.clock_high_water;
-    for entry in v.receipts_t().iter()? {
+    for entry in v.receipts_t()?.iter()? {
         let (k, val) = entry?;
         let rec = store::decode_receipt(k.value(), val.value())?;
         let Some(rec) = engine::effective(&rec, now) else {
@@ -109,9 +109,9 @@ pub(crate) fn collect<V: View>(v: &V, now: Timestamp) -> Result<Stats> {
             s.oldest_unacked = Some((r.operation_id.clone(), at));
         }
     }
-    s.events = v.events_t().len()?;
-    s.results = v.results_t().len()?;
-    s.scopes = v.scopes_t().len()?;
-    s.timers = v.timers_t().len()?;
+    s.events = v.events_t()?.len()?;
+    s.results = v.results_t()?.len()?;
+    s.scopes = v.scopes_t()?.len()?;
+    s.timers = v.timers_t()?.len()?;
     Ok(s)
 }

@@ -5,6 +5,8 @@
 //! module. Every value read is checked (magic, CRC, decode, embedded key) and a failure is
 //! a typed `Corrupt { table, key }` error, never a panic.
 
+use std::cell::OnceCell;
+
 use redb::{
     ReadOnlyTable, ReadTransaction, ReadableTable, Table, TableDefinition, WriteTransaction,
 };
@@ -190,27 +192,27 @@ pub(crate) trait View {
     type Holds: ReadableTable<(&'static str, &'static str), ()>;
     type InDoubt: ReadableTable<&'static str, ()>;
 
-    fn meta_t(&self) -> &Self::Meta;
-    fn events_t(&self) -> &Self::Events;
-    fn receipts_t(&self) -> &Self::Receipts;
-    fn results_t(&self) -> &Self::Results;
-    fn scopes_t(&self) -> &Self::Scopes;
-    fn op_events_t(&self) -> &Self::OpEvents;
-    fn timers_t(&self) -> &Self::Timers;
-    fn scope_timers_t(&self) -> &Self::ScopeTimers;
-    fn windows_t(&self) -> &Self::Windows;
-    fn holds_t(&self) -> &Self::Holds;
-    fn in_doubt_t(&self) -> &Self::InDoubt;
+    fn meta_t(&self) -> Result<&Self::Meta>;
+    fn events_t(&self) -> Result<&Self::Events>;
+    fn receipts_t(&self) -> Result<&Self::Receipts>;
+    fn results_t(&self) -> Result<&Self::Results>;
+    fn scopes_t(&self) -> Result<&Self::Scopes>;
+    fn op_events_t(&self) -> Result<&Self::OpEvents>;
+    fn timers_t(&self) -> Result<&Self::Timers>;
+    fn scope_timers_t(&self) -> Result<&Self::ScopeTimers>;
+    fn windows_t(&self) -> Result<&Self::Windows>;
+    fn holds_t(&self) -> Result<&Self::Holds>;
+    fn in_doubt_t(&self) -> Result<&Self::InDoubt>;
 
     fn format(&self) -> Result<Option<FormatRecord>> {
-        match self.meta_t().get("format")? {
+        match self.meta_t()?.get("format")? {
             Some(v) => Ok(Some(decode_meta("format", v.value())?)),
             None => Ok(None),
         }
     }
 
     fn state(&self) -> Result<StateRecord> {
-        match self.meta_t().get("state")? {
+        match self.meta_t()?.get("state")? {
             Some(v) => decode_meta("state", v.value()),
             None => Err(Error::corrupt(
                 "meta",
@@ -221,14 +223,14 @@ pub(crate) trait View {
     }
 
     fn receipt(&self, id: &str) -> Result<Option<ReceiptRecord>> {
-        match self.receipts_t().get(id)? {
+        match self.receipts_t()?.get(id)? {
             Some(v) => Ok(Some(decode_receipt(id, v.value())?)),
             None => Ok(None),
         }
     }
 
     fn scope(&self, scope: &str) -> Result<Option<ScopeRecord>> {
-        match self.scopes_t().get(scope)? {
+        match self.scopes_t()?.get(scope)? {
             Some(v) => Ok(Some(decode_scope(scope, v.value())?)),
             None => Ok(None),
         }
@@ -239,7 +241,7 @@ pub(crate) trait View {
     }
 
     fn event(&self, seq: u64) -> Result<Option<Event>> {
-        match self.events_t().get(seq)? {
+        match self.events_t()?.get(seq)? {
             Some(v) => Ok(Some(decode_event(seq, v.value())?)),
             None => Ok(None),
         }
@@ -247,7 +249,7 @@ pub(crate) trait View {
 
     /// The result stored under `seq`, checked against the operation id.
     fn result(&self, seq: u64, operation_id: &str) -> Result<Option<OpResult>> {
-        match self.results_t().get(seq)? {
+        match self.results_t()?.get(seq)? {
             Some(v) => {
                 let (header, bytes) = decode_result(seq, v.value())?;
                 if header.operation_id != operation_id {
@@ -272,7 +274,7 @@ pub(crate) trait View {
     /// The seqs of an operation's events, in order.
     fn op_event_seqs(&self, id: &str) -> Result<Vec<u64>> {
         let mut out = Vec::new();
-        for entry in self.op_events_t().range((id, 0u64)..=(id, u64::MAX))? {
+        for entry in self.op_events_t()?.range((id, 0u64)..=(id, u64::MAX))? {
             let (k, _) = entry?;
             out.push(k.value().1);
         }
@@ -282,7 +284,7 @@ pub(crate) trait View {
     /// The operations recorded as holding `scope`'s lock.
     fn holders(&self, scope: &str) -> Result<Vec<String>> {
         let mut out = Vec::new();
-        for entry in self.holds_t().range((scope, "")..)? {
+        for entry in self.holds_t()?.range((scope, "")..)? {
             let (k, _) = entry?;
             let (s, op) = k.value();
             if s != scope {
@@ -301,7 +303,7 @@ pub(crate) trait View {
             return Ok(out);
         }
         for entry in self
-            .windows_t()
+            .windows_t()?
             .range((session, after + 1, "")..=(session, u64::MAX, "\u{10FFFF}\u{10FFFF}"))?
         {
             let (k, _) = entry?;
@@ -324,7 +326,7 @@ pub(crate) trait View {
         if limit == 0 {
             return Ok(out);
         }
-        for entry in self.timers_t().range((k, 0u64, "")..)? {
+        for entry in self.timers_t()?.range((k, 0u64, "")..)? {
             let (key, _) = entry?;
             let (kk, due, op) = key.value();
             if kk != k || due > now {
@@ -345,7 +347,7 @@ pub(crate) trait View {
             return Ok(out);
         }
         for entry in self
-            .scope_timers_t()
+            .scope_timers_t()?
             .range((0u64, 0u64)..=(now, u64::MAX))?
         {
             let (key, _) = entry?;
@@ -358,36 +360,105 @@ pub(crate) trait View {
     }
 }
 
-/// The tables as seen by a read transaction.
+/// The tables as seen by a read transaction, each opened on first use (a lookup that
+/// needs two tables does not pay for opening eleven).
 pub(crate) struct ReadTables {
-    meta: ReadOnlyTable<&'static str, &'static [u8]>,
-    events: ReadOnlyTable<u64, &'static [u8]>,
-    receipts: ReadOnlyTable<&'static str, &'static [u8]>,
-    results: ReadOnlyTable<u64, &'static [u8]>,
-    scopes: ReadOnlyTable<&'static str, &'static [u8]>,
-    op_events: ReadOnlyTable<(&'static str, u64), ()>,
-    timers: ReadOnlyTable<(u8, u64, &'static str), ()>,
-    scope_timers: ReadOnlyTable<(u64, u64), ()>,
-    windows: ReadOnlyTable<(&'static str, u64, &'static str), ()>,
-    holds: ReadOnlyTable<(&'static str, &'static str), ()>,
-    in_doubt: ReadOnlyTable<&'static str, ()>,
+    txn: ReadTransaction,
+    meta: OnceCell<ReadOnlyTable<&'static str, &'static [u8]>>,
+    events: OnceCell<ReadOnlyTable<u64, &'static [u8]>>,
+    receipts: OnceCell<ReadOnlyTable<&'static str, &'static [u8]>>,
+    results: OnceCell<ReadOnlyTable<u64, &'static [u8]>>,
+    scopes: OnceCell<ReadOnlyTable<&'static str, &'static [u8]>>,
+    op_events: OnceCell<ReadOnlyTable<(&'static str, u64), ()>>,
+    timers: OnceCell<ReadOnlyTable<(u8, u64, &'static str), ()>>,
+    scope_timers: OnceCell<ReadOnlyTable<(u64, u64), ()>>,
+    windows: OnceCell<ReadOnlyTable<(&'static str, u64, &'static str), ()>>,
+    holds: OnceCell<ReadOnlyTable<(&'static str, &'static str), ()>>,
+    in_doubt: OnceCell<ReadOnlyTable<&'static str, ()>>,
+}
+
+/// The table in `cell`, opened from `txn` on first use.
+fn lazily<'c, K: redb::Key + 'static, V: redb::Value + 'static>(
+    cell: &'c OnceCell<ReadOnlyTable<K, V>>,
+    txn: &ReadTransaction,
+    def: TableDefinition<K, V>,
+) -> Result<&'c ReadOnlyTable<K, V>> {
+    if let Some(t) = cell.get() {
+        return Ok(t);
+    }
+    let table = txn.open_table(def)?;
+    Ok(cell.get_or_init(|| table))
 }
 
 impl ReadTables {
-    pub(crate) fn open(txn: &ReadTransaction) -> Result<ReadTables> {
-        Ok(ReadTables {
-            meta: txn.open_table(META)?,
-            events: txn.open_table(EVENTS)?,
-            receipts: txn.open_table(RECEIPTS)?,
-            results: txn.open_table(RESULTS)?,
-            scopes: txn.open_table(SCOPES)?,
-            op_events: txn.open_table(OP_EVENTS)?,
-            timers: txn.open_table(TIMERS)?,
-            scope_timers: txn.open_table(SCOPE_TIMERS)?,
-            windows: txn.open_table(WINDOWS)?,
-            holds: txn.open_table(HOLDS)?,
-            in_doubt: txn.open_table(IN_DOUBT)?,
-        })
+    /// The tables of `txn`, which the value keeps alive.
+    pub(crate) fn new(txn: ReadTransaction) -> ReadTables {
+        ReadTables {
+            txn,
+            meta: OnceCell::new(),
+            events: OnceCell::new(),
+            receipts: OnceCell::new(),
+            results: OnceCell::new(),
+            scopes: OnceCell::new(),
+            op_events: OnceCell::new(),
+            timers: OnceCell::new(),
+            scope_timers: OnceCell::new(),
+            windows: OnceCell::new(),
+            holds: OnceCell::new(),
+            in_doubt: OnceCell::new(),
+        }
+    }
+
+    /// The read transaction.
+    pub(crate) fn txn(&self) -> &ReadTransaction {
+        &self.txn
+    }
+}
+
+impl View for ReadTables {
+    type Meta = ReadOnlyTable<&'static str, &'static [u8]>;
+    type Events = ReadOnlyTable<u64, &'static [u8]>;
+    type Receipts = ReadOnlyTable<&'static str, &'static [u8]>;
+    type Results = ReadOnlyTable<u64, &'static [u8]>;
+    type Scopes = ReadOnlyTable<&'static str, &'static [u8]>;
+    type OpEvents = ReadOnlyTable<(&'static str, u64), ()>;
+    type Timers = ReadOnlyTable<(u8, u64, &'static str), ()>;
+    type ScopeTimers = ReadOnlyTable<(u64, u64), ()>;
+    type Windows = ReadOnlyTable<(&'static str, u64, &'static str), ()>;
+    type Holds = ReadOnlyTable<(&'static str, &'static str), ()>;
+    type InDoubt = ReadOnlyTable<&'static str, ()>;
+    fn meta_t(&self) -> Result<&Self::Meta> {
+        lazily(&self.meta, &self.txn, META)
+    }
+    fn events_t(&self) -> Result<&Self::Events> {
+        lazily(&self.events, &self.txn, EVENTS)
+    }
+    fn receipts_t(&self) -> Result<&Self::Receipts> {
+        lazily(&self.receipts, &self.txn, RECEIPTS)
+    }
+    fn results_t(&self) -> Result<&Self::Results> {
+        lazily(&self.results, &self.txn, RESULTS)
+    }
+    fn scopes_t(&self) -> Result<&Self::Scopes> {
+        lazily(&self.scopes, &self.txn, SCOPES)
+    }
+    fn op_events_t(&self) -> Result<&Self::OpEvents> {
+        lazily(&self.op_events, &self.txn, OP_EVENTS)
+    }
+    fn timers_t(&self) -> Result<&Self::Timers> {
+        lazily(&self.timers, &self.txn, TIMERS)
+    }
+    fn scope_timers_t(&self) -> Result<&Self::ScopeTimers> {
+        lazily(&self.scope_timers, &self.txn, SCOPE_TIMERS)
+    }
+    fn windows_t(&self) -> Result<&Self::Windows> {
+        lazily(&self.windows, &self.txn, WINDOWS)
+    }
+    fn holds_t(&self) -> Result<&Self::Holds> {
+        lazily(&self.holds, &self.txn, HOLDS)
+    }
+    fn in_doubt_t(&self) -> Result<&Self::InDoubt> {
+        lazily(&self.in_doubt, &self.txn, IN_DOUBT)
     }
 }
 
@@ -422,21 +493,20 @@ macro_rules! view_impl {
             type Windows = $tbl<$($lt,)? (&'static str, u64, &'static str), ()>;
             type Holds = $tbl<$($lt,)? (&'static str, &'static str), ()>;
             type InDoubt = $tbl<$($lt,)? &'static str, ()>;
-            fn meta_t(&self) -> &Self::Meta { &self.meta }
-            fn events_t(&self) -> &Self::Events { &self.events }
-            fn receipts_t(&self) -> &Self::Receipts { &self.receipts }
-            fn results_t(&self) -> &Self::Results { &self.results }
-            fn scopes_t(&self) -> &Self::Scopes { &self.scopes }
-            fn op_events_t(&self) -> &Self::OpEvents { &self.op_events }
-            fn timers_t(&self) -> &Self::Timers { &self.timers }
-            fn scope_timers_t(&self) -> &Self::ScopeTimers { &self.scope_timers }
-            fn windows_t(&self) -> &Self::Windows { &self.windows }
-            fn holds_t(&self) -> &Self::Holds { &self.holds }
-            fn in_doubt_t(&self) -> &Self::InDoubt { &self.in_doubt }
+            fn meta_t(&self) -> Result<&Self::Meta> { Ok(&self.meta) }
+            fn events_t(&self) -> Result<&Self::Events> { Ok(&self.events) }
+            fn receipts_t(&self) -> Result<&Self::Receipts> { Ok(&self.receipts) }
+            fn results_t(&self) -> Result<&Self::Results> { Ok(&self.results) }
+            fn scopes_t(&self) -> Result<&Self::Scopes> { Ok(&self.scopes) }
+            fn op_events_t(&self) -> Result<&Self::OpEvents> { Ok(&self.op_events) }
+            fn timers_t(&self) -> Result<&Self::Timers> { Ok(&self.timers) }
+            fn scope_timers_t(&self) -> Result<&Self::ScopeTimers> { Ok(&self.scope_timers) }
+            fn windows_t(&self) -> Result<&Self::Windows> { Ok(&self.windows) }
+            fn holds_t(&self) -> Result<&Self::Holds> { Ok(&self.holds) }
+            fn in_doubt_t(&self) -> Result<&Self::InDoubt> { Ok(&self.in_doubt) }
         }
     };
 }
-view_impl!(ReadTables, ReadOnlyTable);
 view_impl!(WriteTables<'txn>, Table, 'txn);
 
 /// One index entry implied by a receipt (see `engine::index_entries`).
