@@ -631,6 +631,9 @@ impl Journal {
 
     pub(crate) fn open_with(path: &Path, cfg: Config) -> Result<Journal> {
         check_redb_magic(path)?;
+        if !path.exists() {
+            Self::create_atomically(path, &cfg)?;
+        }
         // The file is input: the storage engine may panic on damaged pages while opening
         // (fuzzing found such files). Answer `Corrupt` instead.
         crate::check::guarded("open", || {
@@ -639,6 +642,54 @@ impl Journal {
                 .map_err(|e| open_error(path, e))?;
             Self::init(db, path, cfg)
         })
+    }
+
+    /// Creates a new journal at `path` without ever exposing a half-made file there: the
+    /// storage engine initializes a file in place over several writes and syncs, and a crash
+    /// in between leaves a file it (rightly) refuses to open ever again. So the journal is
+    /// built under a temporary name in the same directory, closed (synced), then linked into
+    /// place, which fails if another process created `path` first (then its journal is
+    /// used). A crash leaves no journal or a complete one, and at worst a stray temporary
+    /// file named `.<name>.creating-*`.
+    fn create_atomically(path: &Path, cfg: &Config) -> Result<()> {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .ok_or_else(|| {
+                Error::invalid(
+                    "journal path",
+                    &path.display().to_string(),
+                    "it does not name a file",
+                )
+            })?;
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!(".{name}.creating-"))
+            .tempfile_in(dir)
+            .map_err(Error::io)?
+            .into_temp_path();
+        {
+            let db = Self::redb_builder(cfg)
+                .create(&tmp)
+                .map_err(|e| open_error(&tmp, e))?;
+            drop(Self::init(db, &tmp, cfg.clone())?);
+        }
+        match std::fs::hard_link(&tmp, path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+            // No hard links on this file system: rename, unless someone created it meanwhile.
+            Err(_) if !path.exists() => std::fs::rename(&tmp, path).map_err(Error::io)?,
+            Err(e) => return Err(Error::io(e)),
+        }
+        // Make the new name durable.
+        #[cfg(unix)]
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(Error::io)?;
+        Ok(())
     }
 
     pub(crate) fn open_backend_with(
