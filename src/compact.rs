@@ -101,7 +101,7 @@ pub(crate) fn run(inner: &Inner) -> Result<CompactionReport> {
     if anything_due(inner)? {
         let limit = inner.cfg.compaction_batch;
         loop {
-            let (more, fired) = inner.write(move |ctx| {
+            let (more, fired) = inner.write_background(move |ctx| {
                 let before = ctx.fired;
                 let more = engine::compact_batch(ctx, limit)?;
                 Ok((more, delta(ctx.fired, before)))

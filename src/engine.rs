@@ -857,13 +857,7 @@ impl Ctx<'_, '_> {
         self.state.next_seq = seq
             .checked_add(1)
             .ok_or_else(|| Error::corrupt("meta", "state", "event sequence exhausted"))?;
-        match &kind {
-            EventKind::LeaseExpired { .. } => self.fired.lease_expired += 1,
-            EventKind::Exhausted => self.fired.exhausted += 1,
-            EventKind::AckExpired => self.fired.ack_expired += 1,
-            EventKind::Retired => self.fired.retired += 1,
-            _ => {}
-        }
+        self.count(&kind);
         let ev = Event {
             seq,
             at: self.now,
@@ -875,6 +869,17 @@ impl Ctx<'_, '_> {
         Ok(ev)
     }
 
+    /// Counts a clock transition for the compaction report.
+    fn count(&mut self, kind: &EventKind) {
+        match kind {
+            EventKind::LeaseExpired { .. } => self.fired.lease_expired += 1,
+            EventKind::Exhausted => self.fired.exhausted += 1,
+            EventKind::AckExpired => self.fired.ack_expired += 1,
+            EventKind::Retired => self.fired.retired += 1,
+            _ => {}
+        }
+    }
+
     /// Records every clock transition due for `id` and purges it if due. Returns the
     /// record as it stands afterwards (`None` if absent or purged).
     pub(crate) fn materialize(&mut self, id: &str) -> Result<Option<ReceiptRecord>> {
@@ -882,6 +887,18 @@ impl Ctx<'_, '_> {
             return Ok(None);
         };
         let (events, purge) = due_transitions(&rec, self.now);
+        if purge {
+            // The purge erases the record with its events: count what the clocks did, but
+            // write none of it.
+            for kind in &events {
+                self.count(kind);
+            }
+            self.purge(&rec)?;
+            return Ok(None);
+        }
+        if events.is_empty() {
+            return Ok(Some(rec));
+        }
         for kind in events {
             if let EventKind::Retired = kind
                 && let ExecRecord::Done(d) = &rec.state
@@ -890,12 +907,6 @@ impl Ctx<'_, '_> {
                 self.t.delete_result(seq)?;
             }
             self.append(Some(id), kind)?;
-        }
-        if purge {
-            if let Some(rec) = self.t.receipt(id)? {
-                self.purge(&rec)?;
-            }
-            return Ok(None);
         }
         self.t.receipt(id)
     }
@@ -1376,10 +1387,11 @@ const FIRED_KINDS: [TimerKind; 5] = [
 /// One compaction batch: fires up to `limit` due timers. Returns whether more may be due.
 pub(crate) fn compact_batch(ctx: &mut Ctx<'_, '_>, limit: usize) -> Result<bool> {
     let mut ops: Vec<String> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for kind in FIRED_KINDS {
         let room = limit.saturating_sub(ops.len());
         for (_, id) in ctx.t.timers_due(kind, ctx.now.0, room)? {
-            if !ops.contains(&id) {
+            if seen.insert(id.clone()) {
                 ops.push(id);
             }
         }

@@ -99,6 +99,8 @@ struct Queue {
 /// A queued call. `run` may be called more than once (a batch is retried without a job
 /// that hit a corrupt record), so jobs keep their inputs.
 trait Job: Send {
+    /// Compaction: batched alone, so foreground calls never wait behind its work.
+    fn background(&self) -> bool;
     fn run(&mut self, ctx: &mut Ctx<'_, '_>) -> std::result::Result<(), RunFailure>;
     fn finish(&mut self, commit: std::result::Result<(), &Error>);
     fn fail(&mut self, err: Error);
@@ -115,6 +117,7 @@ enum RunFailure {
 type Slot<T> = Arc<Mutex<Option<Result<T>>>>;
 
 struct TypedJob<T, F> {
+    background: bool,
     f: F,
     result: Option<Result<T>>,
     slot: Slot<T>,
@@ -143,6 +146,10 @@ where
     T: Send + 'static,
     F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send,
 {
+    fn background(&self) -> bool {
+        self.background
+    }
+
     fn run(&mut self, ctx: &mut Ctx<'_, '_>) -> std::result::Result<(), RunFailure> {
         let r = (self.f)(ctx);
         let failure = match &r {
@@ -183,6 +190,19 @@ impl Committer {
             queue: Mutex::new(Queue::default()),
             cv: Condvar::new(),
         }
+    }
+}
+
+/// The next batch: every queued foreground job, or else one background job.
+fn next_batch(queue: &mut Vec<Box<dyn Job>>) -> Vec<Box<dyn Job>> {
+    if queue.iter().any(|j| !j.background()) {
+        let (fg, bg): (Vec<_>, Vec<_>) = std::mem::take(queue)
+            .into_iter()
+            .partition(|j| !j.background());
+        *queue = bg;
+        fg
+    } else {
+        vec![queue.remove(0)]
     }
 }
 
@@ -228,9 +248,28 @@ impl Inner {
         T: Send + 'static,
         F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send + 'static,
     {
+        self.enqueue(false, f)
+    }
+
+    /// Runs a compaction batch `f` in a write transaction of its own: foreground calls
+    /// are never batched with it, so they wait behind at most one such batch.
+    pub(crate) fn write_background<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send + 'static,
+    {
+        self.enqueue(true, f)
+    }
+
+    fn enqueue<T, F>(&self, background: bool, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send + 'static,
+    {
         self.check_writable()?;
         let slot: Slot<T> = Arc::new(Mutex::new(None));
         let job = TypedJob {
+            background,
             f,
             result: None,
             slot: slot.clone(),
@@ -244,7 +283,7 @@ impl Inner {
             }
             if !q.leader && !q.jobs.is_empty() {
                 q.leader = true;
-                let jobs = std::mem::take(&mut q.jobs);
+                let jobs = next_batch(&mut q.jobs);
                 drop(q);
                 let guard = BatchGuard { jobs, inner: self };
                 self.execute(guard);
@@ -606,6 +645,23 @@ impl Drop for Journal {
 }
 
 impl Journal {
+    /// Runs `f`, turning a panic of the storage engine into [`ErrorKind::Corrupt`]: redb
+    /// trusts its pages and may panic on a damaged file (fuzzing found such files). The
+    /// handle is then poisoned, as after a failed commit: the engine's own state may be
+    /// inconsistent, so writes are refused until the journal is reopened (or repaired).
+    fn guard<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let mut finished = false;
+        let r = crate::check::guarded(what, || {
+            let r = f();
+            finished = true;
+            r
+        });
+        if !finished {
+            self.inner.poisoned.store(true, Ordering::SeqCst);
+        }
+        r
+    }
+
     /// A builder to configure the clocks, bounds and policies before opening.
     pub fn builder() -> JournalBuilder {
         JournalBuilder::new()
@@ -782,16 +838,18 @@ impl Journal {
     /// [`ErrorKind::StaleBase`], [`ErrorKind::ScopeBusy`], [`ErrorKind::WindowFull`].
     /// Storage errors: [`ErrorKind::Corrupt`], [`ErrorKind::Io`], [`ErrorKind::Poisoned`].
     pub fn submit(&self, op: Operation) -> Result<Admission> {
-        engine::validate_operation(&op)?;
-        // Fast path: a known id is answered from a read snapshot without the writer.
-        {
-            let (snap, now) = self.inner.read_pending(Some(&op.id))?;
-            let eff = snap.effective(&op.id, now)?;
-            if let Some(answer) = engine::answer_known(&snap.tables, eff.as_ref(), &op)? {
-                return Ok(answer);
+        self.guard("submit", || {
+            engine::validate_operation(&op)?;
+            // Fast path: a known id is answered from a read snapshot without the writer.
+            {
+                let (snap, now) = self.inner.read_pending(Some(&op.id))?;
+                let eff = snap.effective(&op.id, now)?;
+                if let Some(answer) = engine::answer_known(&snap.tables, eff.as_ref(), &op)? {
+                    return Ok(answer);
+                }
             }
-        }
-        self.inner.write(move |ctx| engine::submit(ctx, &op))
+            self.inner.write(move |ctx| engine::submit(ctx, &op))
+        })
     }
 
     /// Records the outcome of a claimed operation (durable before it returns).
@@ -806,9 +864,11 @@ impl Journal {
     /// [`ErrorKind::ResultTooLarge`], [`ErrorKind::InvalidInput`] (asset list); all write
     /// nothing, and the claim stays usable. Storage errors as for [`Journal::submit`].
     pub fn complete(&self, claim: &Claim, outcome: Outcome) -> Result<Receipt> {
-        let claim = claim.clone();
-        self.inner
-            .write(move |ctx| engine::complete(ctx, &claim, &outcome))
+        self.guard("complete", || {
+            let claim = claim.clone();
+            self.inner
+                .write(move |ctx| engine::complete(ctx, &claim, &outcome))
+        })
     }
 
     /// Gives the id back: the work was rejected before any effect. The id becomes unknown
@@ -818,8 +878,10 @@ impl Journal {
     ///
     /// [`ErrorKind::StaleClaim`]; storage errors as for [`Journal::submit`].
     pub fn release(&self, claim: &Claim) -> Result<()> {
-        let claim = claim.clone();
-        self.inner.write(move |ctx| engine::release(ctx, &claim))
+        self.guard("release", || {
+            let claim = claim.clone();
+            self.inner.write(move |ctx| engine::release(ctx, &claim))
+        })
     }
 
     /// Extends the claim's lease by the configured lease duration from now, and returns
@@ -840,16 +902,18 @@ impl Journal {
     ///
     /// As [`Journal::extend_lease`], and [`ErrorKind::InvalidInput`] for a zero duration.
     pub fn extend_lease_by(&self, claim: &Claim, by: Duration) -> Result<Claim> {
-        if by.is_zero() {
-            return Err(Error::invalid(
-                "lease extension",
-                "0s",
-                "it must be positive",
-            ));
-        }
-        let claim = claim.clone();
-        self.inner
-            .write(move |ctx| engine::extend_lease(ctx, &claim, by))
+        self.guard("extend_lease_by", || {
+            if by.is_zero() {
+                return Err(Error::invalid(
+                    "lease extension",
+                    "0s",
+                    "it must be positive",
+                ));
+            }
+            let claim = claim.clone();
+            self.inner
+                .write(move |ctx| engine::extend_lease(ctx, &claim, by))
+        })
     }
 
     /// Records how an `InDoubt` operation ended, after the embedder looked at the real
@@ -863,9 +927,11 @@ impl Journal {
     /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not in doubt),
     /// [`ErrorKind::ResultTooLarge`]; storage errors as for [`Journal::submit`].
     pub fn resolve(&self, operation_id: &str, resolution: Resolution) -> Result<Option<Receipt>> {
-        let id = operation_id.to_string();
-        self.inner
-            .write(move |ctx| engine::resolve(ctx, &id, &resolution))
+        self.guard("resolve", || {
+            let id = operation_id.to_string();
+            self.inner
+                .write(move |ctx| engine::resolve(ctx, &id, &resolution))
+        })
     }
 
     /// Records one delivery attempt of a terminal operation's result (first send or
@@ -877,8 +943,10 @@ impl Journal {
     /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not terminal, or
     /// retired); storage errors as for [`Journal::submit`].
     pub fn delivered(&self, operation_id: &str) -> Result<Receipt> {
-        self.inner
-            .lazy_write(operation_id, engine::LazyKind::Delivered)
+        self.guard("delivered", || {
+            self.inner
+                .lazy_write(operation_id, engine::LazyKind::Delivered)
+        })
     }
 
     /// Records the client's acknowledgement. Idempotent; an acknowledgement after expiry
@@ -889,8 +957,10 @@ impl Journal {
     /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not terminal);
     /// storage errors as for [`Journal::submit`].
     pub fn acknowledge(&self, operation_id: &str) -> Result<Receipt> {
-        self.inner
-            .lazy_write(operation_id, engine::LazyKind::Acknowledged)
+        self.guard("acknowledge", || {
+            self.inner
+                .lazy_write(operation_id, engine::LazyKind::Acknowledged)
+        })
     }
 
     /// Reports a change of `scope` made outside the journal (a user editing by hand).
@@ -902,9 +972,11 @@ impl Journal {
     /// [`ErrorKind::RevisionNotForward`] for an older revision, [`ErrorKind::InvalidInput`]
     /// for a bad scope; storage errors as for [`Journal::submit`].
     pub fn advance_revision(&self, scope: &str, revision: u64) -> Result<u64> {
-        let scope = scope.to_string();
-        self.inner
-            .write(move |ctx| engine::advance_revision(ctx, &scope, revision))
+        self.guard("advance_revision", || {
+            let scope = scope.to_string();
+            self.inner
+                .write(move |ctx| engine::advance_revision(ctx, &scope, revision))
+        })
     }
 
     /// Makes lazily committed acknowledgements and delivery counts durable now.
@@ -913,7 +985,7 @@ impl Journal {
     ///
     /// Storage errors; [`ErrorKind::Poisoned`].
     pub fn flush(&self) -> Result<()> {
-        self.inner.flush()
+        self.guard("flush", || self.inner.flush())
     }
 
     /// The receipt of `operation_id` with every clock applied, or `None` if the id is
@@ -923,8 +995,10 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn lookup(&self, operation_id: &str) -> Result<Option<Receipt>> {
-        let (snap, now) = self.inner.read_pending(Some(operation_id))?;
-        snap.lookup(operation_id, now)
+        self.guard("lookup", || {
+            let (snap, now) = self.inner.read_pending(Some(operation_id))?;
+            snap.lookup(operation_id, now)
+        })
     }
 
     /// The recorded result of a terminal, unretired operation.
@@ -933,11 +1007,13 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn result(&self, operation_id: &str) -> Result<Option<OpResult>> {
-        let (snap, now) = self.inner.read_pending(Some(operation_id))?;
-        match snap.effective(operation_id, now)? {
-            Some(rec) => engine::result_of(&snap.tables, &rec),
-            None => Ok(None),
-        }
+        self.guard("result", || {
+            let (snap, now) = self.inner.read_pending(Some(operation_id))?;
+            match snap.effective(operation_id, now)? {
+                Some(rec) => engine::result_of(&snap.tables, &rec),
+                None => Ok(None),
+            }
+        })
     }
 
     /// The operation's events, oldest first (all attempts still retained).
@@ -946,16 +1022,18 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn history(&self, operation_id: &str) -> Result<Vec<Event>> {
-        // Pending deliveries and acknowledgements become events when committed.
-        self.inner.flush()?;
-        let (snap, _) = self.inner.read()?;
-        let mut out = Vec::new();
-        for seq in snap.tables.op_event_seqs(operation_id)? {
-            if let Some(ev) = snap.tables.event(seq)? {
-                out.push(ev);
+        self.guard("history", || {
+            // Pending deliveries and acknowledgements become events when committed.
+            self.inner.flush()?;
+            let (snap, _) = self.inner.read()?;
+            let mut out = Vec::new();
+            for seq in snap.tables.op_event_seqs(operation_id)? {
+                if let Some(ev) = snap.tables.event(seq)? {
+                    out.push(ev);
+                }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     /// What to push to `session` after a reconnect: its terminal results that are neither
@@ -967,20 +1045,22 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn undelivered(&self, session: &str) -> Result<Vec<Replay>> {
-        let (snap, now) = self.inner.read_pending(None)?;
-        let mut out = Vec::new();
-        for (_, id) in snap.tables.window_after(session, now.0, usize::MAX)? {
-            if let Some(rec) = snap.effective(&id, now)?
-                && let Some(replay) = engine::replay_of(&snap.tables, &rec)?
-                && matches!(
-                    replay.receipt.delivery,
-                    Some(crate::DeliveryState::Pending | crate::DeliveryState::Delivered)
-                )
-            {
-                out.push(replay);
+        self.guard("undelivered", || {
+            let (snap, now) = self.inner.read_pending(None)?;
+            let mut out = Vec::new();
+            for (_, id) in snap.tables.window_after(session, now.0, usize::MAX)? {
+                if let Some(rec) = snap.effective(&id, now)?
+                    && let Some(replay) = engine::replay_of(&snap.tables, &rec)?
+                    && matches!(
+                        replay.receipt.delivery,
+                        Some(crate::DeliveryState::Pending | crate::DeliveryState::Delivered)
+                    )
+                {
+                    out.push(replay);
+                }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     /// Results whose next push is due, earliest first, at most `limit`. Exhausted and
@@ -990,41 +1070,43 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn due_redeliveries(&self, limit: usize) -> Result<Vec<Replay>> {
-        let (snap, now) = self.inner.read_pending(None)?;
-        let mut out = Vec::new();
-        // Entries past their ack deadline may still be indexed until compaction runs;
-        // scan past them, but not unboundedly.
-        let mut ids: Vec<String> = snap
-            .tables
-            .timers_due(TimerKind::Redeliver, now.0, limit.saturating_mul(4).max(64))?
-            .into_iter()
-            .map(|(_, id)| id)
-            .collect();
-        // A pending (not yet committed) delivery moves its next push, which the timer index
-        // does not show until the delivery is committed.
-        for e in &snap.pending {
-            if !ids.contains(&e.id) {
-                ids.push(e.id.clone());
+        self.guard("due_redeliveries", || {
+            let (snap, now) = self.inner.read_pending(None)?;
+            let mut out = Vec::new();
+            // Entries past their ack deadline may still be indexed until compaction runs;
+            // scan past them, but not unboundedly.
+            let mut ids: Vec<String> = snap
+                .tables
+                .timers_due(TimerKind::Redeliver, now.0, limit.saturating_mul(4).max(64))?
+                .into_iter()
+                .map(|(_, id)| id)
+                .collect();
+            // A pending (not yet committed) delivery moves its next push, which the timer index
+            // does not show until the delivery is committed.
+            for e in &snap.pending {
+                if !ids.contains(&e.id) {
+                    ids.push(e.id.clone());
+                }
             }
-        }
-        for id in ids {
-            if let Some(rec) = snap.effective(&id, now)?
-                && let Some(replay) = engine::replay_of(&snap.tables, &rec)?
-                && matches!(
-                    replay.receipt.delivery,
-                    Some(crate::DeliveryState::Pending | crate::DeliveryState::Delivered)
-                )
-                && replay.receipt.next_delivery_at.is_some_and(|t| t <= now)
-            {
-                out.push(replay);
+            for id in ids {
+                if let Some(rec) = snap.effective(&id, now)?
+                    && let Some(replay) = engine::replay_of(&snap.tables, &rec)?
+                    && matches!(
+                        replay.receipt.delivery,
+                        Some(crate::DeliveryState::Pending | crate::DeliveryState::Delivered)
+                    )
+                    && replay.receipt.next_delivery_at.is_some_and(|t| t <= now)
+                {
+                    out.push(replay);
+                }
             }
-        }
-        out.sort_by(|a, b| {
-            let key = |r: &Replay| (r.receipt.next_delivery_at, r.receipt.operation_id.clone());
-            key(a).cmp(&key(b))
-        });
-        out.truncate(limit);
-        Ok(out)
+            out.sort_by(|a, b| {
+                let key = |r: &Replay| (r.receipt.next_delivery_at, r.receipt.operation_id.clone());
+                key(a).cmp(&key(b))
+            });
+            out.truncate(limit);
+            Ok(out)
+        })
     }
 
     /// Operations in doubt (including `Running` ones whose lease has expired), oldest
@@ -1034,28 +1116,30 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn in_doubt(&self) -> Result<Vec<Receipt>> {
-        let (snap, now) = self.inner.read()?;
-        let mut ids: Vec<String> = Vec::new();
-        for (_, id) in snap
-            .tables
-            .timers_due(TimerKind::Lease, now.0, usize::MAX)?
-        {
-            ids.push(id);
-        }
-        for entry in redb::ReadableTable::iter(snap.tables.in_doubt_t()?)? {
-            let (k, _) = entry?;
-            ids.push(k.value().to_string());
-        }
-        let mut out = Vec::new();
-        for id in ids {
-            if let Some(r) = engine::lookup(&snap.tables, &id, now)?
-                && r.status == crate::ExecutionStatus::InDoubt
+        self.guard("in_doubt", || {
+            let (snap, now) = self.inner.read()?;
+            let mut ids: Vec<String> = Vec::new();
+            for (_, id) in snap
+                .tables
+                .timers_due(TimerKind::Lease, now.0, usize::MAX)?
             {
-                out.push(r);
+                ids.push(id);
             }
-        }
-        out.sort_by_key(|r| r.lease_until);
-        Ok(out)
+            for entry in redb::ReadableTable::iter(snap.tables.in_doubt_t()?)? {
+                let (k, _) = entry?;
+                ids.push(k.value().to_string());
+            }
+            let mut out = Vec::new();
+            for id in ids {
+                if let Some(r) = engine::lookup(&snap.tables, &id, now)?
+                    && r.status == crate::ExecutionStatus::InDoubt
+                {
+                    out.push(r);
+                }
+            }
+            out.sort_by_key(|r| r.lease_until);
+            Ok(out)
+        })
     }
 
     /// The scope's current revision (0 if never recorded).
@@ -1064,8 +1148,10 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn scope_revision(&self, scope: &str) -> Result<u64> {
-        let (snap, _) = self.inner.read()?;
-        snap.tables.scope_revision(scope)
+        self.guard("scope_revision", || {
+            let (snap, _) = self.inner.read()?;
+            snap.tables.scope_revision(scope)
+        })
     }
 
     /// Fires every due timer now, in bounded batches (one write transaction each).
@@ -1074,7 +1160,7 @@ impl Journal {
     ///
     /// Storage errors; [`ErrorKind::Poisoned`].
     pub fn compact(&self) -> Result<CompactionReport> {
-        crate::compact::run(&self.inner)
+        self.guard("compact", || crate::compact::run(&self.inner))
     }
 
     /// Shrinks the file: the storage engine moves live pages down and truncates the free
@@ -1138,14 +1224,16 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn stats(&self) -> Result<crate::Stats> {
-        // Counts come from committed receipts: commit pending acknowledgements first.
-        self.inner.flush()?;
-        let (snap, now) = self.inner.read()?;
-        let mut stats = crate::stats::collect(&snap.tables, now)?;
-        stats.file_bytes = std::fs::metadata(&self.inner.path)
-            .map(|m| m.len())
-            .unwrap_or(0);
-        Ok(stats)
+        self.guard("stats", || {
+            // Counts come from committed receipts: commit pending acknowledgements first.
+            self.inner.flush()?;
+            let (snap, now) = self.inner.read()?;
+            let mut stats = crate::stats::collect(&snap.tables, now)?;
+            stats.file_bytes = std::fs::metadata(&self.inner.path)
+                .map(|m| m.len())
+                .unwrap_or(0);
+            Ok(stats)
+        })
     }
 
     /// Whether an earlier commit failed and this handle refuses writes.
@@ -1159,7 +1247,9 @@ impl Journal {
     ///
     /// [`ErrorKind::Io`].
     pub fn event_count(&self) -> Result<u64> {
-        let (snap, _) = self.inner.read()?;
-        Ok(snap.tables.events_t()?.len()?)
+        self.guard("event_count", || {
+            let (snap, _) = self.inner.read()?;
+            Ok(snap.tables.events_t()?.len()?)
+        })
     }
 }
