@@ -130,3 +130,47 @@ fn an_intent_rebuilt_from_its_canonical_text_has_the_same_hash() {
         );
     }
 }
+
+/// These files open, but redb indexes past the end of a damaged key (`range end index 113
+/// out of range for slice of length 13`) when `history` walks the `op_events` table. The
+/// journal's calls used to let that panic through to the embedder; they now answer
+/// `Corrupt` and poison the handle (found by the `open_file` fuzz target).
+#[test]
+fn journal_calls_answer_corrupt_when_the_storage_engine_panics_on_a_damaged_key() {
+    for name in [
+        "journal-read-redb-panic-14e40e14",
+        "journal-read-redb-panic-988b5722",
+    ] {
+        let (_dir, path, _) = damaged_copy(name);
+        let journal = match Journal::open(&path) {
+            Ok(j) => j,
+            Err(e) => {
+                // Debug builds of redb may refuse the file earlier, at open.
+                assert!(is_corrupt(e.kind()), "{name}: {e:?}");
+                continue;
+            }
+        };
+        let mut corrupt = 0;
+        for id in [
+            "op_0",
+            "op_1",
+            "op_2",
+            "op_3",
+            "op_4",
+            "op_5",
+            "op_running",
+            "op_lease",
+        ] {
+            let answers = [
+                journal.lookup(id).err(),
+                journal.result(id).err(),
+                journal.history(id).err(),
+            ];
+            for e in answers.into_iter().flatten() {
+                assert!(is_corrupt(e.kind()), "{name} `{id}`: {e:?}");
+                corrupt += 1;
+            }
+        }
+        assert!(corrupt > 0, "{name}: the damage went unnoticed");
+    }
+}
