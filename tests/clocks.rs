@@ -552,3 +552,20 @@ fn deliveries_after_the_last_attempt_do_not_postpone_exhaustion() -> opjournal::
     assert!(matches!(journal.submit(op("a"))?, Admission::Replay(_)));
     Ok(())
 }
+
+#[test]
+fn time_seen_by_reads_does_not_run_backwards_across_a_clean_reopen() -> opjournal::Result<()> {
+    let env = Env::new();
+    {
+        let journal = env.open();
+        fresh(&journal, op("a"));
+        // Only a read observes the later time; no write happens after it.
+        env.clock.set(Timestamp(T0.as_millis() + 600_000));
+        assert_eq!(status(&journal, "a"), Some(ExecutionStatus::InDoubt));
+        env.clock.set(T0);
+    }
+    let journal = env.open();
+    assert_eq!(journal.now(), Timestamp(T0.as_millis() + 600_000));
+    assert_eq!(status(&journal, "a"), Some(ExecutionStatus::InDoubt));
+    Ok(())
+}
