@@ -821,7 +821,6 @@ impl Model {
         if let Some(s) = &op.session {
             self.sessions.insert(s.clone());
         }
-        let now = self.now();
         let hash = op.intent().hash();
         for name in [Some(&op.id), op.scope.as_ref(), op.session.as_ref()]
             .into_iter()
@@ -831,6 +830,8 @@ impl Model {
                 return Err(ErrView::InvalidInput);
             }
         }
+        // Bad input is refused before the journal reads its clock.
+        let now = self.now();
         if let Some(rec) = self.eff(&op.id, now)
             && !rec.is_vacant()
         {
