@@ -530,3 +530,32 @@ fn power_cut_during_commit_keeps_the_previous_commit_intact() -> opjournal::Resu
     let _ = Duration::ZERO;
     Ok(())
 }
+
+/// Seeds that found bugs, replayed on every run of the suite (they are also inside the
+/// default range; this keeps them if the range or the workload changes):
+/// - `0xa11ce5eed00008b`: a lazily recorded acknowledgement was committed at the time of
+///   the next batch, after its deadline (`lazy_acknowledgement_is_committed_with_the_time_it_was_made`);
+/// - `0xa11ce5eed0000c5`: `due_redeliveries` missed a delivery not yet committed
+///   (`due_redeliveries_follow_a_delivery_not_yet_committed`);
+/// - `0xa11ce5eed000676`, `0xa11ce5eed000696`, `0xa11ce5eed0003e5`, `0xa11ce5eed000405`:
+///   `0xa11ce5eed000a50`: seeds that exercised lazy writes around no-op commits, a
+///   compaction failing part way (then either in-doubt cause), and a backwards clock (the
+///   model's corner cases).
+#[test]
+fn seeds_that_found_bugs_replay_clean() {
+    for seed in [
+        0xa11c_e5ee_d000_08b,
+        0xa11c_e5ee_d000_0c5,
+        0xa11c_e5ee_d000_676,
+        0xa11c_e5ee_d000_696,
+        0xa11c_e5ee_d000_3e5,
+        0xa11c_e5ee_d000_405,
+        0xa11c_e5ee_d000_059,
+        0xa11c_e5ee_d000_4f2,
+        0xa11c_e5ee_d000_a50,
+    ] {
+        if let Err(e) = run(seed, false) {
+            panic!("seed {seed:#x}: {e}\n{}", replay_hint(seed));
+        }
+    }
+}

@@ -1253,9 +1253,29 @@ impl Model {
         Some(due.into_iter().map(|(_, id)| id).collect())
     }
 
-    /// Adopts epochs the model could not know (submits whose answer was lost) from the
-    /// journal, once the journal matched this model.
+    /// Adopts what the model could not know from the journal, once the journal matched
+    /// this model: epochs of submits whose answer was lost, and which of two possible
+    /// in-doubt causes a failed compaction left.
     pub fn learn_epochs(&mut self, journal: &Journal) -> Result<(), String> {
+        let settle: Vec<String> = self
+            .ops
+            .iter()
+            .filter(|(_, r)| matches!(r.state, MState::InDoubt { alt: Some(_), .. }))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in settle {
+            let actual = journal
+                .lookup(&id)
+                .map_err(|e| format!("lookup `{id}`: {e}"))?;
+            if let Some(r) = self.ops.get_mut(&id)
+                && let MState::InDoubt { cause, alt, .. } = &mut r.state
+            {
+                if let Some(c) = actual.and_then(|a| a.in_doubt_cause) {
+                    *cause = c;
+                }
+                *alt = None;
+            }
+        }
         let ids: Vec<String> = self
             .ops
             .iter()
