@@ -1,0 +1,58 @@
+//! The background compactor when the disk fails: it stops cleanly, reports why, and the
+//! journal refuses further writes until reopened.
+
+mod common;
+#[path = "support/fault_backend.rs"]
+mod fault_backend;
+
+use std::time::Duration;
+
+use common::{T0, add_light};
+use fault_backend::{EIO, FaultAction, FaultDisk, IoKind, Trigger};
+use opjournal::{Admission, ErrorKind, Journal, ManualClock, Operation, Outcome};
+
+#[test]
+fn background_compactor_stops_with_the_error_when_a_sync_fails() -> opjournal::Result<()> {
+    let disk = FaultDisk::new();
+    let clock = ManualClock::new(T0);
+    let journal = Journal::builder()
+        .clock(clock.clone())
+        .open_backend(disk.backend(), "fault-disk")?;
+    let Admission::Fresh(claim) = journal.submit(Operation::new("a", add_light("door")))? else {
+        panic!("fresh expected");
+    };
+    journal.complete(&claim, Outcome::applied(1, Vec::new()))?;
+    let handle = journal.spawn_compactor(Duration::from_millis(1));
+    // The next sync fails, and every one after it: the compactor's batch is the next commit.
+    disk.arm(Trigger {
+        kind: IoKind::Sync,
+        nth: 1,
+        action: FaultAction::Fail {
+            errno: EIO,
+            persistent: true,
+        },
+    });
+    clock.advance(Duration::from_secs(16 * 60));
+    let mut waited = 0;
+    while !journal.is_poisoned() && waited < 2000 {
+        std::thread::sleep(Duration::from_millis(5));
+        waited += 5;
+    }
+    assert!(
+        journal.is_poisoned(),
+        "the failed commit did not poison the journal"
+    );
+    // The compactor ended by itself and says why; stopping it does not panic.
+    let err = handle
+        .stop()
+        .expect("the compactor reports the error that ended it");
+    assert!(matches!(err.kind(), ErrorKind::Poisoned), "{err:?}");
+    // The journal refuses writes, reads still answer.
+    let refused = journal
+        .submit(Operation::new("b", add_light("x")))
+        .expect_err("poisoned");
+    assert!(matches!(refused.kind(), ErrorKind::Poisoned), "{refused:?}");
+    assert!(refused.to_string().contains("open it again"), "{refused}");
+    assert!(journal.lookup("a")?.is_some());
+    Ok(())
+}
