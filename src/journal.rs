@@ -468,7 +468,13 @@ impl Inner {
                 .filter(|e| e.id == id)
                 .map(|e| (e.at, e.kind.clone()))
                 .collect();
-            engine::overlay(rec, &pending)
+            // The clocks apply to the pending writes too: a last delivery still pending
+            // may have spent the retry budget by now, as reads show.
+            engine::effective(&engine::overlay(rec, &pending), now).ok_or_else(|| {
+                Error::new(ErrorKind::UnknownOperation {
+                    operation_id: id.to_string(),
+                })
+            })?
         };
         let after = match engine::lazy_event(&rec, kind, now, &self.cfg)? {
             None => rec,

@@ -196,3 +196,50 @@ fn a_crash_while_creating_a_journal_never_leaves_a_file_that_cannot_be_opened()
     eprintln!("killed during creation: {created} journals complete, {absent} not created yet");
     Ok(())
 }
+
+/// Found by the strace harness (`killer --strace --seed 0xc0ffee000000063`): a delivery
+/// recorded while the last one of the retry budget was still pending (not committed) did
+/// not see that the budget had been spent meanwhile: it scheduled yet another push, and
+/// the receipt it answered (`Delivered`, with a next push) disagreed with every read
+/// before it and with what was committed (`Exhausted`).
+#[test]
+fn a_delivery_after_the_budget_is_spent_keeps_it_spent_while_the_last_is_pending()
+-> opjournal::Result<()> {
+    use opjournal::{Admission, DeliveryState, Intent, Operation, Outcome, RetryPolicy};
+    let dir = tempfile::tempdir()?;
+    let clock = ManualClock::new(Timestamp::from_millis(T0));
+    let j = Journal::builder()
+        .retry_policy(RetryPolicy {
+            attempts: 3,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(400),
+        })
+        .clock(clock.clone())
+        .open(dir.path().join("journal.opj"))?;
+    let op = Operation::new("op-1", Intent::from_json("x", &serde_json::json!({}))?);
+    let Admission::Fresh(claim) = j.submit(op)? else {
+        panic!("expected fresh work")
+    };
+    j.complete(&claim, Outcome::applied(1, b"r".to_vec()))?;
+    for _ in 0..3 {
+        j.delivered("op-1")?;
+    }
+    // The third delivery spent the budget; one full backoff later it is exhausted.
+    clock.advance(Duration::from_secs(1));
+    let seen = j.lookup("op-1")?.expect("recorded");
+    assert_eq!(seen.delivery, Some(DeliveryState::Exhausted));
+    let fourth = j.delivered("op-1")?;
+    assert_eq!(
+        fourth.delivery,
+        Some(DeliveryState::Exhausted),
+        "{fourth:?}"
+    );
+    assert_eq!(fourth.delivery_count, 4);
+    assert_eq!(
+        fourth.next_delivery_at, None,
+        "no further push is scheduled"
+    );
+    j.flush()?;
+    assert_eq!(j.lookup("op-1")?, Some(fourth), "committed as answered");
+    Ok(())
+}
