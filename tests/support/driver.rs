@@ -136,6 +136,7 @@ pub enum Stepped {
 }
 
 /// The seeded workload: the model, the fake editor and the claims it holds.
+#[derive(Clone)]
 pub struct Workload {
     /// Drives every choice.
     pub rng: Rng,
@@ -147,6 +148,8 @@ pub struct Workload {
     pub stats: WorkloadStats,
     /// Recent steps, for a failing seed's report.
     pub log: Vec<String>,
+    /// The last journal call made (for a harness that must know what was in flight).
+    pub last_call: Option<Call>,
     ok_durable_since_reopen: u64,
     poisoned: bool,
     /// Claims this process holds (lost at a reopen: the process that held them is gone).
@@ -160,6 +163,8 @@ pub struct Workload {
     ids: Vec<String>,
     scopes: Vec<String>,
     sessions: Vec<String>,
+    /// The result being redelivered lately.
+    focus: Option<String>,
     verbose: bool,
 }
 
@@ -190,6 +195,7 @@ impl Workload {
             recovery,
             stats: WorkloadStats::default(),
             log: Vec::new(),
+            last_call: None,
             ok_durable_since_reopen: 0,
             poisoned: false,
             claims: BTreeMap::new(),
@@ -200,6 +206,7 @@ impl Workload {
             ids: (0..6).map(|i| format!("op-{i}")).collect(),
             scopes: vec!["scene/a".into(), "scene/b".into()],
             sessions: vec!["tab-1".into(), "tab-2".into()],
+            focus: None,
             verbose: false,
         }
     }
@@ -280,6 +287,7 @@ impl Workload {
     /// One random step against `journal`. `Err` is a violation, described.
     pub fn step(&mut self, journal: &Journal) -> Result<Stepped, String> {
         self.stats.steps += 1;
+        self.last_call = None;
         if self.poisoned {
             return self.poisoned_step(journal);
         }
@@ -322,11 +330,11 @@ impl Workload {
             49..=54 => self.resolve_one(journal),
             55..=57 => self.probe(journal),
             58..=64 => {
-                let id = self.rng.pick(&self.ids).clone();
+                let id = self.delivery_target();
                 self.call(journal, Call::Delivered(id))
             }
             65..=70 => {
-                let id = self.rng.pick(&self.ids).clone();
+                let id = self.delivery_target();
                 self.call(journal, Call::Acknowledge(id))
             }
             71..=73 => {
@@ -352,6 +360,31 @@ impl Workload {
         }
     }
 
+    /// Mostly an operation with a result (so deliveries pile up and spend their budget),
+    /// sometimes any id (to be refused).
+    fn delivery_target(&mut self) -> String {
+        let terminal: Vec<String> = self
+            .ids
+            .clone()
+            .into_iter()
+            .filter(|id| self.model.peek_is_terminal(id))
+            .collect();
+        if let Some(f) = &self.focus
+            && terminal.contains(f)
+            && self.rng.chance(60)
+        {
+            // Keep pushing the same result: its retry budget gets spent.
+            return f.clone();
+        }
+        if !terminal.is_empty() && self.rng.chance(70) {
+            let id = self.rng.pick(&terminal).clone();
+            self.focus = Some(id.clone());
+            id
+        } else {
+            self.rng.pick(&self.ids).clone()
+        }
+    }
+
     fn move_clock(&mut self) {
         let clock = self.model.clock().clone();
         if self.rng.chance(5) {
@@ -362,7 +395,7 @@ impl Workload {
         } else {
             let by = *self
                 .rng
-                .pick(&[0u64, 50, 150, 400, 900, 1_500, 5_200, 11_000, 21_000]);
+                .pick(&[0u64, 50, 150, 450, 900, 1_500, 5_200, 11_000, 21_000]);
             clock.advance(Duration::from_millis(by));
             self.note(format!("clock +{by} ms"));
         }
@@ -514,6 +547,7 @@ impl Workload {
     /// Runs `call` through the model and records what it means for the editor.
     fn call(&mut self, journal: &Journal, call: Call) -> Result<Stepped, String> {
         self.stats.calls += 1;
+        self.last_call = Some(call.clone());
         let desc = describe(&call);
         let r = self.model.step(journal, &call);
         let r = match r {
@@ -646,6 +680,20 @@ impl Workload {
                 },
             );
         }
+    }
+
+    /// For a crash in the middle of the next step: runs that step on `journal` (one that
+    /// does not fail, replaying another process's run) and returns this workload as it was
+    /// before the step, with the step's outcome added to the states a crash may leave.
+    pub fn with_next_step_in_flight(&mut self, journal: &Journal) -> Result<Workload, String> {
+        let mut before = self.clone();
+        self.step(journal)?;
+        if matches!(self.last_call, Some(Call::Compact)) {
+            // Some of its batches may have landed.
+            before.recovery.update_all(Model::compaction_uncertain);
+        }
+        before.recovery.maybe(&self.model);
+        Ok(before)
     }
 
     /// After the journal was reopened: matches it with one state the crash may have left,

@@ -808,6 +808,15 @@ impl Model {
         matches!(self.eff(id, now).map(|r| r.state), Some(MState::Done(_)))
     }
 
+    /// Whether `id` is effectively terminal as of the last time read (does not read the
+    /// clock, so a generator may call it without moving the model's time).
+    pub fn peek_is_terminal(&self, id: &str) -> bool {
+        matches!(
+            self.eff(id, self.hw).map(|r| r.state),
+            Some(MState::Done(_))
+        )
+    }
+
     /// The epoch the model knows for `id`'s current attempt.
     pub fn epoch(&self, id: &str) -> Option<u64> {
         self.ops.get(id).and_then(|r| r.epoch)
@@ -1089,14 +1098,17 @@ impl Model {
             d.delivery,
             DeliveryState::Pending | DeliveryState::Delivered
         ) {
-            let cap = backoff(&self.cfg.retry, count);
-            if count >= self.cfg.retry.attempts {
-                d.next_due = plus(now, cap);
-                d.final_attempt = true;
-            } else {
-                // Unknown epoch: the due time is unknown too (views then skip it).
-                d.next_due = now.saturating_add(epoch.map_or(0, |e| jitter(id, e, count, cap)));
-                d.final_attempt = false;
+            // Once the last attempt is recorded, further deliveries (replays a client
+            // asked for) do not postpone the exhaustion.
+            if !d.final_attempt {
+                let cap = backoff(&self.cfg.retry, count);
+                if count >= self.cfg.retry.attempts {
+                    d.next_due = plus(now, cap);
+                    d.final_attempt = true;
+                } else {
+                    // Unknown epoch: the due time is unknown too (views then skip it).
+                    d.next_due = now.saturating_add(epoch.map_or(0, |e| jitter(id, e, count, cap)));
+                }
             }
             d.delivery = DeliveryState::Delivered;
         }
@@ -1432,9 +1444,11 @@ impl Model {
                     });
                 }
                 if !admits(&expected, &actual, $same) {
+                    let model_now = self.hw;
                     *self = before;
                     return Err(format!(
-                        "{call:?}:\n  expected {expected:?}\n  actual   {actual:?}"
+                        "{call:?} (journal time {}, model time {model_now}):\n  expected {expected:?}\n  actual   {actual:?}",
+                        journal.now().as_millis()
                     ));
                 }
                 if actual.is_err() {
