@@ -1100,12 +1100,33 @@ fn repair_db(
             }
             v
         };
+        // The journal's clock never runs backwards, so an event recorded before the one
+        // ahead of it does not belong to this history (verify reports it). Keep the longest
+        // run of events in time order: one event with a wrong time costs that event only.
+        let in_order = {
+            let mut times = Vec::with_capacity(seqs.len());
+            for &seq in &seqs {
+                if let Some(ev) = t.event(seq)? {
+                    times.push((seq, ev.at));
+                }
+            }
+            time_ordered(&times)
+        };
         let mut misfits: Vec<(u64, String, Vec<u8>, Option<String>)> = Vec::new();
         for seq in seqs {
             let Some(ev) = t.event(seq)? else { continue };
             max_seq = max_seq.max(seq);
-            max_at = max_at.max(ev.at);
             let owner = ev.operation_id.clone();
+            if !in_order.contains(&seq) {
+                let raw = codec::encode(RecordKind::Event, &ev);
+                let problem = format!(
+                    "recorded at {} out of time order with the events around it",
+                    ev.at
+                );
+                misfits.push((seq, problem, raw, owner));
+                continue;
+            }
+            max_at = max_at.max(ev.at);
             // Later events of an operation with a damaged event still apply when they fit;
             // those that do not are quarantined below.
             t.put_event(&ev)?;
@@ -1274,6 +1295,32 @@ fn repair_db(
     }
     txn.commit()?;
     Ok(())
+}
+
+/// The seqs of the longest run of `events` (in seq order) whose times never decrease
+/// (patience sorting, `O(n log n)`).
+fn time_ordered(events: &[(u64, Timestamp)]) -> BTreeSet<u64> {
+    // tails[k]: the event ending the best run of length k + 1 found so far.
+    let mut tails: Vec<usize> = Vec::new();
+    let mut prev: Vec<Option<usize>> = vec![None; events.len()];
+    for (i, &(_, at)) in events.iter().enumerate() {
+        let k = tails.partition_point(|&j| events[j].1 <= at);
+        if k > 0 {
+            prev[i] = Some(tails[k - 1]);
+        }
+        if k == tails.len() {
+            tails.push(i);
+        } else {
+            tails[k] = i;
+        }
+    }
+    let mut keep = BTreeSet::new();
+    let mut cur = tails.last().copied();
+    while let Some(i) = cur {
+        keep.insert(events[i].0);
+        cur = prev[i];
+    }
+    keep
 }
 
 /// Scans raw bytes for framed records whose CRC holds.

@@ -174,3 +174,29 @@ fn journal_calls_answer_corrupt_when_the_storage_engine_panics_on_a_damaged_key(
         assert!(corrupt > 0, "{name}: the damage went unnoticed");
     }
 }
+
+/// This file holds an event recorded before the event ahead of it (a valid frame from
+/// another history). `verify` reported it, but `repair` kept it, so a repaired journal
+/// still failed `verify`. Repair now keeps the longest run of events in time order and
+/// quarantines the rest (found by the `open_file` fuzz target).
+#[test]
+fn repair_quarantines_an_event_recorded_out_of_time_order_so_verify_is_clean() {
+    let (_dir, path, _) = damaged_copy("repair-keeps-out-of-order-event-e3a70ed9");
+    let mut options = RepairOptions::default();
+    options.backup = false;
+    let report = repair(&path, &options, &mut |_, _| {}).expect("the journal is repairable");
+    assert!(
+        report
+            .quarantined
+            .iter()
+            .any(|f| f.table == "events" && f.problem.contains("out of time order")),
+        "the out-of-order event was not quarantined: {report:?}"
+    );
+    let insp = Inspector::open(&path).expect("the repaired journal opens");
+    let verified = insp.verify(&mut |_, _| {}).expect("verify runs");
+    assert!(
+        verified.findings.is_empty(),
+        "verify finds problems after repair: {:?}",
+        verified.findings
+    );
+}
