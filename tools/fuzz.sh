@@ -10,6 +10,8 @@
 #   FUZZ_JOBS        parallel libFuzzer jobs per target (default 1; more than 1 makes
 #                    libFuzzer write each job's log to fuzz/fuzz-N.log instead)
 #   FUZZ_INSTALL=1   `cargo install cargo-fuzz --locked` first if it is missing
+#   FUZZ_TARGET_DIR  cargo's target directory (default fuzz/target), e.g. to keep a stable
+#                    and a nightly build side by side
 #
 # New corpus entries go to fuzz/work/<target>/ (not committed); the committed seeds in
 # fuzz/corpus/<target>/ and fuzz/regressions/<target>/ are read, never written. Crashes go to
@@ -39,6 +41,8 @@ if [ -z "$sanitizer" ]; then
     if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then sanitizer=address; else sanitizer=none; fi
 fi
 if [ "$sanitizer" != none ]; then toolchain=(+nightly); fi
+build=(--sanitizer "$sanitizer")
+if [ -n "${FUZZ_TARGET_DIR:-}" ]; then build+=(--target-dir "$FUZZ_TARGET_DIR"); fi
 
 # Per-target libFuzzer options: input size, a per-input timeout (catches hangs), memory.
 opts_for() {
@@ -64,7 +68,7 @@ for t in "${targets[@]}"; do
     [ -f "dict/$t.dict" ] && extra+=("-dict=dict/$t.dict")
     if [ "${FUZZ_JOBS:-1}" -gt 1 ]; then extra+=("-jobs=$FUZZ_JOBS" "-workers=$FUZZ_JOBS"); fi
     # shellcheck disable=SC2046
-    if cargo "${toolchain[@]}" fuzz run --sanitizer "$sanitizer" "$t" "work/$t" "${seeds[@]}" -- \
+    if cargo "${toolchain[@]}" fuzz run "${build[@]}" "$t" "work/$t" "${seeds[@]}" -- \
         -max_total_time="$secs" -artifact_prefix="artifacts/$t/" -print_final_stats=1 \
         "${extra[@]}" $(opts_for "$t") \
         >"logs/$t.log" 2>&1; then
