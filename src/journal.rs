@@ -58,6 +58,8 @@ pub(crate) struct Inner {
     pub(crate) cfg: Config,
     path: PathBuf,
     high_water: AtomicU64,
+    /// The high-water mark of the last commit (the persisted one).
+    persisted_high_water: AtomicU64,
     poisoned: AtomicBool,
     /// Deliveries and acknowledgements not committed yet (see [`LazyBuffer`]).
     lazy: RwLock<LazyBuffer>,
@@ -393,6 +395,7 @@ impl Inner {
         }
         match txn.commit() {
             Ok(()) => {
+                self.persisted_high_water.fetch_max(now.0, Ordering::SeqCst);
                 self.lazy_committed(pending.len());
                 for mut job in jobs.drain(..) {
                     job.finish(Ok(()));
@@ -411,6 +414,20 @@ impl Inner {
             return Ok(());
         }
         self.write(|_ctx| Ok(()))
+    }
+
+    /// Persists the clock's high-water mark if reads have seen a later time than the last
+    /// commit, so that time does not run backwards across a clean close and reopen.
+    pub(crate) fn persist_clock(&self) -> Result<()> {
+        if self.high_water.load(Ordering::SeqCst)
+            <= self.persisted_high_water.load(Ordering::SeqCst)
+        {
+            return Ok(());
+        }
+        self.write(|ctx| {
+            ctx.t.dirty = true;
+            Ok(())
+        })
     }
 
     /// Drops the first `n` pending entries: a batch committed them.
@@ -646,6 +663,7 @@ impl Drop for Journal {
         // Pending deliveries and acknowledgements are committed now (best effort: a
         // failure here loses only those, which is a harmless redelivery).
         let _ = self.inner.flush();
+        let _ = self.inner.persist_clock();
         *lock(&self.inner.gate) = true;
     }
 }
@@ -816,6 +834,7 @@ impl Journal {
                 cfg,
                 path: path.to_path_buf(),
                 high_water: AtomicU64::new(high_water.0),
+                persisted_high_water: AtomicU64::new(high_water.0),
                 poisoned: AtomicBool::new(false),
                 lazy: RwLock::new(LazyBuffer::default()),
                 committer: Committer::new(),
