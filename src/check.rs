@@ -720,16 +720,17 @@ pub fn repair(
         Ok((db, intact)) => {
             report.storage_rolled_back = !intact;
             let done = guarded("repair", || repair_db(&db, &mut report, progress));
+            // Close under the guard too (both found by fuzzing): a storage-engine panic
+            // caught above leaves its locks poisoned, and closing a file with a damaged
+            // allocator state panics on its own. The repair's commit is durable either
+            // way; the next open rebuilds the allocator state from the trees.
+            let _ = guarded("close", || {
+                drop(db);
+                Ok(())
+            });
             match done {
                 Ok(()) => Ok(report),
                 Err(e) if matches!(e.kind(), ErrorKind::Corrupt { .. }) => {
-                    // A storage-engine panic caught above leaves its locks poisoned, and
-                    // closing the database then panics too (found by fuzzing): close it
-                    // under the guard as well.
-                    let _ = guarded("close", || {
-                        drop(db);
-                        Ok(())
-                    });
                     salvage(path, &target, &mut report, progress)?;
                     Ok(report)
                 }

@@ -402,6 +402,17 @@ impl From<redb::Error> for Error {
             redb::Error::DatabaseAlreadyOpen => Error::new(ErrorKind::Locked {
                 path: PathBuf::new(),
             }),
+            // The journal always opens its tables with the same types: a table whose stored
+            // definition differs is damage (found by fuzzing), which `repair` salvages.
+            redb::Error::TableTypeMismatch { table, key, value } => Error::corrupt(
+                table,
+                "(definition)",
+                format!(
+                    "the table is stored with key type `{}` and value type `{}`, not the journal's",
+                    key.name(),
+                    value.name()
+                ),
+            ),
             other => Error::with_source(ErrorKind::Storage, other),
         }
     }
