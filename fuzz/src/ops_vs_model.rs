@@ -263,6 +263,9 @@ struct Session {
     journal: Option<Journal>,
     poisoned: bool,
     fault_armed: bool,
+    /// The latest time a failed call read: `Recovery` judges every candidate state by it,
+    /// so the clock must not be behind it at the reopen.
+    failed_at: u64,
     /// Claims this process holds.
     claims: BTreeMap<String, Claim>,
     /// Effects applied, outcome not yet recorded: id → (revision, result bytes).
@@ -363,6 +366,7 @@ impl Session {
             journal: Some(journal),
             poisoned: false,
             fault_armed: false,
+            failed_at: 0,
             claims: BTreeMap::new(),
             effects: BTreeMap::new(),
             old_claims: Vec::new(),
@@ -719,6 +723,7 @@ impl Session {
                 }
                 self.figures.failures += 1;
                 self.poisoned = true;
+                self.failed_at = self.failed_at.max(after.high_water());
                 if matches!(call, Call::Compact) {
                     // Earlier batches of the failed compaction are durable.
                     self.recovery.update_all(Model::compaction_uncertain);
@@ -882,6 +887,9 @@ impl Session {
         self.disk = FaultDisk::from_image(image);
         self.fault_armed = false;
         self.model.before_reopen();
+        if opjournal::Clock::now(&self.clock).as_millis() < self.failed_at {
+            self.clock.set(Timestamp::from_millis(self.failed_at));
+        }
         let j = open(&self.cfg, &self.clock, &self.disk)
             .map_err(|e| self.fail(format!("reopen after {end:?} failed: {e}")))?;
         let (model, lost) = self.recovery.recover(&j).map_err(|e| {
