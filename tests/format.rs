@@ -158,6 +158,17 @@ fn checked_in_v1_journal_opens_with_every_state_intact() -> opjournal::Result<()
     Ok(())
 }
 
+/// Writes a redb database of another program: one table, no `meta`.
+fn write_foreign_redb(path: &Path) {
+    let db = redb::Database::create(path).expect("redb");
+    let txn = db.begin_write().expect("txn");
+    txn.open_table(redb::TableDefinition::<u64, u64>::new("things"))
+        .expect("table")
+        .insert(1, 2)
+        .expect("insert");
+    txn.commit().expect("commit");
+}
+
 /// Writes a redb file whose `meta` table says `format_version`.
 fn write_meta_only(path: &Path, format_version: u32) {
     let db = redb::Database::create(path).expect("redb file");
@@ -219,15 +230,7 @@ fn other_files_are_not_journals() {
     );
     // A redb database of another program.
     let other = env.dir.path().join("other.redb");
-    {
-        let db = redb::Database::create(&other).expect("redb");
-        let txn = db.begin_write().expect("txn");
-        txn.open_table(redb::TableDefinition::<u64, u64>::new("things"))
-            .expect("table")
-            .insert(1, 2)
-            .expect("insert");
-        txn.commit().expect("commit");
-    }
+    write_foreign_redb(&other);
     let err = env.builder().open(&other).expect_err("foreign redb");
     assert!(
         matches!(err.kind(), ErrorKind::NotAJournal { .. }),
@@ -332,15 +335,7 @@ fn repair_refuses_foreign_and_newer_files_without_writing_a_backup() {
         "{err:?}"
     );
     let other = env.dir.path().join("other.redb");
-    {
-        let db = redb::Database::create(&other).expect("redb");
-        let txn = db.begin_write().expect("txn");
-        txn.open_table(redb::TableDefinition::<u64, u64>::new("things"))
-            .expect("table")
-            .insert(1, 2)
-            .expect("insert");
-        txn.commit().expect("commit");
-    }
+    write_foreign_redb(&other);
     let err = opjournal::check::repair(&other, &Default::default(), &mut |_, _| {})
         .expect_err("foreign redb");
     assert!(
