@@ -162,6 +162,11 @@ pub fn frame(kind: RecordKind, payload: &[u8]) -> Vec<u8> {
 
 /// Checks the envelope of `bytes` and returns its kind byte and payload. The kind is not
 /// checked here (see [`unframe`]).
+///
+/// # Errors
+///
+/// A [`FrameError`] naming what is wrong: too short, bad magic, length mismatch, CRC
+/// mismatch, or a newer version.
 pub fn unframe_any(bytes: &[u8]) -> Result<(u8, &[u8]), FrameError> {
     if bytes.len() < HEADER_LEN {
         return Err(FrameError::Short(bytes.len()));
@@ -191,6 +196,10 @@ pub fn unframe_any(bytes: &[u8]) -> Result<(u8, &[u8]), FrameError> {
 }
 
 /// Checks the envelope of `bytes`, that it holds a record of `kind`, and returns the payload.
+///
+/// # Errors
+///
+/// As [`unframe_any`], and [`FrameError::WrongKind`] for another record kind.
 pub fn unframe(kind: RecordKind, bytes: &[u8]) -> Result<&[u8], FrameError> {
     let (found, payload) = unframe_any(bytes)?;
     if found != kind as u8 {
@@ -221,6 +230,11 @@ pub fn encode_payload<T: Serialize>(value: &T) -> Vec<u8> {
 }
 
 /// Decodes a bincode payload that must be consumed entirely.
+///
+/// # Errors
+///
+/// [`FrameError::Decode`] when the payload does not decode, exceeds the decode limit, or
+/// has trailing bytes.
 pub fn decode_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, FrameError> {
     let (value, used) = decode_prefix(payload)?;
     if used != payload.len() {
@@ -233,12 +247,20 @@ pub fn decode_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, FrameErr
 }
 
 /// Decodes a bincode value at the start of `payload`, returning it and the bytes used.
+///
+/// # Errors
+///
+/// [`FrameError::Decode`] when the value does not decode or exceeds the decode limit.
 pub fn decode_prefix<T: DeserializeOwned>(payload: &[u8]) -> Result<(T, usize), FrameError> {
     bincode::serde::decode_from_slice(payload, config())
         .map_err(|e| FrameError::Decode(e.to_string()))
 }
 
 /// Decodes a framed record of `kind`.
+///
+/// # Errors
+///
+/// Any [`FrameError`] of [`unframe`] or [`decode_payload`].
 pub fn decode<T: DeserializeOwned>(kind: RecordKind, bytes: &[u8]) -> Result<T, FrameError> {
     decode_payload(unframe(kind, bytes)?)
 }
