@@ -61,6 +61,8 @@ pub(crate) struct Inner {
     /// The high-water mark of the last commit (the persisted one).
     persisted_high_water: AtomicU64,
     poisoned: AtomicBool,
+    /// The read transaction on the latest commit, shared by reads until the next commit.
+    snapshot: Mutex<Option<Arc<ReadTables>>>,
     /// Deliveries and acknowledgements not committed yet (see [`LazyBuffer`]).
     lazy: RwLock<LazyBuffer>,
     committer: Committer,
@@ -393,7 +395,11 @@ impl Inner {
                 };
             }
         }
-        match txn.commit() {
+        let committed = txn.commit();
+        // The cached snapshot is stale now (or, after a failure, of unknown standing). It
+        // goes before the pending entries leave the buffer and before any caller returns.
+        self.drop_snapshot();
+        match committed {
             Ok(()) => {
                 self.persisted_high_water.fetch_max(now.0, Ordering::SeqCst);
                 self.lazy_committed(pending.len());
@@ -453,7 +459,7 @@ impl Inner {
     /// pending or already in the snapshot (it leaves the buffer only after its commit).
     pub(crate) fn read_pending(&self, id: Option<&str>) -> Result<(Snapshot, Timestamp)> {
         let lazy = read_lock(&self.lazy);
-        let txn = self.db.begin_read()?;
+        let tables = self.latest_snapshot()?;
         let pending = lazy
             .entries
             .iter()
@@ -461,13 +467,27 @@ impl Inner {
             .cloned()
             .collect();
         drop(lazy);
-        Ok((
-            Snapshot {
-                tables: ReadTables::new(txn),
-                pending,
-            },
-            self.now(),
-        ))
+        Ok((Snapshot { tables, pending }, self.now()))
+    }
+
+    /// A read transaction on the latest commit. This process is the only writer, so the
+    /// snapshot taken after the last commit stays the latest until the next one: it is
+    /// shared by every read until a commit drops it (reads then pay neither for beginning
+    /// a transaction nor for opening tables again).
+    fn latest_snapshot(&self) -> Result<Arc<ReadTables>> {
+        let mut cached = lock(&self.snapshot);
+        if let Some(t) = cached.as_ref() {
+            return Ok(t.clone());
+        }
+        let tables = Arc::new(ReadTables::new(self.db.begin_read()?));
+        *cached = Some(tables.clone());
+        Ok(tables)
+    }
+
+    /// Forgets the cached snapshot: called when a commit makes it stale, and before redb
+    /// compaction (which needs no live read transaction).
+    pub(crate) fn drop_snapshot(&self) {
+        lock(&self.snapshot).take();
     }
 
     /// Records a delivery or an acknowledgement lazily: it is validated and visible to
@@ -477,8 +497,8 @@ impl Inner {
         let now = self.now();
         let mut lazy = write_lock(&self.lazy);
         let rec = {
-            let tables = ReadTables::new(self.db.begin_read()?);
-            let rec = engine::known_or_unknown(&tables, id, now)?;
+            let tables = self.latest_snapshot()?;
+            let rec = engine::known_or_unknown(&*tables, id, now)?;
             let pending: Vec<(Timestamp, EventKind)> = lazy
                 .entries
                 .iter()
@@ -530,14 +550,14 @@ enum BatchOutcome {
 
 /// A read transaction, its tables, and the lazy writes pending for what it reads.
 pub(crate) struct Snapshot {
-    pub(crate) tables: ReadTables,
+    pub(crate) tables: Arc<ReadTables>,
     pending: Vec<LazyEntry>,
 }
 
 impl Snapshot {
     /// The effective record of `id` at `now`, with pending lazy writes applied.
     pub(crate) fn effective(&self, id: &str, now: Timestamp) -> Result<Option<ReceiptRecord>> {
-        let Some(rec) = engine::effective_of(&self.tables, id, now)? else {
+        let Some(rec) = engine::effective_of(&*self.tables, id, now)? else {
             return Ok(None);
         };
         if self.pending.is_empty() {
@@ -665,6 +685,7 @@ impl Drop for Journal {
         let _ = self.inner.flush();
         let _ = self.inner.persist_clock();
         *lock(&self.inner.gate) = true;
+        self.inner.drop_snapshot();
     }
 }
 
@@ -837,6 +858,7 @@ impl Journal {
                 persisted_high_water: AtomicU64::new(high_water.0),
                 poisoned: AtomicBool::new(false),
                 lazy: RwLock::new(LazyBuffer::default()),
+                snapshot: Mutex::new(None),
                 committer: Committer::new(),
                 gate: Arc::new(Mutex::new(false)),
             }),
@@ -869,7 +891,7 @@ impl Journal {
             {
                 let (snap, now) = self.inner.read_pending(Some(&op.id))?;
                 let eff = snap.effective(&op.id, now)?;
-                if let Some(answer) = engine::answer_known(&snap.tables, eff.as_ref(), &op)? {
+                if let Some(answer) = engine::answer_known(&*snap.tables, eff.as_ref(), &op)? {
                     return Ok(answer);
                 }
             }
@@ -1035,7 +1057,7 @@ impl Journal {
         self.guard("result", || {
             let (snap, now) = self.inner.read_pending(Some(operation_id))?;
             match snap.effective(operation_id, now)? {
-                Some(rec) => engine::result_of(&snap.tables, &rec),
+                Some(rec) => engine::result_of(&*snap.tables, &rec),
                 None => Ok(None),
             }
         })
@@ -1075,7 +1097,7 @@ impl Journal {
             let mut out = Vec::new();
             for (_, id) in snap.tables.window_after(session, now.0, usize::MAX)? {
                 if let Some(rec) = snap.effective(&id, now)?
-                    && let Some(replay) = engine::replay_of(&snap.tables, &rec)?
+                    && let Some(replay) = engine::replay_of(&*snap.tables, &rec)?
                     && matches!(
                         replay.receipt.delivery,
                         Some(crate::DeliveryState::Pending | crate::DeliveryState::Delivered)
@@ -1115,7 +1137,7 @@ impl Journal {
             }
             for id in ids {
                 if let Some(rec) = snap.effective(&id, now)?
-                    && let Some(replay) = engine::replay_of(&snap.tables, &rec)?
+                    && let Some(replay) = engine::replay_of(&*snap.tables, &rec)?
                     && matches!(
                         replay.receipt.delivery,
                         Some(crate::DeliveryState::Pending | crate::DeliveryState::Delivered)
@@ -1156,7 +1178,7 @@ impl Journal {
             }
             let mut out = Vec::new();
             for id in ids {
-                if let Some(r) = engine::lookup(&snap.tables, &id, now)?
+                if let Some(r) = engine::lookup(&*snap.tables, &id, now)?
                     && r.status == crate::ExecutionStatus::InDoubt
                 {
                     out.push(r);
@@ -1227,6 +1249,8 @@ impl Journal {
             )
         })?;
         inner.check_writable()?;
+        // redb compaction needs no live read transaction: forget the cached snapshot.
+        inner.drop_snapshot();
         while inner.db.compact()? {}
         Ok((before, size(&inner.path)))
     }
@@ -1253,7 +1277,7 @@ impl Journal {
             // Counts come from committed receipts: commit pending acknowledgements first.
             self.inner.flush()?;
             let (snap, now) = self.inner.read()?;
-            let mut stats = crate::stats::collect(&snap.tables, now)?;
+            let mut stats = crate::stats::collect(&*snap.tables, now)?;
             stats.file_bytes = std::fs::metadata(&self.inner.path)
                 .map(|m| m.len())
                 .unwrap_or(0);

@@ -5,7 +5,7 @@
 //! module. Every value read is checked (magic, CRC, decode, embedded key) and a failure is
 //! a typed `Corrupt { table, key }` error, never a panic.
 
-use std::cell::OnceCell;
+use std::sync::OnceLock;
 
 use redb::{
     ReadOnlyTable, ReadTransaction, ReadableTable, Table, TableDefinition, WriteTransaction,
@@ -361,25 +361,26 @@ pub(crate) trait View {
 }
 
 /// The tables as seen by a read transaction, each opened on first use (a lookup that
-/// needs two tables does not pay for opening eleven).
+/// needs two tables does not pay for opening eleven). Shared between threads while it is
+/// the latest snapshot (see `Inner::read_pending`).
 pub(crate) struct ReadTables {
     txn: ReadTransaction,
-    meta: OnceCell<ReadOnlyTable<&'static str, &'static [u8]>>,
-    events: OnceCell<ReadOnlyTable<u64, &'static [u8]>>,
-    receipts: OnceCell<ReadOnlyTable<&'static str, &'static [u8]>>,
-    results: OnceCell<ReadOnlyTable<u64, &'static [u8]>>,
-    scopes: OnceCell<ReadOnlyTable<&'static str, &'static [u8]>>,
-    op_events: OnceCell<ReadOnlyTable<(&'static str, u64), ()>>,
-    timers: OnceCell<ReadOnlyTable<(u8, u64, &'static str), ()>>,
-    scope_timers: OnceCell<ReadOnlyTable<(u64, u64), ()>>,
-    windows: OnceCell<ReadOnlyTable<(&'static str, u64, &'static str), ()>>,
-    holds: OnceCell<ReadOnlyTable<(&'static str, &'static str), ()>>,
-    in_doubt: OnceCell<ReadOnlyTable<&'static str, ()>>,
+    meta: OnceLock<ReadOnlyTable<&'static str, &'static [u8]>>,
+    events: OnceLock<ReadOnlyTable<u64, &'static [u8]>>,
+    receipts: OnceLock<ReadOnlyTable<&'static str, &'static [u8]>>,
+    results: OnceLock<ReadOnlyTable<u64, &'static [u8]>>,
+    scopes: OnceLock<ReadOnlyTable<&'static str, &'static [u8]>>,
+    op_events: OnceLock<ReadOnlyTable<(&'static str, u64), ()>>,
+    timers: OnceLock<ReadOnlyTable<(u8, u64, &'static str), ()>>,
+    scope_timers: OnceLock<ReadOnlyTable<(u64, u64), ()>>,
+    windows: OnceLock<ReadOnlyTable<(&'static str, u64, &'static str), ()>>,
+    holds: OnceLock<ReadOnlyTable<(&'static str, &'static str), ()>>,
+    in_doubt: OnceLock<ReadOnlyTable<&'static str, ()>>,
 }
 
 /// The table in `cell`, opened from `txn` on first use.
 fn lazily<'c, K: redb::Key + 'static, V: redb::Value + 'static>(
-    cell: &'c OnceCell<ReadOnlyTable<K, V>>,
+    cell: &'c OnceLock<ReadOnlyTable<K, V>>,
     txn: &ReadTransaction,
     def: TableDefinition<K, V>,
 ) -> Result<&'c ReadOnlyTable<K, V>> {
@@ -395,17 +396,17 @@ impl ReadTables {
     pub(crate) fn new(txn: ReadTransaction) -> ReadTables {
         ReadTables {
             txn,
-            meta: OnceCell::new(),
-            events: OnceCell::new(),
-            receipts: OnceCell::new(),
-            results: OnceCell::new(),
-            scopes: OnceCell::new(),
-            op_events: OnceCell::new(),
-            timers: OnceCell::new(),
-            scope_timers: OnceCell::new(),
-            windows: OnceCell::new(),
-            holds: OnceCell::new(),
-            in_doubt: OnceCell::new(),
+            meta: OnceLock::new(),
+            events: OnceLock::new(),
+            receipts: OnceLock::new(),
+            results: OnceLock::new(),
+            scopes: OnceLock::new(),
+            op_events: OnceLock::new(),
+            timers: OnceLock::new(),
+            scope_timers: OnceLock::new(),
+            windows: OnceLock::new(),
+            holds: OnceLock::new(),
+            in_doubt: OnceLock::new(),
         }
     }
 
