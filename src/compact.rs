@@ -101,9 +101,11 @@ pub(crate) fn run(inner: &Inner) -> Result<CompactionReport> {
     if anything_due(inner)? {
         let limit = inner.cfg.compaction_batch;
         loop {
+            let waiting = inner.foreground_waiting.clone();
             let (more, fired) = inner.write_background(move |ctx| {
                 let before = ctx.fired;
-                let more = engine::compact_batch(ctx, limit)?;
+                let yield_now = || waiting.load(std::sync::atomic::Ordering::SeqCst) > 0;
+                let more = engine::compact_batch(ctx, limit, &yield_now)?;
                 Ok((more, delta(ctx.fired, before)))
             })?;
             report.batches += 1;

@@ -1385,7 +1385,13 @@ const FIRED_KINDS: [TimerKind; 5] = [
 ];
 
 /// One compaction batch: fires up to `limit` due timers. Returns whether more may be due.
-pub(crate) fn compact_batch(ctx: &mut Ctx<'_, '_>, limit: usize) -> Result<bool> {
+/// `yield_now` says a foreground call is waiting: the batch then ends after the operation
+/// in hand (it still commits what it did) and reports that more may be due.
+pub(crate) fn compact_batch(
+    ctx: &mut Ctx<'_, '_>,
+    limit: usize,
+    yield_now: &dyn Fn() -> bool,
+) -> Result<bool> {
     let mut ops: Vec<String> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for kind in FIRED_KINDS {
@@ -1399,6 +1405,9 @@ pub(crate) fn compact_batch(ctx: &mut Ctx<'_, '_>, limit: usize) -> Result<bool>
     let before = ctx.fired;
     for id in &ops {
         ctx.materialize(id)?;
+        if yield_now() {
+            return Ok(true);
+        }
     }
     let room = limit.saturating_sub(ops.len());
     let scope_due = ctx.t.scope_timers_due(ctx.now.0, room)?;

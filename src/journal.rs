@@ -2,7 +2,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
@@ -61,6 +61,9 @@ pub(crate) struct Inner {
     /// The high-water mark of the last commit (the persisted one).
     persisted_high_water: AtomicU64,
     poisoned: AtomicBool,
+    /// Foreground calls queued for the writer: a compaction batch in progress ends early
+    /// when one arrives, so foreground calls wait behind as little compaction as possible.
+    pub(crate) foreground_waiting: Arc<AtomicUsize>,
     /// The read transaction on the latest commit, shared by reads until the next commit.
     snapshot: Mutex<Option<Arc<ReadTables>>>,
     /// Deliveries and acknowledgements not committed yet (see [`LazyBuffer`]).
@@ -198,12 +201,13 @@ impl Committer {
 }
 
 /// The next batch: every queued foreground job, or else one background job.
-fn next_batch(queue: &mut Vec<Box<dyn Job>>) -> Vec<Box<dyn Job>> {
+fn next_batch(queue: &mut Vec<Box<dyn Job>>, waiting: &AtomicUsize) -> Vec<Box<dyn Job>> {
     if queue.iter().any(|j| !j.background()) {
         let (fg, bg): (Vec<_>, Vec<_>) = std::mem::take(queue)
             .into_iter()
             .partition(|j| !j.background());
         *queue = bg;
+        waiting.fetch_sub(fg.len(), Ordering::SeqCst);
         fg
     } else {
         vec![queue.remove(0)]
@@ -280,6 +284,9 @@ impl Inner {
         };
         let c = &self.committer;
         let mut q = lock(&c.queue);
+        if !background {
+            self.foreground_waiting.fetch_add(1, Ordering::SeqCst);
+        }
         q.jobs.push(Box::new(job));
         loop {
             if let Some(r) = lock(&slot).take() {
@@ -287,7 +294,7 @@ impl Inner {
             }
             if !q.leader && !q.jobs.is_empty() {
                 q.leader = true;
-                let jobs = next_batch(&mut q.jobs);
+                let jobs = next_batch(&mut q.jobs, &self.foreground_waiting);
                 drop(q);
                 let guard = BatchGuard { jobs, inner: self };
                 self.execute(guard);
@@ -360,14 +367,35 @@ impl Inner {
                 floor = at;
                 engine::record_lazy(&mut ctx, &entry.id, &entry.kind, at).map_err(|e| (None, e))?;
             }
-            for (i, job) in jobs.iter_mut().enumerate() {
-                match job.run(&mut ctx) {
-                    Ok(()) => {}
-                    Err(RunFailure::Isolated) => {
-                        return Err((Some(i), Error::new(ErrorKind::Storage)));
+            let mut ran = 0;
+            loop {
+                for (i, job) in jobs.iter_mut().enumerate().skip(ran) {
+                    match job.run(&mut ctx) {
+                        Ok(()) => {}
+                        Err(RunFailure::Isolated) => {
+                            return Err((Some(i), Error::new(ErrorKind::Storage)));
+                        }
+                        Err(RunFailure::Fatal(e)) => return Err((None, e)),
                     }
-                    Err(RunFailure::Fatal(e)) => return Err((None, e)),
                 }
+                ran = jobs.len();
+                // A compaction batch ends early when foreground calls queue up; they join
+                // its transaction and share its commit instead of waiting for it.
+                if !jobs.first().is_some_and(|j| j.background()) {
+                    break;
+                }
+                let joining = {
+                    let mut q = lock(&self.committer.queue);
+                    if q.jobs.iter().any(|j| !j.background()) {
+                        next_batch(&mut q.jobs, &self.foreground_waiting)
+                    } else {
+                        Vec::new()
+                    }
+                };
+                if joining.is_empty() {
+                    break;
+                }
+                jobs.extend(joining);
             }
             let state = ctx.state.clone();
             if !t.dirty {
@@ -859,6 +887,7 @@ impl Journal {
                 poisoned: AtomicBool::new(false),
                 lazy: RwLock::new(LazyBuffer::default()),
                 snapshot: Mutex::new(None),
+                foreground_waiting: Arc::new(AtomicUsize::new(0)),
                 committer: Committer::new(),
                 gate: Arc::new(Mutex::new(false)),
             }),
