@@ -758,6 +758,69 @@ fn a_closed_stdout_ends_the_command_quietly_with_exit_0() -> TestResult {
     Ok(())
 }
 
+// ---- progress bars ----
+
+/// Runs `opjournal ARGS >/dev/null` with stderr on a pseudo-terminal (util-linux
+/// `script`) and returns what the terminal received.
+fn on_a_terminal(
+    args: &[&str],
+    dir: &std::path::Path,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let quoted: Vec<String> = std::iter::once(env!("CARGO_BIN_EXE_opjournal"))
+        .chain(args.iter().copied())
+        .map(|a| format!("'{a}'"))
+        .collect();
+    let typescript = dir.join("typescript");
+    let status = std::process::Command::new("script")
+        .args(["-q", "-e", "-c"])
+        .arg(format!("{} >/dev/null", quoted.join(" ")))
+        .arg(&typescript)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| {
+            format!("util-linux `script` is needed for this test (apt-get install bsdutils): {e}")
+        })?;
+    assert!(status.success(), "{args:?} on a terminal: {status}");
+    Ok(String::from_utf8_lossy(&std::fs::read(typescript)?).into_owned())
+}
+
+#[test]
+fn progress_bars_draw_on_a_terminal_with_their_totals_and_never_on_a_pipe() -> TestResult {
+    let (s, _) = many(120);
+    let p = path_str(&s.path);
+    let dir = tempfile::tempdir()?;
+    for (args, drawn) in [
+        (vec!["verify", p], "verifying ["),
+        (vec!["export", p], "exporting ["),
+        (vec!["repair", "--dry-run", p], "repairing ["),
+        (vec!["compact", p], "compacting"),
+    ] {
+        let screen = on_a_terminal(&args, dir.path())?;
+        assert!(
+            screen.contains(drawn),
+            "{args:?} draws `{drawn}` on a terminal:\n{screen}"
+        );
+        if drawn.ends_with('[') {
+            // The bar appears once its total is known: never an empty "0/0" drawn as done.
+            assert!(
+                !screen.contains(" 0/0 "),
+                "{args:?} drew a bar before its total:\n{screen}"
+            );
+            assert!(screen.contains("/"), "{args:?} shows done/total:\n{screen}");
+        }
+        // The same command with stderr on a pipe writes nothing there.
+        let o = run(&args);
+        assert_eq!(code(&o), 0, "{args:?}: {}", stderr(&o));
+        assert_eq!(
+            stderr(&o),
+            "",
+            "{args:?} keeps a pipe free of progress output"
+        );
+    }
+    Ok(())
+}
+
 // ---- verify and repair on an intact journal ----
 
 #[test]
