@@ -100,7 +100,7 @@ impl Default for Config {
             scope_lock: ScopeLock::Serial,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             sharing: Sharing::LiveReaders,
-            compaction_batch: 256,
+            compaction_batch: 1000,
             quick_repair: true,
             clock: Arc::new(SystemClock),
         }
@@ -294,8 +294,11 @@ impl JournalBuilder {
         self
     }
 
-    /// The most timers one compaction batch fires (default 256). Each batch is one write
-    /// transaction of its own, so a foreground call waits behind at most one batch.
+    /// The most operations one compaction batch handles (default 1,000). Each batch is one
+    /// write transaction; a batch ends early, after the operation in hand, as soon as a
+    /// foreground call queues, and the waiting calls share its commit, so a foreground
+    /// call never waits for a whole batch. Larger batches mean fewer commits (and syncs)
+    /// per compaction.
     pub fn compaction_batch(mut self, n: usize) -> Self {
         self.config.compaction_batch = n;
         self

@@ -932,8 +932,9 @@ impl Ctx<'_, '_> {
             )?;
         }
         for seq in seqs {
-            self.t.delete_event(seq, Some(id))?;
+            self.t.delete_event(seq)?;
         }
+        self.t.delete_op_events(id)?;
         if let ExecRecord::Done(d) = &rec.state
             && let Some(seq) = d.result_seq
         {
@@ -955,7 +956,7 @@ impl Ctx<'_, '_> {
         {
             let anchored = self.t.scope(scope)?.is_some_and(|s| s.anchor_seq == seq);
             if !anchored {
-                self.t.delete_event(seq, None)?;
+                self.t.delete_event(seq)?;
                 self.fired.revision_events_purged += 1;
             }
         }
@@ -1392,6 +1393,15 @@ pub(crate) fn compact_batch(
     limit: usize,
     yield_now: &dyn Fn() -> bool,
 ) -> Result<bool> {
+    // Purges touch runs of neighbouring events and results: delete them together at the
+    // end (on error the transaction is dropped with everything else).
+    ctx.t.hold_deletes();
+    let more = compact_ops(ctx, limit, yield_now)?;
+    ctx.t.apply_held_deletes()?;
+    Ok(more)
+}
+
+fn compact_ops(ctx: &mut Ctx<'_, '_>, limit: usize, yield_now: &dyn Fn() -> bool) -> Result<bool> {
     let mut ops: Vec<String> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for kind in FIRED_KINDS {

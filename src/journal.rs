@@ -398,6 +398,9 @@ impl Inner {
                 jobs.extend(joining);
             }
             let state = ctx.state.clone();
+            // A compaction batch applies the deletions it held back itself; this only
+            // guarantees that no commit ever leaves one behind.
+            t.apply_held_deletes().map_err(|e| (None, e))?;
             if !t.dirty {
                 // Nothing changed (refusals, answers, no-ops): no commit, no sync.
                 return Ok(false);

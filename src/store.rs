@@ -478,6 +478,53 @@ pub(crate) struct WriteTables<'txn> {
     in_doubt: Table<'txn, &'static str, ()>,
     /// Whether anything was written: a batch that wrote nothing is not committed.
     pub(crate) dirty: bool,
+    /// Deletions of events and results held back by a compaction batch, see
+    /// [`WriteTables::hold_deletes`].
+    held: Option<HeldDeletes>,
+}
+
+/// Keys of `events` and `results` whose deletion a compaction batch holds back, to apply
+/// them together in key order: a run of nearby keys is removed in one cursor pass, which
+/// rebuilds each B-tree leaf once instead of once per key (purges come in completion
+/// order, so their events and results sit side by side).
+#[derive(Debug, Default)]
+struct HeldDeletes {
+    events: Vec<u64>,
+    results: Vec<u64>,
+}
+
+/// Keys at most this far apart are removed in the same pass; the pass steps over the
+/// live keys between them, which costs far less than a leaf rebuild.
+const RUN_GAP: u64 = 64;
+
+/// Removes `keys` from `table`: each run of nearby keys with one `retain_in` pass, a lone
+/// key with `remove`. Leaves `keys` empty.
+fn remove_in_runs(table: &mut Table<'_, u64, &'static [u8]>, keys: &mut Vec<u64>) -> Result<()> {
+    keys.sort_unstable();
+    keys.dedup();
+    let mut start = 0;
+    while start < keys.len() {
+        let mut end = start + 1;
+        while end < keys.len() && keys[end] - keys[end - 1] <= RUN_GAP {
+            end += 1;
+        }
+        let run = &keys[start..end];
+        if let [key] = run {
+            table.remove(*key)?;
+        } else {
+            let (first, last) = (run[0], run[run.len() - 1]);
+            let mut next = 0;
+            table.retain_in(first..=last, |key, _| {
+                while next < run.len() && run[next] < key {
+                    next += 1;
+                }
+                !(next < run.len() && run[next] == key)
+            })?;
+        }
+        start = end;
+    }
+    keys.clear();
+    Ok(())
 }
 
 macro_rules! view_impl {
@@ -534,6 +581,7 @@ impl<'txn> WriteTables<'txn> {
             holds: txn.open_table(HOLDS)?,
             in_doubt: txn.open_table(IN_DOUBT)?,
             dirty: false,
+            held: None,
         })
     }
 
@@ -561,11 +609,44 @@ impl<'txn> WriteTables<'txn> {
         Ok(())
     }
 
-    pub(crate) fn delete_event(&mut self, seq: u64, op: Option<&str>) -> Result<()> {
+    /// Deletes the event `seq`; the caller removes its `op_events` entry (see
+    /// [`WriteTables::delete_op_events`]). Held back while [`WriteTables::hold_deletes`]
+    /// is on.
+    pub(crate) fn delete_event(&mut self, seq: u64) -> Result<()> {
         self.dirty = true;
-        self.events.remove(seq)?;
-        if let Some(op) = op {
-            self.op_events.remove((op, seq))?;
+        match &mut self.held {
+            Some(held) => held.events.push(seq),
+            None => {
+                self.events.remove(seq)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes every `op_events` entry of operation `op`, in one pass over its key range.
+    pub(crate) fn delete_op_events(&mut self, op: &str) -> Result<()> {
+        self.dirty = true;
+        self.op_events
+            .retain_in((op, 0u64)..=(op, u64::MAX), |_, _| false)?;
+        Ok(())
+    }
+
+    /// From now until [`WriteTables::apply_held_deletes`], deletions of events and results
+    /// are collected instead of applied. Only for work that never reads a deleted key
+    /// again before applying them: a compaction batch, whose purged operations are
+    /// already gone from `receipts` and `op_events`, the only ways to reach those keys.
+    pub(crate) fn hold_deletes(&mut self) {
+        if self.held.is_none() {
+            self.held = Some(HeldDeletes::default());
+        }
+    }
+
+    /// Applies the deletions collected since [`WriteTables::hold_deletes`] and stops
+    /// collecting.
+    pub(crate) fn apply_held_deletes(&mut self) -> Result<()> {
+        if let Some(mut held) = self.held.take() {
+            remove_in_runs(&mut self.events, &mut held.events)?;
+            remove_in_runs(&mut self.results, &mut held.results)?;
         }
         Ok(())
     }
@@ -601,9 +682,15 @@ impl<'txn> WriteTables<'txn> {
         Ok(())
     }
 
+    /// Deletes the result `seq`. Held back while [`WriteTables::hold_deletes`] is on.
     pub(crate) fn delete_result(&mut self, seq: u64) -> Result<()> {
         self.dirty = true;
-        self.results.remove(seq)?;
+        match &mut self.held {
+            Some(held) => held.results.push(seq),
+            None => {
+                self.results.remove(seq)?;
+            }
+        }
         Ok(())
     }
 
@@ -654,6 +741,53 @@ impl<'txn> WriteTables<'txn> {
                 self.in_doubt.remove(op)?;
             }
         }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redb::ReadableDatabase as _;
+
+    /// A table of keys `0..n` in memory, `remove_in_runs(doomed)` applied, and the keys
+    /// that are left.
+    fn left_after(n: u64, doomed: &[u64]) -> Result<Vec<u64>> {
+        const T: TableDefinition<u64, &[u8]> = TableDefinition::new("t");
+        let db = redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new())?;
+        let txn = db.begin_write()?;
+        {
+            let mut table = txn.open_table(T)?;
+            for k in 0..n {
+                table.insert(k, [7u8; 100].as_slice())?;
+            }
+            let mut keys = doomed.to_vec();
+            remove_in_runs(&mut table, &mut keys)?;
+            assert!(keys.is_empty(), "the list is consumed");
+        }
+        txn.commit()?;
+        let read = db.begin_read()?;
+        let table = read.open_table(T)?;
+        let mut out = Vec::new();
+        for entry in table.iter()? {
+            out.push(entry?.0.value());
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn held_deletes_remove_exactly_the_listed_keys_across_runs_gaps_and_duplicates() -> Result<()> {
+        // Runs with live keys between them, a gap of exactly RUN_GAP and of RUN_GAP + 1,
+        // lone keys, duplicates, unsorted input, the first and last keys.
+        let mut doomed: Vec<u64> = vec![0, 999, 500, 500, 3, 5, 7, 9, 300];
+        doomed.extend((100..200).step_by(2));
+        doomed.extend([600, 600 + RUN_GAP, 700, 701 + RUN_GAP]);
+        doomed.reverse();
+        let expected: Vec<u64> = (0..1000).filter(|k| !doomed.contains(k)).collect();
+        assert_eq!(left_after(1000, &doomed)?, expected);
+        // Keys that are not in the table change nothing.
+        assert_eq!(left_after(10, &[20, 21, 40])?, (0..10).collect::<Vec<_>>());
+        assert_eq!(left_after(10, &[])?, (0..10).collect::<Vec<_>>());
         Ok(())
     }
 }

@@ -344,6 +344,52 @@ fn compaction_fires_in_bounded_batches_and_reports_per_clock() -> opjournal::Res
 }
 
 #[test]
+fn compaction_purges_only_expired_events_when_they_interleave_with_live_ones()
+-> opjournal::Result<()> {
+    let env = Env::new();
+    let mut editor = FakeEditor::at(0);
+    let journal = env
+        .builder()
+        .lease(Duration::from_secs(10 * 365 * 24 * 3600))
+        .result_retention(Duration::from_secs(3600))
+        .audit_retention(Duration::from_secs(7200))
+        .open(&env.path)?;
+    // Each finished operation's events sit between the events of operations that stay:
+    // the purge deletes runs of neighbouring events with live ones in the gaps.
+    let mut live = Vec::new();
+    for i in 0..150 {
+        run_op(
+            &journal,
+            &mut editor,
+            Operation::new(format!("done{i}"), add_light("x")),
+            "x",
+        )?;
+        let id = format!("live{i}");
+        let _claim = fresh(&journal, Operation::new(id.clone(), add_light("y")));
+        live.push((id.clone(), journal.history(&id)?));
+    }
+    env.advance(Duration::from_secs(7200));
+    let report = journal.compact()?;
+    assert_eq!(report.purged, 150);
+    for i in 0..150 {
+        assert_eq!(
+            journal.lookup(&format!("done{i}"))?,
+            None,
+            "done{i} is purged"
+        );
+        assert!(journal.history(&format!("done{i}"))?.is_empty());
+    }
+    for (id, history) in &live {
+        assert_eq!(status(&journal, id), Some(ExecutionStatus::Running), "{id}");
+        assert_eq!(&journal.history(id)?, history, "{id} keeps every event");
+    }
+    drop(journal);
+    let verify = opjournal::Inspector::open(&env.path)?.verify(&mut |_, _| {})?;
+    assert!(verify.findings.is_empty(), "{:?}", verify.findings);
+    Ok(())
+}
+
+#[test]
 fn background_compactor_fires_due_timers_and_stops_on_drop() -> opjournal::Result<()> {
     let env = Env::new();
     let mut editor = FakeEditor::at(0);
