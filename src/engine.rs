@@ -941,7 +941,10 @@ impl Ctx<'_, '_> {
             self.t.delete_result(seq)?;
         }
         for e in index_entries(rec) {
-            self.t.remove_index(id, &e)?;
+            match e {
+                IndexEntry::Timer(kind, due) => self.t.delete_purged_timer(id, kind, due)?,
+                other => self.t.remove_index(id, &other)?,
+            }
         }
         self.t.delete_receipt(id)?;
         self.fired.purged += 1;

@@ -54,7 +54,8 @@ pub struct Journal {
 }
 
 pub(crate) struct Inner {
-    db: Database,
+    /// `None` only while `Inner` is dropped (see its `Drop`).
+    db: Option<Database>,
     pub(crate) cfg: Config,
     path: PathBuf,
     high_water: AtomicU64,
@@ -234,7 +235,29 @@ impl Drop for BatchGuard<'_> {
     }
 }
 
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing redb writes its allocator state. After the engine panicked on damaged
+        // data (caught, and the handle poisoned) its internal locks may be poisoned and
+        // closing panics too: contain that here, so dropping a journal never panics. The
+        // file is closed either way (the unwinding drops the engine's fields).
+        if let Some(db) = self.db.take() {
+            let _ = crate::check::guarded("close", || {
+                drop(db);
+                Ok(())
+            });
+        }
+    }
+}
+
 impl Inner {
+    /// The storage engine; gone only while the journal is being dropped.
+    fn db(&self) -> Result<&Database> {
+        self.db
+            .as_ref()
+            .ok_or_else(|| Error::new(ErrorKind::Closed))
+    }
+
     /// The journal's time: the clock, never below the high-water mark.
     pub(crate) fn now(&self) -> Timestamp {
         let t = self.cfg.clock.now().0;
@@ -339,9 +362,9 @@ impl Inner {
             BatchOutcome::Done
         };
         let now = self.now();
-        let mut txn = match self.db.begin_write() {
+        let mut txn = match self.db().and_then(|db| Ok(db.begin_write()?)) {
             Ok(t) => t,
-            Err(e) => return fail_all(jobs, Error::from(e), true),
+            Err(e) => return fail_all(jobs, e, true),
         };
         txn.set_quick_repair(self.cfg.quick_repair);
         // Pending deliveries and acknowledges ride along, first, so this batch's checks
@@ -510,7 +533,7 @@ impl Inner {
         if let Some(t) = cached.as_ref() {
             return Ok(t.clone());
         }
-        let tables = Arc::new(ReadTables::new(self.db.begin_read()?));
+        let tables = Arc::new(ReadTables::new(self.db()?.begin_read()?));
         *cached = Some(tables.clone());
         Ok(tables)
     }
@@ -882,7 +905,7 @@ impl Journal {
         txn.commit()?;
         Ok(Journal {
             inner: Arc::new(Inner {
-                db,
+                db: Some(db),
                 cfg,
                 path: path.to_path_buf(),
                 high_water: AtomicU64::new(high_water.0),
@@ -1283,7 +1306,11 @@ impl Journal {
         inner.check_writable()?;
         // redb compaction needs no live read transaction: forget the cached snapshot.
         inner.drop_snapshot();
-        while inner.db.compact()? {}
+        let db = inner
+            .db
+            .as_mut()
+            .ok_or_else(|| Error::new(ErrorKind::Closed))?;
+        while db.compact()? {}
         Ok((before, size(&inner.path)))
     }
 

@@ -491,6 +491,8 @@ pub(crate) struct WriteTables<'txn> {
 struct HeldDeletes {
     events: Vec<u64>,
     results: Vec<u64>,
+    /// Timers of purged operations: `(kind, due, operation)`.
+    timers: Vec<(u8, u64, String)>,
 }
 
 /// Keys at most this far apart are removed in the same pass; the pass steps over the
@@ -647,6 +649,26 @@ impl<'txn> WriteTables<'txn> {
         if let Some(mut held) = self.held.take() {
             remove_in_runs(&mut self.events, &mut held.events)?;
             remove_in_runs(&mut self.results, &mut held.results)?;
+            remove_timers(&mut self.timers, &mut held.timers)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the timer of an operation being purged. Held back while
+    /// [`WriteTables::hold_deletes`] is on: nothing re-creates a purged operation's
+    /// timer in the same batch.
+    pub(crate) fn delete_purged_timer(
+        &mut self,
+        op: &str,
+        kind: TimerKind,
+        due: u64,
+    ) -> Result<()> {
+        self.dirty = true;
+        match &mut self.held {
+            Some(held) => held.timers.push((kind as u8, due, op.to_string())),
+            None => {
+                self.timers.remove((kind as u8, due, op))?;
+            }
         }
         Ok(())
     }
@@ -745,6 +767,43 @@ impl<'txn> WriteTables<'txn> {
     }
 }
 
+/// Removes the held timers `keys`, one `retain_in` pass per timer kind from the first to
+/// the last key. A compaction batch fires a prefix of each kind's due timers, so the keys
+/// between are due timers of the same batch: the pass steps over at most a batch.
+fn remove_timers(
+    table: &mut Table<'_, (u8, u64, &'static str), ()>,
+    keys: &mut Vec<(u8, u64, String)>,
+) -> Result<()> {
+    keys.sort_unstable();
+    keys.dedup();
+    let mut start = 0;
+    while start < keys.len() {
+        let kind = keys[start].0;
+        let end = start + keys[start..].iter().take_while(|k| k.0 == kind).count();
+        let run = &keys[start..end];
+        if let [(kind, due, op)] = run {
+            table.remove((*kind, *due, op.as_str()))?;
+        } else {
+            let (first, last) = (&run[0], &run[run.len() - 1]);
+            let mut next = 0;
+            table.retain_in(
+                (first.0, first.1, first.2.as_str())..=(last.0, last.1, last.2.as_str()),
+                |(kind, due, op), ()| {
+                    let key = (kind, due, op);
+                    while next < run.len() && (run[next].0, run[next].1, run[next].2.as_str()) < key
+                    {
+                        next += 1;
+                    }
+                    !(next < run.len() && (run[next].0, run[next].1, run[next].2.as_str()) == key)
+                },
+            )?;
+        }
+        start = end;
+    }
+    keys.clear();
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -788,6 +847,42 @@ mod tests {
         // Keys that are not in the table change nothing.
         assert_eq!(left_after(10, &[20, 21, 40])?, (0..10).collect::<Vec<_>>());
         assert_eq!(left_after(10, &[])?, (0..10).collect::<Vec<_>>());
+        Ok(())
+    }
+
+    #[test]
+    fn held_timer_deletes_remove_exactly_the_listed_timers_of_each_kind() -> Result<()> {
+        let db = redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new())?;
+        let all: Vec<(u8, u64, String)> = (0..3u8)
+            .flat_map(|kind| (0..40u64).map(move |due| (kind, due, format!("op{}", due % 7))))
+            .collect();
+        let doomed: Vec<(u8, u64, String)> = all
+            .iter()
+            .filter(|(kind, due, _)| (*kind == 0 && due % 3 == 0) || (*kind == 2 && *due == 5))
+            .cloned()
+            .collect();
+        let txn = db.begin_write()?;
+        {
+            let mut table = txn.open_table(TIMERS)?;
+            for (kind, due, op) in &all {
+                table.insert((*kind, *due, op.as_str()), ())?;
+            }
+            let mut keys: Vec<_> = doomed.iter().rev().cloned().collect();
+            keys.push(doomed[0].clone());
+            remove_timers(&mut table, &mut keys)?;
+            assert!(keys.is_empty());
+        }
+        txn.commit()?;
+        let read = db.begin_read()?;
+        let table = read.open_table(TIMERS)?;
+        let mut left = Vec::new();
+        for entry in table.iter()? {
+            let (key, _) = entry?;
+            let (kind, due, op) = key.value();
+            left.push((kind, due, op.to_string()));
+        }
+        let expected: Vec<_> = all.into_iter().filter(|k| !doomed.contains(k)).collect();
+        assert_eq!(left, expected);
         Ok(())
     }
 }
