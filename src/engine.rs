@@ -915,7 +915,7 @@ impl Ctx<'_, '_> {
     /// events anchors its scope's revision, a checkpoint event keeps the revision.
     fn purge(&mut self, rec: &ReceiptRecord) -> Result<()> {
         let id = rec.operation_id.as_str();
-        let seqs = self.t.op_event_seqs(id)?;
+        let seqs = self.t.take_op_events(id)?;
         if let Some(scope) = &rec.scope
             && let Some(s) = self.t.scope(scope)?
             && seqs.contains(&s.anchor_seq)
@@ -934,7 +934,6 @@ impl Ctx<'_, '_> {
         for seq in seqs {
             self.t.delete_event(seq)?;
         }
-        self.t.delete_op_events(id)?;
         if let ExecRecord::Done(d) = &rec.state
             && let Some(seq) = d.result_seq
         {

@@ -612,7 +612,7 @@ impl<'txn> WriteTables<'txn> {
     }
 
     /// Deletes the event `seq`; the caller removes its `op_events` entry (see
-    /// [`WriteTables::delete_op_events`]). Held back while [`WriteTables::hold_deletes`]
+    /// [`WriteTables::take_op_events`]). Held back while [`WriteTables::hold_deletes`]
     /// is on.
     pub(crate) fn delete_event(&mut self, seq: u64) -> Result<()> {
         self.dirty = true;
@@ -625,12 +625,17 @@ impl<'txn> WriteTables<'txn> {
         Ok(())
     }
 
-    /// Deletes every `op_events` entry of operation `op`, in one pass over its key range.
-    pub(crate) fn delete_op_events(&mut self, op: &str) -> Result<()> {
+    /// Deletes every `op_events` entry of operation `op`, in one pass over its key range,
+    /// and returns the sequence numbers of its events, in order.
+    pub(crate) fn take_op_events(&mut self, op: &str) -> Result<Vec<u64>> {
         self.dirty = true;
+        let mut seqs = Vec::new();
         self.op_events
-            .retain_in((op, 0u64)..=(op, u64::MAX), |_, _| false)?;
-        Ok(())
+            .retain_in((op, 0u64)..=(op, u64::MAX), |(_, seq), ()| {
+                seqs.push(seq);
+                false
+            })?;
+        Ok(seqs)
     }
 
     /// From now until [`WriteTables::apply_held_deletes`], deletions of events and results
