@@ -71,6 +71,12 @@ impl Default for RetryPolicy {
 pub const DEFAULT_MAX_RESULT_BYTES: u64 = 4 << 20;
 /// The hard ceiling for `max_result_bytes`: 64 MiB.
 pub const MAX_RESULT_BYTES_CEILING: u64 = 64 << 20;
+/// The storage engine's page cache bound by default: 1 GiB (redb's default).
+pub const DEFAULT_CACHE_BYTES: usize = 1 << 30;
+/// The page cache bound of read-only inspection ([`Inspector`](crate::Inspector), the
+/// CLI): 32 MiB, so that scanning a large journal (`export`, `verify`) runs in
+/// bounded memory.
+pub const INSPECT_CACHE_BYTES: usize = 32 << 20;
 
 #[derive(Clone)]
 pub(crate) struct Config {
@@ -85,6 +91,7 @@ pub(crate) struct Config {
     pub sharing: Sharing,
     pub compaction_batch: usize,
     pub quick_repair: bool,
+    pub cache_bytes: usize,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -102,6 +109,7 @@ impl Default for Config {
             sharing: Sharing::LiveReaders,
             compaction_batch: 1000,
             quick_repair: true,
+            cache_bytes: DEFAULT_CACHE_BYTES,
             clock: Arc::new(SystemClock),
         }
     }
@@ -120,6 +128,7 @@ impl std::fmt::Debug for Config {
             .field("max_result_bytes", &self.max_result_bytes)
             .field("sharing", &self.sharing)
             .field("compaction_batch", &self.compaction_batch)
+            .field("cache_bytes", &self.cache_bytes)
             .field("quick_repair", &self.quick_repair)
             .finish_non_exhaustive()
     }
@@ -308,6 +317,15 @@ impl JournalBuilder {
     /// is quick and read-only opens of a crashed file work (default `true`).
     pub fn quick_repair(mut self, enabled: bool) -> Self {
         self.config.quick_repair = enabled;
+        self
+    }
+
+    /// The most memory the storage engine's page cache may use (default 1 GiB, redb's
+    /// own default). The cache grows with the pages read, up to this bound; a smaller
+    /// bound saves an editor's memory on a large journal at the price of more reads from
+    /// the operating system's cache (replay lookups of old ids slow down first).
+    pub fn cache_size(mut self, bytes: usize) -> Self {
+        self.config.cache_bytes = bytes;
         self
     }
 

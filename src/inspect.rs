@@ -91,6 +91,7 @@ fn open_ro(
     mode: redb::ConcurrencyMode,
 ) -> std::result::Result<ReadOnlyDatabase, redb::DatabaseError> {
     redb::Builder::new()
+        .set_cache_size(crate::config::INSPECT_CACHE_BYTES)
         .set_concurrency_mode(mode)
         .open_read_only(path)
 }
@@ -105,6 +106,7 @@ pub(crate) fn recovered_copy(path: &Path) -> Result<(Database, tempfile::TempDir
     let copy = dir.path().join("journal.opj");
     std::fs::copy(path, &copy).map_err(Error::io)?;
     let db = redb::Builder::new()
+        .set_cache_size(crate::config::INSPECT_CACHE_BYTES)
         .create(&copy)
         .map_err(|e| not_openable(path, e))?;
     Ok((db, dir, copy))

@@ -777,6 +777,7 @@ impl Journal {
 
     fn redb_builder(cfg: &Config) -> redb::Builder {
         let mut builder = redb::Builder::new();
+        builder.set_cache_size(cfg.cache_bytes);
         builder.set_concurrency_mode(match cfg.sharing {
             Sharing::LiveReaders => redb::ConcurrencyMode::SingleWriter,
             Sharing::Exclusive => redb::ConcurrencyMode::ExclusiveWriter,

@@ -1429,6 +1429,82 @@ fn redb_breakdown(path: &Path, scratch: &Path) -> Result<RedbBreakdown> {
     })
 }
 
+/// The peak resident memory of this process so far (`VmHWM`), in bytes.
+fn peak_rss() -> Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .ok_or("no VmHWM in /proc/self/status")?;
+    Ok(kib * 1024)
+}
+
+/// `bench __export PATH`: walks the journal the way `opjournal export --results` does
+/// (every receipt with its result, then every event, streaming through the
+/// `Inspector`), serializing each to JSON into a sink, and prints `records peak_before
+/// peak_after` (bytes of peak resident memory before opening and after the walk).
+fn export_child(args: &[String]) -> Result<()> {
+    let path = PathBuf::from(args.first().ok_or("missing PATH")?);
+    let before = peak_rss()?;
+    let insp = opjournal::Inspector::open(&path)?;
+    let mut sink = std::io::sink();
+    let mut records = 0u64;
+    insp.for_each_receipt(|rcpt| {
+        let res = insp.result(&rcpt.operation_id)?;
+        let line = json!({"receipt": format!("{rcpt:?}"), "result": res.map(|x| x.bytes.len())});
+        serde_json::to_writer(&mut sink, &line)
+            .map_err(|e| opjournal::Error::from(std::io::Error::other(e)))?;
+        records += 1;
+        Ok(true)
+    })?;
+    insp.for_each_event(0, |ev| {
+        serde_json::to_writer(&mut sink, &json!({"event": format!("{ev:?}")}))
+            .map_err(|e| opjournal::Error::from(std::io::Error::other(e)))?;
+        records += 1;
+        Ok(true)
+    })?;
+    println!("{records} {before} {}", peak_rss()?);
+    Ok(())
+}
+
+/// Peak memory of an export of the base journal, in a child process.
+fn section_export_memory(base: &Base, r: &mut Report) -> Result<()> {
+    progress("export memory");
+    let out = Command::new(std::env::current_exe()?)
+        .arg("__export")
+        .arg(&base.opj)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        return Err(format!("export child failed: {}", out.status).into());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let nums: Vec<u64> = text
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<std::result::Result<_, _>>()?;
+    let [records, before, after] = nums[..] else {
+        return Err(format!("unexpected export child output: {text}").into());
+    };
+    let file = file_len(&base.opj);
+    r.figure_vs(
+        "export_peak_rss",
+        format!("export of {} receipts, results and events: peak memory", base.n),
+        after as f64 / (1024.0 * 1024.0),
+        "MiB",
+        format!(
+            "{:.2}× the {:.0} MiB file; {:.1} MiB before opening; {records} records",
+            after as f64 / file as f64,
+            file as f64 / (1024.0 * 1024.0),
+            before as f64 / (1024.0 * 1024.0)
+        ),
+        json!({"records": records, "peak_before_bytes": before, "peak_after_bytes": after, "file_bytes": file}),
+    );
+    Ok(())
+}
+
 fn section_size(dir: &Path, base: &Base, sql_open_bytes: u64, r: &mut Report) -> Result<()> {
     progress("bytes on disk per receipt");
     let n = base.n as f64;
@@ -2139,6 +2215,7 @@ fn run(args: Args) -> Result<()> {
         settle_disk();
         if want("size") {
             section_size(&data, &base, sql_open_bytes, &mut r)?;
+            section_export_memory(&base, &mut r)?;
         }
         if want("replay") {
             section_replay(p, &base, &ctx, &mut r)?;
@@ -2187,6 +2264,15 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("bench profile: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    if argv.first().map(String::as_str) == Some("__export") {
+        return match export_child(&argv[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bench export child: {e}");
                 ExitCode::from(2)
             }
         };
