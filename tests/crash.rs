@@ -24,11 +24,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use opjournal::{ErrorKind, Inspector, Journal, ManualClock, Sharing, Timestamp};
+use opjournal::{ErrorKind, ManualClock, Sharing, Timestamp};
 use support::driver::{Rng, Stepped, T0, Workload, WorkloadStats, config_for};
 use support::fault_backend::{
     CutPolicy, DiskStats, EIO, ENOSPC, FaultAction, FaultDisk, IoKind, Trigger,
 };
+use support::images::{open, verify_image};
 use support::model::ModelConfig;
 
 /// The first seed of the default runs (any fixed value; runs use `BASE + i`).
@@ -60,30 +61,6 @@ impl Figures {
         self.verified_images += o.verified_images;
         self.workload.add(&o.workload);
     }
-}
-
-fn open(cfg: &ModelConfig, clock: &ManualClock, disk: &FaultDisk) -> opjournal::Result<Journal> {
-    cfg.builder(clock)
-        .open_backend(disk.backend(), "fault-disk.opj")
-}
-
-/// Invariant 4 on a disk image: redb integrity, every record's CRC and decode, every index
-/// equal to the replay of the event journal.
-fn verify_image(image: &[u8]) -> Result<(), String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let path = dir.path().join("image.opj");
-    std::fs::write(&path, image).map_err(|e| e.to_string())?;
-    let insp = Inspector::open(&path).map_err(|e| format!("inspector cannot open image: {e}"))?;
-    let report = insp
-        .verify(&mut |_, _| {})
-        .map_err(|e| format!("verify failed: {e}"))?;
-    if !report.is_clean() {
-        return Err(format!(
-            "verify found problems: integrity {:?}, findings {:#?}",
-            report.integrity, report.findings
-        ));
-    }
-    Ok(())
 }
 
 fn random_trigger(rng: &mut Rng) -> Trigger {

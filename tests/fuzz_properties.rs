@@ -28,6 +28,8 @@ mod seeds;
 // The reference model and the fault-injecting disk, as `ops_vs_model` expects them.
 #[path = "support/fault_backend.rs"]
 mod fault_backend;
+#[path = "support/images.rs"]
+mod images;
 #[path = "support/model.rs"]
 mod model;
 

@@ -19,4 +19,8 @@ pub mod model;
 /// The fault-injecting disk, shared with the crash tests.
 #[path = "../../tests/support/fault_backend.rs"]
 pub mod fault_backend;
+
+/// Journals on the fault-injecting disk and the image check, shared with the crash tests.
+#[path = "../../tests/support/images.rs"]
+pub mod images;
 pub mod seeds;

@@ -31,9 +31,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use arbitrary::{Arbitrary, Unstructured};
-use opjournal::{Claim, Inspector, Journal, ManualClock, ScopeLock, Sharing, Timestamp};
+use opjournal::{Claim, Journal, ManualClock, ScopeLock, Sharing, Timestamp};
 
 use crate::fault_backend::{CutPolicy, EIO, ENOSPC, FaultAction, FaultDisk, IoKind, Trigger};
+use crate::images::{open, verify_image};
 use crate::model::{
     Call, ErrView, Model, ModelConfig, OpSpec, OutcomeSpec, Recovery, ResolutionSpec, StepResult,
 };
@@ -285,30 +286,6 @@ fn pick<T: Clone>(items: &[T], i: u8) -> Option<T> {
     } else {
         Some(items[usize::from(i) % items.len()].clone())
     }
-}
-
-fn open(cfg: &ModelConfig, clock: &ManualClock, disk: &FaultDisk) -> opjournal::Result<Journal> {
-    cfg.builder(clock)
-        .open_backend(disk.backend(), "fault-disk.opj")
-}
-
-/// `verify` on a disk image: redb's page check, every record's CRC and decode, every
-/// index equal to the replay of the event journal.
-pub fn verify_image(image: &[u8]) -> Result<(), String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let path = dir.path().join("image.opj");
-    std::fs::write(&path, image).map_err(|e| e.to_string())?;
-    let insp = Inspector::open(&path).map_err(|e| format!("the inspector cannot open it: {e}"))?;
-    let report = insp
-        .verify(&mut |_, _| {})
-        .map_err(|e| format!("verify failed: {e}"))?;
-    if !report.is_clean() {
-        return Err(format!(
-            "verify found problems: integrity {:?}, findings {:#?}",
-            report.integrity, report.findings
-        ));
-    }
-    Ok(())
 }
 
 fn trigger(f: Fault) -> Trigger {
