@@ -175,16 +175,25 @@ fn parse_args(raw: &[String]) -> Result<Args> {
     })
 }
 
-/// One opjournal configuration under test.
+/// One opjournal configuration under test, with its names in the report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct OpjCfg {
     exclusive: bool,
     quick_repair: bool,
+    /// In JSON keys and on the command line of `bench __profile`.
+    key: &'static str,
+    /// In the table.
+    label: &'static str,
+    /// In the plot's legend.
+    short_label: &'static str,
 }
 
 const DEFAULT_CFG: OpjCfg = OpjCfg {
     exclusive: false,
     quick_repair: true,
+    key: "opj-live-qr",
+    label: "opjournal LiveReaders, quick_repair on (default)",
+    short_label: "opjournal LiveReaders, QR on (default)",
 };
 
 const OPJ_VARIANTS: [OpjCfg; 4] = [
@@ -192,14 +201,23 @@ const OPJ_VARIANTS: [OpjCfg; 4] = [
     OpjCfg {
         exclusive: false,
         quick_repair: false,
+        key: "opj-live",
+        label: "opjournal LiveReaders, quick_repair off",
+        short_label: "opjournal LiveReaders, QR off",
     },
     OpjCfg {
         exclusive: true,
         quick_repair: true,
+        key: "opj-excl-qr",
+        label: "opjournal Exclusive, quick_repair on",
+        short_label: "opjournal Exclusive, QR on",
     },
     OpjCfg {
         exclusive: true,
         quick_repair: false,
+        key: "opj-excl",
+        label: "opjournal Exclusive, quick_repair off",
+        short_label: "opjournal Exclusive, QR off",
     },
 ];
 
@@ -215,30 +233,15 @@ impl OpjCfg {
     }
 
     fn key(self) -> &'static str {
-        match (self.exclusive, self.quick_repair) {
-            (false, true) => "opj-live-qr",
-            (false, false) => "opj-live",
-            (true, true) => "opj-excl-qr",
-            (true, false) => "opj-excl",
-        }
+        self.key
     }
 
     fn label(self) -> &'static str {
-        match (self.exclusive, self.quick_repair) {
-            (false, true) => "opjournal LiveReaders, quick_repair on (default)",
-            (false, false) => "opjournal LiveReaders, quick_repair off",
-            (true, true) => "opjournal Exclusive, quick_repair on",
-            (true, false) => "opjournal Exclusive, quick_repair off",
-        }
+        self.label
     }
 
     fn short_label(self) -> &'static str {
-        match (self.exclusive, self.quick_repair) {
-            (false, true) => "opjournal LiveReaders, QR on (default)",
-            (false, false) => "opjournal LiveReaders, QR off",
-            (true, true) => "opjournal Exclusive, QR on",
-            (true, false) => "opjournal Exclusive, QR off",
-        }
+        self.short_label
     }
 
     fn from_key(key: &str) -> Option<OpjCfg> {
