@@ -2262,29 +2262,21 @@ fn run(args: Args) -> Result<()> {
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
-    if argv.first().map(String::as_str) == Some("__profile") {
-        return match profile(&argv[1..]) {
+    // Internal subcommands: hot loops for a profiler, and the child processes of the
+    // export-memory and reopen-after-kill sections.
+    type Sub = fn(&[String]) -> Result<()>;
+    let subs: [(&str, &str, Sub); 3] = [
+        ("__profile", "bench profile", profile),
+        ("__export", "bench export child", export_child),
+        ("__crash-child", "bench crash child", crash_child),
+    ];
+    if let Some(first) = argv.first()
+        && let Some((_, what, sub)) = subs.iter().find(|(name, ..)| name == first)
+    {
+        return match sub(&argv[1..]) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("bench profile: {e}");
-                ExitCode::from(2)
-            }
-        };
-    }
-    if argv.first().map(String::as_str) == Some("__export") {
-        return match export_child(&argv[1..]) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("bench export child: {e}");
-                ExitCode::from(2)
-            }
-        };
-    }
-    if argv.first().map(String::as_str) == Some("__crash-child") {
-        return match crash_child(&argv[1..]) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("bench crash child: {e}");
+                eprintln!("{what}: {e}");
                 ExitCode::from(2)
             }
         };
