@@ -1681,57 +1681,17 @@ fn foreground_run(
     ctx: &Ctx,
     n_idle: usize,
 ) -> Result<(Vec<Duration>, Vec<Duration>, usize, f64)> {
-    let mut idle = Vec::new();
-    let mut busy = Vec::new();
-    let mut during = 0usize;
-    let push = |v: &mut Vec<Duration>, t: &CallTimes| {
-        v.push(t.submit);
-        v.push(t.complete);
-        v.push(t.ack);
-    };
-    let compact_secs;
     match engine {
         Engine::Opj(cfg) => {
             let path = dir.join("fg.opj");
             copy_synced(&base.opj, &path)?;
             let j = cfg.builder().clock(expired_clock()).open(&path)?;
-            let mut rev = 0;
-            {
-                let mut conn = Conn::Opj(&j);
-                for i in 0..n_idle {
-                    let t = conn.lifecycle(ctx, &format!("fg-idle-{i}"), "fg", "fg", &mut rev)?;
-                    push(&mut idle, &t);
-                }
-            }
-            let done = AtomicBool::new(false);
-            let (res, secs) = std::thread::scope(|s| {
-                let h = s.spawn(|| -> (Result<()>, f64) {
-                    let start = Instant::now();
-                    let r = j.compact().map(|_| ()).map_err(Error::from);
-                    done.store(true, Ordering::SeqCst);
-                    (r, start.elapsed().as_secs_f64())
-                });
-                let mut conn = Conn::Opj(&j);
-                let mut fg: Result<()> = Ok(());
-                while !done.load(Ordering::SeqCst) {
-                    match conn.lifecycle(ctx, &format!("fg-busy-{during}"), "fg", "fg", &mut rev) {
-                        Ok(t) => push(&mut busy, &t),
-                        Err(e) => {
-                            fg = Err(e);
-                            break;
-                        }
-                    }
-                    during += 1;
-                }
-                let (r, secs) = h
-                    .join()
-                    .unwrap_or_else(|_| (Err("the compaction thread panicked".into()), 0.0));
-                (fg.and(r), secs)
-            });
-            res?;
-            compact_secs = secs;
+            let out = idle_then_busy(&mut Conn::Opj(&j), ctx, n_idle, || {
+                j.compact().map(drop).map_err(Error::from)
+            })?;
             drop(j);
             remove_one(&path);
+            Ok(out)
         }
         Engine::Sqlite => {
             let path = dir.join("fg.sqlite");
@@ -1740,45 +1700,61 @@ fn foreground_run(
             let mut db = SqlJournal::open(&path)?;
             db.clock_offset = PAST_AUDIT_RETENTION;
             let mut conn = Conn::Sql(db);
-            let mut rev = 0;
-            for i in 0..n_idle {
-                let t = conn.lifecycle(ctx, &format!("fg-idle-{i}"), "fg", "fg", &mut rev)?;
-                push(&mut idle, &t);
-            }
-            let done = AtomicBool::new(false);
-            let (res, secs) = std::thread::scope(|s| {
-                let h = s.spawn(|| -> (Result<u64>, f64) {
-                    let start = Instant::now();
-                    let r = SqlJournal::open(&path).and_then(|mut c| {
-                        c.clock_offset = PAST_AUDIT_RETENTION;
-                        c.purge_expired(1000)
-                    });
-                    done.store(true, Ordering::SeqCst);
-                    (r.map_err(|e| -> Error { e }), start.elapsed().as_secs_f64())
-                });
-                let mut fg: Result<()> = Ok(());
-                while !done.load(Ordering::SeqCst) {
-                    match conn.lifecycle(ctx, &format!("fg-busy-{during}"), "fg", "fg", &mut rev) {
-                        Ok(t) => push(&mut busy, &t),
-                        Err(e) => {
-                            fg = Err(e);
-                            break;
-                        }
-                    }
-                    during += 1;
-                }
-                let (r, secs) = h
-                    .join()
-                    .unwrap_or_else(|_| (Err("the purge thread panicked".into()), 0.0));
-                (fg.and(r.map(|_| ())), secs)
-            });
-            res?;
-            compact_secs = secs;
+            let out = idle_then_busy(&mut conn, ctx, n_idle, || {
+                let mut c = SqlJournal::open(&path)?;
+                c.clock_offset = PAST_AUDIT_RETENTION;
+                c.purge_expired(1000).map(drop)
+            })?;
             drop(conn);
             remove_all(&sqlite_files(&path));
+            Ok(out)
         }
     }
-    Ok((idle, busy, during, compact_secs))
+}
+
+/// `n_idle` lifecycles on `conn`, then lifecycles until `compact`, run on another thread,
+/// returns. Returns (idle samples, busy samples, lifecycles during compaction, its s).
+fn idle_then_busy(
+    conn: &mut Conn<'_>,
+    ctx: &Ctx,
+    n_idle: usize,
+    compact: impl FnOnce() -> Result<()> + Send,
+) -> Result<(Vec<Duration>, Vec<Duration>, usize, f64)> {
+    let calls = |t: &CallTimes| [t.submit, t.complete, t.ack];
+    let mut rev = 0;
+    let mut idle = Vec::new();
+    for i in 0..n_idle {
+        let t = conn.lifecycle(ctx, &format!("fg-idle-{i}"), "fg", "fg", &mut rev)?;
+        idle.extend(calls(&t));
+    }
+    let mut busy = Vec::new();
+    let mut during = 0usize;
+    let done = AtomicBool::new(false);
+    let (res, secs) = std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            let start = Instant::now();
+            let r = compact();
+            done.store(true, Ordering::SeqCst);
+            (r, start.elapsed().as_secs_f64())
+        });
+        let mut fg: Result<()> = Ok(());
+        while !done.load(Ordering::SeqCst) {
+            match conn.lifecycle(ctx, &format!("fg-busy-{during}"), "fg", "fg", &mut rev) {
+                Ok(t) => busy.extend(calls(&t)),
+                Err(e) => {
+                    fg = Err(e);
+                    break;
+                }
+            }
+            during += 1;
+        }
+        let (r, secs) = h
+            .join()
+            .unwrap_or_else(|_| (Err("the compaction thread panicked".into()), 0.0));
+        (fg.and(r), secs)
+    });
+    res?;
+    Ok((idle, busy, during, secs))
 }
 
 /// Per engine: idle p99s, compacting p99s (µs), compaction seconds, lifecycles meanwhile.
