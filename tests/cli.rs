@@ -762,6 +762,7 @@ fn a_closed_stdout_ends_the_command_quietly_with_exit_0() -> TestResult {
 
 /// Runs `opjournal ARGS >/dev/null` with stderr on a pseudo-terminal (util-linux
 /// `script`) and returns what the terminal received.
+#[cfg(target_os = "linux")]
 fn on_a_terminal(
     args: &[&str],
     dir: &std::path::Path,
@@ -785,6 +786,8 @@ fn on_a_terminal(
     Ok(String::from_utf8_lossy(&std::fs::read(typescript)?).into_owned())
 }
 
+// util-linux `script` options; other systems' `script` takes others.
+#[cfg(target_os = "linux")]
 #[test]
 fn progress_bars_draw_on_a_terminal_with_their_totals_and_never_on_a_pipe() -> TestResult {
     let (s, _) = many(120);
