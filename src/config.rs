@@ -1,12 +1,10 @@
 //! Journal configuration: the clocks, bounds and policies, set on [`JournalBuilder`].
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
-use crate::journal::Journal;
 
 /// How the journal file is shared between processes.
 ///
@@ -135,7 +133,7 @@ impl std::fmt::Debug for Config {
 }
 
 impl Config {
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let positive = |what: &'static str, d: Duration| {
             if d.as_millis() == 0 {
                 Err(Error::invalid(
@@ -211,156 +209,5 @@ impl Config {
             ));
         }
         Ok(())
-    }
-}
-
-/// Configures and opens a [`Journal`]. Every setting has a default (DESIGN.md §6).
-///
-/// Durations apply to transitions made after the journal is opened with them: deadlines
-/// are computed when an operation changes state and stored with it.
-///
-/// # Example
-///
-/// ```
-/// use opjournal::{Journal, ScopeLock};
-/// use std::time::Duration;
-///
-/// let dir = tempfile::tempdir()?;
-/// let journal = Journal::builder()
-///     .ack_timeout(Duration::from_secs(600))
-///     .scope_lock(ScopeLock::HoldUntilAck)
-///     .open(dir.path().join("project.opj"))?;
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug, Default)]
-#[must_use]
-pub struct JournalBuilder {
-    config: Config,
-}
-
-impl JournalBuilder {
-    /// A builder with every default.
-    pub fn new() -> Self {
-        JournalBuilder::default()
-    }
-
-    /// The execution lease (default 5 min): a `Running` operation whose claim holder neither
-    /// completes, releases nor extends within it becomes `InDoubt`.
-    pub fn lease(mut self, d: Duration) -> Self {
-        self.config.lease = d;
-        self
-    }
-
-    /// The delivery retry budget (default 8 attempts, 1 s doubling to 5 min).
-    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
-        self.config.retry = policy;
-        self
-    }
-
-    /// How long a terminal result waits for its acknowledgement (default 15 min). Past it,
-    /// the result is `AckExpired`: its session window slot and any hold-until-ack scope
-    /// lock are freed.
-    pub fn ack_timeout(mut self, d: Duration) -> Self {
-        self.config.ack_timeout = d;
-        self
-    }
-
-    /// How long a result payload is kept after the outcome (default 7 days). Past it the
-    /// operation is `Retired`: the payload is dropped, the audit record stays.
-    pub fn result_retention(mut self, d: Duration) -> Self {
-        self.config.result_retention = d;
-        self
-    }
-
-    /// How long the audit record is kept after the outcome (default 90 days). Past it the
-    /// operation and its events are purged and the id is unknown again.
-    pub fn audit_retention(mut self, d: Duration) -> Self {
-        self.config.audit_retention = d;
-        self
-    }
-
-    /// The most unacknowledged results one session may have (default 64).
-    pub fn session_window(mut self, n: u32) -> Self {
-        self.config.session_window = n;
-        self
-    }
-
-    /// The scope lock policy (default [`ScopeLock::Serial`]).
-    pub fn scope_lock(mut self, policy: ScopeLock) -> Self {
-        self.config.scope_lock = policy;
-        self
-    }
-
-    /// The largest accepted result payload in bytes (default 4 MiB, at most 64 MiB).
-    pub fn max_result_bytes(mut self, n: u64) -> Self {
-        self.config.max_result_bytes = n;
-        self
-    }
-
-    /// How the file is shared between processes (default [`Sharing::LiveReaders`]).
-    pub fn sharing(mut self, sharing: Sharing) -> Self {
-        self.config.sharing = sharing;
-        self
-    }
-
-    /// The most operations one compaction batch handles (default 1,000). Each batch is one
-    /// write transaction; a batch ends early, after the operation in hand, as soon as a
-    /// foreground call queues, and the waiting calls share its commit, so a foreground
-    /// call never waits for a whole batch. Larger batches mean fewer commits (and syncs)
-    /// per compaction.
-    pub fn compaction_batch(mut self, n: usize) -> Self {
-        self.config.compaction_batch = n;
-        self
-    }
-
-    /// Whether each commit records redb's allocator state so that reopening after a crash
-    /// is quick and read-only opens of a crashed file work (default `true`).
-    pub fn quick_repair(mut self, enabled: bool) -> Self {
-        self.config.quick_repair = enabled;
-        self
-    }
-
-    /// The most memory the storage engine's page cache may use (default 1 GiB, redb's
-    /// own default). The cache grows with the pages read, up to this bound; a smaller
-    /// bound saves an editor's memory on a large journal at the price of more reads from
-    /// the operating system's cache (replay lookups of old ids slow down first).
-    pub fn cache_size(mut self, bytes: usize) -> Self {
-        self.config.cache_bytes = bytes;
-        self
-    }
-
-    /// The clock (default [`SystemClock`]). Use [`ManualClock`](crate::ManualClock) in tests.
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.config.clock = Arc::new(clock);
-        self
-    }
-
-    /// Opens the journal at `path`, creating it if missing.
-    ///
-    /// Operations that were `Running` when the file was last closed are `InDoubt` after
-    /// this returns: the process that held their claims is gone, and nothing is re-run.
-    ///
-    /// # Errors
-    ///
-    /// - [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for an inconsistent
-    ///   configuration (for example a result retention shorter than the ack timeout);
-    /// - [`ErrorKind::Locked`](crate::ErrorKind::Locked) if another handle has it open;
-    /// - [`ErrorKind::NotAJournal`](crate::ErrorKind::NotAJournal) for another kind of file;
-    /// - [`ErrorKind::UnsupportedFormat`](crate::ErrorKind::UnsupportedFormat) for a newer format;
-    /// - [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt) or [`ErrorKind::Io`](crate::ErrorKind::Io).
-    pub fn open(self, path: impl AsRef<Path>) -> Result<Journal> {
-        self.config.validate()?;
-        Journal::open_with(path.as_ref(), self.config)
-    }
-
-    /// Opens (or creates) a journal on a custom redb storage backend: an in-memory one, or
-    /// a fault-injecting one for crash tests. `label` names it in messages.
-    ///
-    /// # Errors
-    ///
-    /// As [`JournalBuilder::open`].
-    pub fn open_backend(self, backend: impl redb::StorageBackend, label: &str) -> Result<Journal> {
-        self.config.validate()?;
-        Journal::open_backend_with(backend, label, self.config)
     }
 }

@@ -1,8 +1,8 @@
 //! Entry points for fuzzers and property tests. Not part of the stable API.
 
 use crate::codec::{self, RecordKind};
+use crate::index;
 use crate::record::{Event, FormatRecord, ReceiptRecord, ScopeRecord, StateRecord};
-use crate::store;
 
 /// Feeds `bytes` to every record decoder. For each that accepts it, checks that encoding
 /// the decoded value and decoding again gives the same value. Returns how many decoders
@@ -22,12 +22,12 @@ pub fn decode_every_record(bytes: &[u8]) -> Result<u32, String> {
     if let Ok(payload) = codec::unframe(RecordKind::Result, bytes)
         && let Ok((header, used)) = codec::decode_prefix::<crate::record::ResultHeader>(payload)
     {
-        let (h2, body) = store::decode_result(header.completed_seq, bytes)
+        let (h2, body) = index::decode_result(header.completed_seq, bytes)
             .map_err(|e| format!("result decoded by prefix but not as a record: {e}"))?;
         if h2 != header || body != payload[used..] {
             return Err("result decode is not stable".into());
         }
-        let re = store::encode_result(
+        let re = index::encode_result(
             header.completed_seq,
             &header.operation_id,
             &crate::types::OpResult {
@@ -322,7 +322,7 @@ pub fn golden_records() -> Vec<(&'static str, Vec<u8>)> {
     ));
     out.push((
         "result",
-        store::encode_result(
+        index::encode_result(
             3,
             "op_7f3",
             &OpResult {

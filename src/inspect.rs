@@ -19,14 +19,14 @@ use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTable};
 
-use crate::check::guarded;
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::engine;
+use crate::engine::stats::{self, Stats};
 use crate::error::{Error, ErrorKind, Result};
-use crate::journal::{check_format, check_redb_magic};
+use crate::index::file::{check_format, check_redb_magic};
+use crate::index::guarded;
+use crate::index::{self, ReadTables, View};
 use crate::record::Event;
-use crate::stats::{self, Stats};
-use crate::store::{self, ReadTables, View};
 use crate::types::{OpResult, Receipt};
 
 /// How an [`Inspector`] reached the file.
@@ -223,13 +223,13 @@ impl Inspector {
                 },
             }));
         }
-        let meta = txn.open_table(store::META)?;
+        let meta = txn.open_table(index::META)?;
         let format = match meta.get("format")? {
-            Some(v) => Some(store::decode_meta("format", v.value())?),
+            Some(v) => Some(index::decode_meta("format", v.value())?),
             None => None,
         };
         check_format(&self.path, format, true)?;
-        for name in store::TABLE_NAMES {
+        for name in index::TABLE_NAMES {
             if name != "quarantine" && !names.iter().any(|n| n == name) {
                 return Err(Error::new(ErrorKind::NotAJournal {
                     path: self.path.clone(),
@@ -278,7 +278,7 @@ impl Inspector {
             let mut s = stats::collect(&t, now)?;
             s.file_bytes = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
             let txn = self.handle.begin_read()?;
-            if let Ok(q) = txn.open_table(store::QUARANTINE) {
+            if let Ok(q) = txn.open_table(index::QUARANTINE) {
                 s.quarantined = redb::ReadableTableMetadata::len(&q)?;
             }
             Ok(s)
@@ -342,7 +342,7 @@ impl Inspector {
             let (t, now) = self.snapshot()?;
             for entry in t.receipts_t()?.iter()? {
                 let (k, v) = entry?;
-                let rec = store::decode_receipt(k.value(), v.value())?;
+                let rec = index::decode_receipt(k.value(), v.value())?;
                 if let Some(r) = engine::effective(&rec, now).as_ref().and_then(engine::view)
                     && !call_caller(&mut caller_panic, || f(r))?
                 {
@@ -371,7 +371,7 @@ impl Inspector {
             let (t, _) = self.snapshot()?;
             for entry in t.events_t()?.range(from..)? {
                 let (k, v) = entry?;
-                let ev = store::decode_event(k.value(), v.value())?;
+                let ev = index::decode_event(k.value(), v.value())?;
                 if !call_caller(&mut caller_panic, || f(ev))? {
                     break;
                 }
@@ -393,16 +393,5 @@ impl Inspector {
             let (t, _) = self.snapshot()?;
             Ok((t.events_t()?.len()?, t.receipts_t()?.len()?))
         })
-    }
-
-    /// Verifies every record and cross-checks every index against the event journal.
-    /// See [`crate::check::verify`].
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::Io`] when the file cannot be read at all; damage is reported as
-    /// findings, not errors.
-    pub fn verify(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<crate::check::VerifyReport> {
-        crate::check::verify_inspector(self, progress)
     }
 }

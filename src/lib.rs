@@ -14,35 +14,32 @@
 pub mod check;
 mod clock;
 pub mod codec;
-mod compact;
 mod config;
 mod engine;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+mod index;
 mod inspect;
 mod intent;
 mod journal;
 mod record;
-mod stats;
-mod store;
 mod types;
 mod validate;
 
+pub use check::{repair, verify};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use compact::{CompactionReport, CompactorHandle};
 pub use config::{
-    DEFAULT_MAX_RESULT_BYTES, JournalBuilder, MAX_RESULT_BYTES_CEILING, RetryPolicy, ScopeLock,
-    Sharing,
+    DEFAULT_MAX_RESULT_BYTES, MAX_RESULT_BYTES_CEILING, RetryPolicy, ScopeLock, Sharing,
 };
+pub use engine::stats::Stats;
 pub use error::{Error, ErrorKind, Result};
 pub use inspect::{Access, Inspector};
 pub use intent::{Intent, IntentHash, canonical_json};
-pub use journal::Journal;
+pub use journal::{CompactionReport, CompactorHandle, Journal, JournalBuilder};
 pub use record::{
     Deadlines, Event, EventKind, InDoubtCause, OutcomeKind, ResolvedAs, ResultInfo, RevisionCause,
 };
-pub use stats::Stats;
 pub use types::{
     Admission, Claim, DeliveryState, ExecutionStatus, OpResult, Operation, Outcome, Receipt,
     Replay, Resolution, StaleBasePolicy,

@@ -68,8 +68,7 @@ fn repair_handles_files_that_make_the_storage_engine_panic() {
                 let insp = Inspector::open(&path).unwrap_or_else(|e| {
                     panic!("{name}: the repaired journal does not open: {e:?}")
                 });
-                let verified = insp
-                    .verify(&mut |_, _| {})
+                let verified = opjournal::check::verify_inspected(&insp, &mut |_, _| {})
                     .unwrap_or_else(|e| panic!("{name}: verify fails after repair: {e:?}"));
                 assert!(
                     verified.findings.is_empty(),
@@ -193,7 +192,7 @@ fn repair_quarantines_an_event_recorded_out_of_time_order_so_verify_is_clean() {
         "the out-of-order event was not quarantined: {report:?}"
     );
     let insp = Inspector::open(&path).expect("the repaired journal opens");
-    let verified = insp.verify(&mut |_, _| {}).expect("verify runs");
+    let verified = opjournal::check::verify_inspected(&insp, &mut |_, _| {}).expect("verify runs");
     assert!(
         verified.findings.is_empty(),
         "verify finds problems after repair: {:?}",
@@ -218,7 +217,8 @@ fn repair_survives_a_storage_engine_panic_while_closing_the_repaired_file() {
         Ok(Ok(report)) => {
             let insp = Inspector::open(&path)
                 .unwrap_or_else(|e| panic!("the repaired journal does not open: {e:?}"));
-            let verified = insp.verify(&mut |_, _| {}).expect("verify runs");
+            let verified =
+                opjournal::check::verify_inspected(&insp, &mut |_, _| {}).expect("verify runs");
             assert!(
                 verified.findings.is_empty(),
                 "verify finds problems after repair {report:?}: {:?}",

@@ -82,7 +82,10 @@ pub fn inspect_everything(path: &Path) -> bool {
         let _ = expect_typed("result", insp.result(id));
         let _ = expect_typed("history", insp.history(id));
     }
-    let _ = expect_typed("verify", insp.verify(&mut |_, _| {}));
+    let _ = expect_typed(
+        "verify",
+        opjournal::check::verify_inspected(&insp, &mut |_, _| {}),
+    );
     true
 }
 
@@ -136,8 +139,7 @@ fn check_file(bytes: &[u8]) {
     if expect_typed("repair", repair(&path, &options, &mut |_, _| {})).is_some() {
         let insp = Inspector::open(&path)
             .unwrap_or_else(|e| panic!("a repaired journal does not open: {e:?}"));
-        let report = insp
-            .verify(&mut |_, _| {})
+        let report = opjournal::check::verify_inspected(&insp, &mut |_, _| {})
             .unwrap_or_else(|e| panic!("verify fails on a repaired journal: {e:?}"));
         assert!(
             report.findings.is_empty(),
@@ -154,8 +156,7 @@ fn check_file(bytes: &[u8]) {
         drop(j);
         let insp = Inspector::open(&path)
             .unwrap_or_else(|e| panic!("a repaired, reopened journal does not open: {e:?}"));
-        let report = insp
-            .verify(&mut |_, _| {})
+        let report = opjournal::check::verify_inspected(&insp, &mut |_, _| {})
             .unwrap_or_else(|e| panic!("verify fails on a repaired, reopened journal: {e:?}"));
         assert!(
             report.findings.is_empty(),

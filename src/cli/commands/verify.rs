@@ -79,8 +79,7 @@ pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
     }
     summary.access(insp.access());
     let bar = Progress::bar("verifying", "events");
-    let report = insp
-        .verify(&mut |done, total| bar.set(done, total))
+    let report = opjournal::check::verify_inspected(&insp, &mut |done, total| bar.set(done, total))
         .map_err(read_err(&args.file))?;
     drop(bar);
     let outcome = if report.is_clean() {

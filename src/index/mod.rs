@@ -1,9 +1,13 @@
 //! The storage layer: redb tables, framed values, typed reads and writes.
 //!
-//! Everything that knows about redb lives here (and in `journal.rs`, which owns the
-//! database handle), so mapping the receipt model onto another store is a port of this
+//! Everything that knows about redb's tables lives here, so mapping the receipt model onto another store is a port of this
 //! module. Every value read is checked (magic, CRC, decode, embedded key) and a failure is
 //! a typed `Corrupt { table, key }` error, never a panic.
+
+pub(crate) mod file;
+mod guard;
+
+pub(crate) use guard::guarded;
 
 use std::sync::OnceLock;
 

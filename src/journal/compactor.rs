@@ -9,8 +9,8 @@ use serde::Serialize;
 
 use crate::engine::{self, Fired};
 use crate::error::{Error, ErrorKind, Result};
+use crate::index::{TimerKind, View};
 use crate::journal::Inner;
-use crate::store::{TimerKind, View};
 
 /// What one [`Journal::compact`](crate::Journal::compact) call did, per clock.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]

@@ -6,8 +6,8 @@ use serde::Serialize;
 use crate::clock::Timestamp;
 use crate::engine;
 use crate::error::Result;
+use crate::index::{self, View};
 use crate::record::ExecRecord;
-use crate::store::{self, View};
 use crate::types::{DeliveryState, ExecutionStatus};
 
 /// A summary of a journal, with every clock applied as of `now`.
@@ -74,7 +74,7 @@ pub(crate) fn collect<V: View>(v: &V, now: Timestamp) -> Result<Stats> {
     s.clock_high_water = v.state()?.clock_high_water;
     for entry in v.receipts_t()?.iter()? {
         let (k, val) = entry?;
-        let rec = store::decode_receipt(k.value(), val.value())?;
+        let rec = index::decode_receipt(k.value(), val.value())?;
         let Some(rec) = engine::effective(&rec, now) else {
             continue;
         };

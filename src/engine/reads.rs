@@ -1,0 +1,176 @@
+//! Reads shared by the read path and the write path: the public receipt of a record,
+//! lookups, results and replays.
+
+use super::clocks::effective;
+
+use crate::clock::Timestamp;
+use crate::error::{Error, ErrorKind, Result};
+use crate::index::View;
+use crate::intent::IntentHash;
+use crate::record::{ExecRecord, OutcomeKind, ReceiptRecord};
+use crate::types::{
+    Admission, DeliveryState, ExecutionStatus, OpResult, Operation, Receipt, Replay,
+};
+
+/// The public receipt for an effective record; `None` for a vacant (unknown) id.
+pub(crate) fn view(rec: &ReceiptRecord) -> Option<Receipt> {
+    let mut r = Receipt {
+        operation_id: rec.operation_id.clone(),
+        attempt: rec.attempt,
+        intent_name: rec.intent_name.clone(),
+        intent_hash: rec.intent_hash,
+        scope: rec.scope.clone(),
+        session: rec.session.clone(),
+        base_revision: rec.base_revision,
+        result_revision: None,
+        status: ExecutionStatus::Running,
+        failure: None,
+        applied: None,
+        in_doubt_cause: None,
+        delivery: None,
+        delivery_count: 0,
+        epoch: rec.epoch,
+        submitted_at: rec.submitted_at,
+        lease_until: None,
+        completed_at: None,
+        acknowledged_at: None,
+        next_delivery_at: None,
+        ack_deadline: None,
+        retain_until: None,
+        purge_at: None,
+        result_size: None,
+    };
+    match &rec.state {
+        ExecRecord::Vacant { .. } => return None,
+        ExecRecord::Running { lease_until } => r.lease_until = Some(*lease_until),
+        ExecRecord::InDoubt {
+            cause, lease_until, ..
+        } => {
+            r.status = ExecutionStatus::InDoubt;
+            r.in_doubt_cause = Some(*cause);
+            r.lease_until = Some(*lease_until);
+        }
+        ExecRecord::Done(d) => {
+            match &d.outcome {
+                OutcomeKind::Applied { result_revision } => {
+                    r.status = ExecutionStatus::Applied;
+                    r.result_revision = Some(*result_revision);
+                    r.applied = Some(true);
+                }
+                OutcomeKind::Failed { message } => {
+                    r.status = ExecutionStatus::Failed;
+                    r.failure = Some(message.clone());
+                    r.applied = Some(false);
+                }
+            }
+            if d.retired_at.is_some() {
+                r.status = ExecutionStatus::Retired;
+            } else {
+                r.result_size = Some(d.result.len);
+            }
+            r.delivery = Some(d.delivery.state);
+            r.delivery_count = d.delivery.count;
+            r.completed_at = Some(d.completed_at);
+            r.acknowledged_at = d.delivery.acknowledged_at;
+            if matches!(
+                d.delivery.state,
+                DeliveryState::Pending | DeliveryState::Delivered
+            ) && d.retired_at.is_none()
+            {
+                r.next_delivery_at = Some(d.delivery.next_due);
+            }
+            r.ack_deadline = Some(d.deadlines.ack);
+            r.retain_until = Some(d.deadlines.retain);
+            r.purge_at = Some(d.deadlines.purge);
+        }
+    }
+    Some(r)
+}
+
+// ---------------------------------------------------------------------------------------
+// Reads shared by the read path and the write path.
+// ---------------------------------------------------------------------------------------
+
+/// The effective record of `id` at `now` (`None`: unknown or purged-due).
+pub(crate) fn effective_of<V: View>(
+    v: &V,
+    id: &str,
+    now: Timestamp,
+) -> Result<Option<ReceiptRecord>> {
+    Ok(v.receipt(id)?.and_then(|r| effective(&r, now)))
+}
+
+/// The public receipt of `id` at `now`.
+pub(crate) fn lookup<V: View>(v: &V, id: &str, now: Timestamp) -> Result<Option<Receipt>> {
+    Ok(effective_of(v, id, now)?.as_ref().and_then(view))
+}
+
+/// The recorded result of an effective, unretired, terminal record.
+pub(crate) fn result_of<V: View>(v: &V, rec: &ReceiptRecord) -> Result<Option<OpResult>> {
+    let ExecRecord::Done(d) = &rec.state else {
+        return Ok(None);
+    };
+    let Some(seq) = d.result_seq else {
+        return Ok(None);
+    };
+    match v.result(seq, &rec.operation_id)? {
+        Some(r) => Ok(Some(r)),
+        None => Err(Error::corrupt(
+            "results",
+            seq,
+            format!("the result of operation `{}` is missing", rec.operation_id),
+        )),
+    }
+}
+
+/// A replay of an effective terminal record with its result.
+pub(crate) fn replay_of<V: View>(v: &V, rec: &ReceiptRecord) -> Result<Option<Replay>> {
+    let Some(receipt) = view(rec) else {
+        return Ok(None);
+    };
+    let Some(result) = result_of(v, rec)? else {
+        return Ok(None);
+    };
+    Ok(Some(Replay {
+        receipt,
+        result,
+        replayed: true,
+    }))
+}
+
+/// The answer for an id that is known (not unknown/vacant), or `None` for fresh work.
+pub(crate) fn answer_known<V: View>(
+    v: &V,
+    eff: Option<&ReceiptRecord>,
+    op: &Operation,
+) -> Result<Option<Admission>> {
+    let Some(rec) = eff else { return Ok(None) };
+    if matches!(rec.state, ExecRecord::Vacant { .. }) {
+        return Ok(None);
+    }
+    // An all-zero hash means `repair` lost the intent: any intent is answered in doubt.
+    if rec.intent_hash != op.intent.hash() && rec.intent_hash != IntentHash([0; 32]) {
+        return Err(Error::new(ErrorKind::IntentMismatch {
+            operation_id: op.id.clone(),
+            recorded: rec.intent_hash,
+            submitted: op.intent.hash(),
+        }));
+    }
+    let Some(receipt) = view(rec) else {
+        return Ok(None);
+    };
+    Ok(Some(match &rec.state {
+        ExecRecord::Running { .. } => Admission::InProgress(receipt),
+        ExecRecord::InDoubt { .. } => Admission::InDoubt(receipt),
+        ExecRecord::Done(d) if d.retired_at.is_some() => Admission::Expired(receipt),
+        ExecRecord::Done(_) => match result_of(v, rec)? {
+            Some(result) => Admission::Replay(Replay {
+                receipt,
+                result,
+                replayed: true,
+            }),
+            None => Admission::Expired(receipt),
+        },
+        ExecRecord::Vacant { .. } => return Ok(None),
+    }))
+}

@@ -1,0 +1,616 @@
+//! The [`Journal`] handle: the public calls, over the group committer.
+
+mod builder;
+mod committer;
+pub(crate) mod compactor;
+mod open;
+mod reads;
+
+pub use builder::JournalBuilder;
+pub use compactor::{CompactionReport, CompactorHandle};
+
+use committer::{Committer, lock};
+use reads::LazyBuffer;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use redb::{Database, ReadableTableMetadata};
+
+use crate::clock::Timestamp;
+use crate::config::Config;
+use crate::engine::{self};
+use crate::error::{Error, ErrorKind, Result};
+use crate::index::{ReadTables, TimerKind, View};
+use crate::record::Event;
+use crate::types::{Admission, Claim, OpResult, Operation, Outcome, Receipt, Replay, Resolution};
+
+/// An open operation journal: one redb file.
+///
+/// `Journal` is `Send + Sync`; share one handle between threads with an `Arc`. Calls are
+/// synchronous (async embedders use `spawn_blocking`). Every call that changes execution
+/// state is durable (synced) before it returns `Ok`; concurrent callers share commits.
+///
+/// # Example
+///
+/// ```
+/// use opjournal::{Admission, Intent, Journal, Operation, Outcome};
+/// use serde_json::json;
+///
+/// let dir = tempfile::tempdir()?;
+/// let journal = Journal::open(dir.path().join("project.opj"))?;
+/// let intent = Intent::from_json("scene.add_light", &json!({"near": "door"}))?;
+/// let op = Operation::new("op_7f3", intent).scope("scene/main").base_revision(183);
+///
+/// let Admission::Fresh(claim) = journal.submit(op.clone())? else { unreachable!() };
+/// // ... apply the change to the project, producing revision 184 ...
+/// journal.complete(&claim, Outcome::applied(184, b"light-1".to_vec()))?;
+///
+/// // The client reconnects and asks again: the outcome is replayed, not re-applied.
+/// match journal.submit(op)? {
+///     Admission::Replay(replay) => assert_eq!(replay.result.bytes, b"light-1"),
+///     other => panic!("expected a replay, got {other:?}"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Journal {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    /// `None` only while `Inner` is dropped (see its `Drop`).
+    db: Option<Database>,
+    pub(crate) cfg: Config,
+    path: PathBuf,
+    high_water: AtomicU64,
+    /// The high-water mark of the last commit (the persisted one).
+    persisted_high_water: AtomicU64,
+    poisoned: AtomicBool,
+    /// Foreground calls queued for the writer: a compaction batch in progress ends early
+    /// when one arrives, so foreground calls wait behind as little compaction as possible.
+    pub(crate) foreground_waiting: Arc<AtomicUsize>,
+    /// The read transaction on the latest commit, shared by reads until the next commit.
+    snapshot: Mutex<Option<Arc<ReadTables>>>,
+    /// Deliveries and acknowledgements not committed yet (see [`LazyBuffer`]).
+    lazy: RwLock<LazyBuffer>,
+    committer: Committer,
+    /// Held by a background compactor during a pass; `true` once the journal is dropped,
+    /// so no pass starts after that and the file closes as soon as `Journal` drops.
+    pub(crate) gate: Arc<Mutex<bool>>,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("path", &self.inner.path)
+            .field("config", &self.inner.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing redb writes its allocator state. After the engine panicked on damaged
+        // data (caught, and the handle poisoned) its internal locks may be poisoned and
+        // closing panics too: contain that here, so dropping a journal never panics. The
+        // file is closed either way (the unwinding drops the engine's fields).
+        if let Some(db) = self.db.take() {
+            let _ = crate::index::guarded("close", || {
+                drop(db);
+                Ok(())
+            });
+        }
+    }
+}
+
+impl Inner {
+    /// The storage engine; gone only while the journal is being dropped.
+    pub(crate) fn db(&self) -> Result<&Database> {
+        self.db
+            .as_ref()
+            .ok_or_else(|| Error::new(ErrorKind::Closed))
+    }
+
+    /// The journal's time: the clock, never below the high-water mark.
+    pub(crate) fn now(&self) -> Timestamp {
+        let t = self.cfg.clock.now().0;
+        let prev = self.high_water.fetch_max(t, Ordering::SeqCst);
+        Timestamp(prev.max(t))
+    }
+
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(Error::new(ErrorKind::Poisoned));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        // Wait for a background compaction pass in flight, and keep new ones from starting,
+        // so the file is closed when this returns.
+        // Pending deliveries and acknowledgements are committed now (best effort: a
+        // failure here loses only those, which is a harmless redelivery).
+        let _ = self.inner.flush();
+        let _ = self.inner.persist_clock();
+        *lock(&self.inner.gate) = true;
+        self.inner.drop_snapshot();
+    }
+}
+
+impl Journal {
+    /// Runs `f`, turning a panic of the storage engine into [`ErrorKind::Corrupt`]: redb
+    /// trusts its pages and may panic on a damaged file (fuzzing found such files). The
+    /// handle is then poisoned, as after a failed commit: the engine's own state may be
+    /// inconsistent, so writes are refused until the journal is reopened (or repaired).
+    fn guard<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let mut finished = false;
+        let r = crate::index::guarded(what, || {
+            let r = f();
+            finished = true;
+            r
+        });
+        if !finished {
+            self.inner.poisoned.store(true, Ordering::SeqCst);
+        }
+        r
+    }
+
+    /// A builder to configure the clocks, bounds and policies before opening.
+    pub fn builder() -> JournalBuilder {
+        JournalBuilder::new()
+    }
+
+    /// Opens (or creates) the journal at `path` with every default.
+    ///
+    /// # Errors
+    ///
+    /// As [`JournalBuilder::open`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Journal> {
+        JournalBuilder::new().open(path)
+    }
+
+    /// The journal file's path.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The journal's current time: the clock, never below the persisted high-water mark.
+    pub fn now(&self) -> Timestamp {
+        self.inner.now()
+    }
+
+    /// Submits an operation. Lookup by operation id comes first; checks for fresh work
+    /// follow (DESIGN.md §4). A `Fresh` admission is durable before this returns.
+    ///
+    /// # Errors
+    ///
+    /// Refusals that write nothing: [`ErrorKind::InvalidInput`] (bad id, scope or session),
+    /// [`ErrorKind::IntentMismatch`] (the id is recorded with another intent),
+    /// [`ErrorKind::StaleBase`], [`ErrorKind::ScopeBusy`], [`ErrorKind::WindowFull`].
+    /// Storage errors: [`ErrorKind::Corrupt`], [`ErrorKind::Io`], [`ErrorKind::Poisoned`].
+    pub fn submit(&self, op: Operation) -> Result<Admission> {
+        self.guard("submit", || {
+            engine::validate_operation(&op)?;
+            // Fast path: a known id is answered from a read snapshot without the writer.
+            {
+                let (snap, now) = self.inner.read_pending(Some(&op.id))?;
+                let eff = snap.effective(&op.id, now)?;
+                if let Some(answer) = engine::answer_known(&*snap.tables, eff.as_ref(), &op)? {
+                    return Ok(answer);
+                }
+            }
+            self.inner.write(move |ctx| engine::submit(ctx, &op))
+        })
+    }
+
+    /// Records the outcome of a claimed operation (durable before it returns).
+    ///
+    /// Accepted while the claim is current, also after its lease expired as long as
+    /// nothing else resolved the operation.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::StaleClaim`] (another attempt, a release or a resolution happened),
+    /// [`ErrorKind::RevisionNotForward`] (an applied revision not ahead of the scope's),
+    /// [`ErrorKind::ResultTooLarge`], [`ErrorKind::InvalidInput`] (asset list); all write
+    /// nothing, and the claim stays usable. Storage errors as for [`Journal::submit`].
+    pub fn complete(&self, claim: &Claim, outcome: Outcome) -> Result<Receipt> {
+        self.guard("complete", || {
+            let claim = claim.clone();
+            self.inner
+                .write(move |ctx| engine::complete(ctx, &claim, &outcome))
+        })
+    }
+
+    /// Gives the id back: the work was rejected before any effect. The id becomes unknown
+    /// (reusable); its history is kept until the audit retention passes.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::StaleClaim`]; storage errors as for [`Journal::submit`].
+    pub fn release(&self, claim: &Claim) -> Result<()> {
+        self.guard("release", || {
+            let claim = claim.clone();
+            self.inner.write(move |ctx| engine::release(ctx, &claim))
+        })
+    }
+
+    /// Extends the claim's lease by the configured lease duration from now, and returns
+    /// the claim with its new expiry.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::LeaseExpired`] once the lease has expired (complete or release
+    /// instead), [`ErrorKind::StaleClaim`]; storage errors as for [`Journal::submit`].
+    pub fn extend_lease(&self, claim: &Claim) -> Result<Claim> {
+        let by = self.inner.cfg.lease;
+        self.extend_lease_by(claim, by)
+    }
+
+    /// Extends the claim's lease to `by` from now.
+    ///
+    /// # Errors
+    ///
+    /// As [`Journal::extend_lease`], and [`ErrorKind::InvalidInput`] for a zero duration.
+    pub fn extend_lease_by(&self, claim: &Claim, by: Duration) -> Result<Claim> {
+        self.guard("extend_lease_by", || {
+            if by.is_zero() {
+                return Err(Error::invalid(
+                    "lease extension",
+                    "0s",
+                    "it must be positive",
+                ));
+            }
+            let claim = claim.clone();
+            self.inner
+                .write(move |ctx| engine::extend_lease(ctx, &claim, by))
+        })
+    }
+
+    /// Records how an `InDoubt` operation ended, after the embedder looked at the real
+    /// project state. Returns the receipt, or `None` for [`Resolution::NotApplied`] (the
+    /// id is unknown again; the next submit is attempt + 1).
+    ///
+    /// A resolved applied revision moves the scope only if it is ahead of it.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not in doubt),
+    /// [`ErrorKind::ResultTooLarge`]; storage errors as for [`Journal::submit`].
+    pub fn resolve(&self, operation_id: &str, resolution: Resolution) -> Result<Option<Receipt>> {
+        self.guard("resolve", || {
+            let id = operation_id.to_string();
+            self.inner
+                .write(move |ctx| engine::resolve(ctx, &id, &resolution))
+        })
+    }
+
+    /// Records one delivery attempt of a terminal operation's result (first send or
+    /// redelivery) and schedules the next push. Durable lazily: a crash can lose it,
+    /// which only causes a recognizable redelivery.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not terminal, or
+    /// retired); storage errors as for [`Journal::submit`].
+    pub fn delivered(&self, operation_id: &str) -> Result<Receipt> {
+        self.guard("delivered", || {
+            self.inner
+                .lazy_write(operation_id, engine::LazyKind::Delivered)
+        })
+    }
+
+    /// Records the client's acknowledgement. Idempotent; an acknowledgement after expiry
+    /// is accepted and recorded as late. Durable lazily, like [`Journal::delivered`].
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not terminal);
+    /// storage errors as for [`Journal::submit`].
+    pub fn acknowledge(&self, operation_id: &str) -> Result<Receipt> {
+        self.guard("acknowledge", || {
+            self.inner
+                .lazy_write(operation_id, engine::LazyKind::Acknowledged)
+        })
+    }
+
+    /// Reports a change of `scope` made outside the journal (a user editing by hand).
+    /// Revisions only move forward; reporting the current revision again is a no-op.
+    /// Returns the scope's revision.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::RevisionNotForward`] for an older revision, [`ErrorKind::InvalidInput`]
+    /// for a bad scope; storage errors as for [`Journal::submit`].
+    pub fn advance_revision(&self, scope: &str, revision: u64) -> Result<u64> {
+        self.guard("advance_revision", || {
+            let scope = scope.to_string();
+            self.inner
+                .write(move |ctx| engine::advance_revision(ctx, &scope, revision))
+        })
+    }
+
+    /// Makes lazily committed acknowledgements and delivery counts durable now.
+    ///
+    /// # Errors
+    ///
+    /// Storage errors; [`ErrorKind::Poisoned`].
+    pub fn flush(&self) -> Result<()> {
+        self.guard("flush", || self.inner.flush())
+    }
+
+    /// The receipt of `operation_id` with every clock applied, or `None` if the id is
+    /// unknown (never submitted, released, resolved as not applied, or purged).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn lookup(&self, operation_id: &str) -> Result<Option<Receipt>> {
+        self.guard("lookup", || {
+            let (snap, now) = self.inner.read_pending(Some(operation_id))?;
+            snap.lookup(operation_id, now)
+        })
+    }
+
+    /// The recorded result of a terminal, unretired operation.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn result(&self, operation_id: &str) -> Result<Option<OpResult>> {
+        self.guard("result", || {
+            let (snap, now) = self.inner.read_pending(Some(operation_id))?;
+            match snap.effective(operation_id, now)? {
+                Some(rec) => engine::result_of(&*snap.tables, &rec),
+                None => Ok(None),
+            }
+        })
+    }
+
+    /// The operation's events, oldest first (all attempts still retained).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn history(&self, operation_id: &str) -> Result<Vec<Event>> {
+        self.guard("history", || {
+            // Pending deliveries and acknowledgements become events when committed.
+            self.inner.flush()?;
+            let (snap, _) = self.inner.read()?;
+            let mut out = Vec::new();
+            for seq in snap.tables.op_event_seqs(operation_id)? {
+                if let Some(ev) = snap.tables.event(seq)? {
+                    out.push(ev);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// What to push to `session` after a reconnect: its terminal results that are neither
+    /// acknowledged nor expired, and whose retry budget is not spent, oldest first, each
+    /// with its result. (An exhausted result is not pushed again; the client can still
+    /// fetch it by asking about its id.)
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn undelivered(&self, session: &str) -> Result<Vec<Replay>> {
+        self.guard("undelivered", || {
+            let (snap, now) = self.inner.read_pending(None)?;
+            let mut out = Vec::new();
+            for (_, id) in snap.tables.window_after(session, now.0, usize::MAX)? {
+                if let Some(rec) = snap.effective(&id, now)?
+                    && let Some(replay) = engine::replay_of(&*snap.tables, &rec)?
+                    && matches!(
+                        replay.receipt.delivery,
+                        Some(crate::DeliveryState::Pending | crate::DeliveryState::Delivered)
+                    )
+                {
+                    out.push(replay);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// Results whose next push is due, earliest first, at most `limit`. Exhausted and
+    /// expired deliveries are not returned. Record each push with [`Journal::delivered`].
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn due_redeliveries(&self, limit: usize) -> Result<Vec<Replay>> {
+        self.guard("due_redeliveries", || {
+            let (snap, now) = self.inner.read_pending(None)?;
+            let mut out = Vec::new();
+            // Entries past their ack deadline may still be indexed until compaction runs;
+            // scan past them, but not unboundedly.
+            let mut ids: Vec<String> = snap
+                .tables
+                .timers_due(TimerKind::Redeliver, now.0, limit.saturating_mul(4).max(64))?
+                .into_iter()
+                .map(|(_, id)| id)
+                .collect();
+            // A pending (not yet committed) delivery moves its next push, which the timer index
+            // does not show until the delivery is committed.
+            for e in &snap.pending {
+                if !ids.contains(&e.id) {
+                    ids.push(e.id.clone());
+                }
+            }
+            for id in ids {
+                if let Some(rec) = snap.effective(&id, now)?
+                    && let Some(replay) = engine::replay_of(&*snap.tables, &rec)?
+                    && matches!(
+                        replay.receipt.delivery,
+                        Some(crate::DeliveryState::Pending | crate::DeliveryState::Delivered)
+                    )
+                    && replay.receipt.next_delivery_at.is_some_and(|t| t <= now)
+                {
+                    out.push(replay);
+                }
+            }
+            out.sort_by(|a, b| {
+                let key = |r: &Replay| (r.receipt.next_delivery_at, r.receipt.operation_id.clone());
+                key(a).cmp(&key(b))
+            });
+            out.truncate(limit);
+            Ok(out)
+        })
+    }
+
+    /// Operations in doubt (including `Running` ones whose lease has expired), oldest
+    /// lease first. Each needs [`Journal::resolve`].
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn in_doubt(&self) -> Result<Vec<Receipt>> {
+        self.guard("in_doubt", || {
+            let (snap, now) = self.inner.read()?;
+            let mut ids: Vec<String> = Vec::new();
+            for (_, id) in snap
+                .tables
+                .timers_due(TimerKind::Lease, now.0, usize::MAX)?
+            {
+                ids.push(id);
+            }
+            for entry in redb::ReadableTable::iter(snap.tables.in_doubt_t()?)? {
+                let (k, _) = entry?;
+                ids.push(k.value().to_string());
+            }
+            let mut out = Vec::new();
+            for id in ids {
+                if let Some(r) = engine::lookup(&*snap.tables, &id, now)?
+                    && r.status == crate::ExecutionStatus::InDoubt
+                {
+                    out.push(r);
+                }
+            }
+            out.sort_by_key(|r| r.lease_until);
+            Ok(out)
+        })
+    }
+
+    /// The scope's current revision (0 if never recorded).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn scope_revision(&self, scope: &str) -> Result<u64> {
+        self.guard("scope_revision", || {
+            let (snap, _) = self.inner.read()?;
+            snap.tables.scope_revision(scope)
+        })
+    }
+
+    /// Fires every due timer now, in bounded batches (one write transaction each).
+    ///
+    /// # Errors
+    ///
+    /// Storage errors; [`ErrorKind::Poisoned`].
+    pub fn compact(&self) -> Result<CompactionReport> {
+        self.guard("compact", || crate::journal::compactor::run(&self.inner))
+    }
+
+    /// Shrinks the file: the storage engine moves live pages down and truncates the free
+    /// space that purges left behind (redb's `Database::compact`, run until it has nothing
+    /// more to do). [`Journal::compact`] fires timers but never shrinks the file. Returns the
+    /// file size in bytes before and after (0 for a custom backend).
+    ///
+    /// It needs the handle to itself (`&mut self`, and no running background compactor),
+    /// and with [`Sharing::LiveReaders`] no read transaction open in another process (such
+    /// as `opjournal ls`): retry when the reader is done. It is slow on a large file and
+    /// makes lazily committed acknowledgements durable first.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidInput`] while a background compactor shares the handle;
+    /// [`ErrorKind::Storage`] when a read transaction is in progress; [`ErrorKind::Poisoned`];
+    /// [`ErrorKind::Io`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let mut journal = opjournal::Journal::open(dir.path().join("project.opj"))?;
+    /// journal.compact()?;
+    /// let (before, after) = journal.reclaim_space()?;
+    /// assert!(after <= before);
+    /// # Ok::<(), opjournal::Error>(())
+    /// ```
+    pub fn reclaim_space(&mut self) -> Result<(u64, u64)> {
+        self.flush()?;
+        let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+        let before = size(&self.inner.path);
+        let path = self.inner.path.display().to_string();
+        let inner = Arc::get_mut(&mut self.inner).ok_or_else(|| {
+            Error::invalid(
+                "journal handle",
+                &path,
+                "a background compactor shares it; stop the compactor before reclaiming space",
+            )
+        })?;
+        inner.check_writable()?;
+        // redb compaction needs no live read transaction: forget the cached snapshot.
+        inner.drop_snapshot();
+        let db = inner
+            .db
+            .as_mut()
+            .ok_or_else(|| Error::new(ErrorKind::Closed))?;
+        while db.compact()? {}
+        Ok((before, size(&inner.path)))
+    }
+
+    /// Starts a background thread that runs [`Journal::compact`] (and makes lazy writes
+    /// durable) every `interval`. Dropping the handle stops and joins it.
+    pub fn spawn_compactor(&self, interval: Duration) -> CompactorHandle {
+        CompactorHandle::spawn(
+            Arc::downgrade(&self.inner),
+            self.inner.gate.clone(),
+            interval,
+        )
+    }
+
+    /// Counts by status and delivery state, and file facts.
+    ///
+    /// Reads every receipt: its cost grows with the journal.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
+    pub fn stats(&self) -> Result<crate::Stats> {
+        self.guard("stats", || {
+            // Counts come from committed receipts: commit pending acknowledgements first.
+            self.inner.flush()?;
+            let (snap, now) = self.inner.read()?;
+            let mut stats = crate::engine::stats::collect(&*snap.tables, now)?;
+            stats.file_bytes = std::fs::metadata(&self.inner.path)
+                .map(|m| m.len())
+                .unwrap_or(0);
+            Ok(stats)
+        })
+    }
+
+    /// Whether an earlier commit failed and this handle refuses writes.
+    pub fn is_poisoned(&self) -> bool {
+        self.inner.poisoned.load(Ordering::SeqCst)
+    }
+
+    /// The number of events in the journal table.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Io`].
+    pub fn event_count(&self) -> Result<u64> {
+        self.guard("event_count", || {
+            let (snap, _) = self.inner.read()?;
+            Ok(snap.tables.events_t()?.len()?)
+        })
+    }
+}
