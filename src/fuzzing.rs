@@ -67,12 +67,13 @@ where
 /// (docs/format.md). A change here is a format change.
 pub fn golden_records() -> Vec<(&'static str, Vec<u8>)> {
     use crate::clock::Timestamp;
-    use crate::intent::IntentHash;
+    use crate::record::DeliveryState;
+    use crate::record::Digest as IntentHash;
     use crate::record::{
         Deadlines, DeliveryRecord, DoneRecord, EventKind, ExecRecord, InDoubtCause, OutcomeKind,
         ResolvedAs, ResultInfo, RevisionCause,
     };
-    use crate::types::{DeliveryState, OpResult};
+    use crate::types::OpResult;
 
     let t = Timestamp(1_796_083_200_000);
     let hash = IntentHash([0xab; 32]);

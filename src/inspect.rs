@@ -26,7 +26,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::index::file::{check_format, check_redb_magic};
 use crate::index::guarded;
 use crate::index::{self, ReadTables, View};
-use crate::record::Event;
+use crate::types::Event;
 use crate::types::{OpResult, Receipt};
 
 /// How an [`Inspector`] reached the file.
@@ -323,7 +323,7 @@ impl Inspector {
             let mut out = Vec::new();
             for seq in t.op_event_seqs(operation_id)? {
                 if let Some(ev) = t.event(seq)? {
-                    out.push(ev);
+                    out.push(Event::from(&ev));
                 }
             }
             Ok(out)
@@ -372,7 +372,7 @@ impl Inspector {
             for entry in t.events_t()?.range(from..)? {
                 let (k, v) = entry?;
                 let ev = index::decode_event(k.value(), v.value())?;
-                if !call_caller(&mut caller_panic, || f(ev))? {
+                if !call_caller(&mut caller_panic, || f(Event::from(&ev)))? {
                     break;
                 }
             }

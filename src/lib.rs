@@ -37,12 +37,10 @@ pub use error::{Error, ErrorKind, Result};
 pub use inspect::{Access, Inspector};
 pub use intent::{Intent, IntentHash, canonical_json};
 pub use journal::{CompactionReport, CompactorHandle, Journal, JournalBuilder};
-pub use record::{
-    Deadlines, Event, EventKind, InDoubtCause, OutcomeKind, ResolvedAs, ResultInfo, RevisionCause,
-};
 pub use types::{
-    Admission, Claim, DeliveryState, ExecutionStatus, OpResult, Operation, Outcome, Receipt,
-    Replay, Resolution, StaleBasePolicy,
+    Admission, Claim, Deadlines, DeliveryState, Event, EventKind, ExecutionStatus, InDoubtCause,
+    OpResult, Operation, Outcome, OutcomeKind, Receipt, Replay, Resolution, ResolvedAs, ResultInfo,
+    RevisionCause, StaleBasePolicy,
 };
 pub use validate::MAX_NAME_BYTES;
 

@@ -1,14 +1,16 @@
-//! The stored records. Their bincode encoding is the file format (docs/format.md): the
-//! order of fields and of enum variants must not change without a format version bump.
+//! The stored records: the file's own types, apart from the API's (`types.rs`), so that
+//! an API change never changes the file by accident. Their bincode encoding is the file
+//! format (docs/format.md): the order of fields and of enum variants must not change
+//! without a format version bump, and the golden-bytes test (tests/format.rs) guards it.
+//! The API's types are converted from and to these at the edge (`convert` below).
 
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Timestamp;
-use crate::intent::IntentHash;
 
 /// One entry of the event journal, the file's source of truth.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Event {
+pub(crate) struct Event {
     /// Position in the journal; unique, increasing, never reused.
     pub seq: u64,
     /// When it was recorded (the journal's clock).
@@ -22,8 +24,7 @@ pub struct Event {
 /// What an event records. Every index (receipts, scopes, timers, windows) is a function of
 /// these, which is what `repair` relies on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub enum EventKind {
+pub(crate) enum EventKind {
     /// Fresh work was accepted and claimed. The claim's epoch is this event's `seq`.
     Submitted {
         /// 1 for the first attempt; +1 after each release or not-applied resolution.
@@ -31,7 +32,7 @@ pub enum EventKind {
         /// The intent's name.
         intent_name: String,
         /// The intent hash.
-        intent_hash: IntentHash,
+        intent_hash: Digest,
         /// The scope mutated, if any.
         scope: Option<String>,
         /// The client session, if any.
@@ -40,7 +41,7 @@ pub enum EventKind {
         base_revision: Option<u64>,
         /// When the execution lease expires.
         lease_until: Timestamp,
-        /// Whether the scope lock is held until acknowledgement ([`ScopeLock::HoldUntilAck`](crate::ScopeLock::HoldUntilAck)).
+        /// Whether the scope lock is held until acknowledgement (hold-until-ack).
         hold_until_ack: bool,
     },
     /// The claim holder extended its lease.
@@ -108,7 +109,7 @@ pub enum EventKind {
         /// The intent's name (`(lost)` if unknown).
         intent_name: String,
         /// The intent hash (all zeros if unknown: then any intent is answered `InDoubt`).
-        intent_hash: IntentHash,
+        intent_hash: Digest,
         /// The scope, if known.
         scope: Option<String>,
         /// The session, if known.
@@ -131,7 +132,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// A short lowercase name (`submitted`, `completed`, ...), as shown by the CLI.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             EventKind::Submitted { .. } => "submitted",
             EventKind::LeaseExtended { .. } => "lease_extended",
@@ -152,7 +153,7 @@ impl EventKind {
 
 /// How an operation ended, as recorded (without the payload).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum OutcomeKind {
+pub(crate) enum OutcomeKind {
     /// The effect happened and moved the scope to `result_revision`.
     Applied {
         /// The revision the mutation produced.
@@ -167,7 +168,7 @@ pub enum OutcomeKind {
 
 /// Why an operation is `InDoubt`.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum InDoubtCause {
+pub(crate) enum InDoubtCause {
     /// The claim holder did not complete, release or extend within the lease.
     LeaseTimeout,
     /// The journal was reopened while the operation was `Running`: the process that held
@@ -179,7 +180,7 @@ pub enum InDoubtCause {
 
 /// How an `InDoubt` operation was resolved.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ResolvedAs {
+pub(crate) enum ResolvedAs {
     /// The effect did not happen; the id is unknown again (the next attempt is +1).
     NotApplied {
         /// When this attempt's history is purged.
@@ -198,7 +199,7 @@ pub enum ResolvedAs {
 
 /// Why a scope revision event was recorded.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum RevisionCause {
+pub(crate) enum RevisionCause {
     /// The embedder reported a change made outside the journal.
     External,
     /// Compaction purged the operation that established the scope's revision and kept the
@@ -208,7 +209,7 @@ pub enum RevisionCause {
 
 /// Size and checksum of a stored result payload.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ResultInfo {
+pub(crate) struct ResultInfo {
     /// Payload bytes.
     pub len: u64,
     /// CRC-32 of the payload bytes.
@@ -219,7 +220,7 @@ pub struct ResultInfo {
 
 /// The deadlines a terminal outcome starts, fixed when it is recorded.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Deadlines {
+pub(crate) struct Deadlines {
     /// When an unacknowledged result's acknowledgement expires.
     pub ack: Timestamp,
     /// When the result payload is retired.
@@ -230,6 +231,30 @@ pub struct Deadlines {
     pub first_push: Timestamp,
 }
 
+/// The delivery axis, as stored (see the public `DeliveryState`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub(crate) enum DeliveryState {
+    Pending,
+    Delivered,
+    Acknowledged,
+    Exhausted,
+    AckExpired,
+}
+
+impl DeliveryState {
+    pub(crate) fn name(self) -> &'static str {
+        crate::types::DeliveryState::from(self).name()
+    }
+
+    pub(crate) fn is_open(self) -> bool {
+        crate::types::DeliveryState::from(self).is_open()
+    }
+}
+
+/// A SHA-256 digest as stored: 32 bytes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub(crate) struct Digest(pub [u8; 32]);
+
 // ---- derived records (indexes that `repair` rebuilds from the events) ----
 
 /// The receipt row: a fold of the operation's events.
@@ -238,7 +263,7 @@ pub(crate) struct ReceiptRecord {
     pub operation_id: String,
     pub attempt: u32,
     pub intent_name: String,
-    pub intent_hash: IntentHash,
+    pub intent_hash: Digest,
     pub scope: Option<String>,
     pub session: Option<String>,
     pub base_revision: Option<u64>,
@@ -283,7 +308,7 @@ pub(crate) struct DoneRecord {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct DeliveryRecord {
-    pub state: crate::types::DeliveryState,
+    pub state: DeliveryState,
     pub count: u32,
     pub next_due: Timestamp,
     pub final_attempt: bool,
@@ -323,4 +348,223 @@ pub(crate) struct ResultHeader {
     /// The seq of the event that recorded the outcome (the `results` key).
     pub completed_seq: u64,
     pub changed_assets: Vec<String>,
+}
+
+// ---- conversions to and from the API's types ----
+
+mod convert {
+    use super::*;
+    use crate::intent::IntentHash;
+    use crate::types as api;
+
+    impl From<Digest> for IntentHash {
+        fn from(d: Digest) -> IntentHash {
+            IntentHash(d.0)
+        }
+    }
+
+    impl From<IntentHash> for Digest {
+        fn from(h: IntentHash) -> Digest {
+            Digest(h.0)
+        }
+    }
+
+    impl From<DeliveryState> for api::DeliveryState {
+        fn from(s: DeliveryState) -> api::DeliveryState {
+            match s {
+                DeliveryState::Pending => api::DeliveryState::Pending,
+                DeliveryState::Delivered => api::DeliveryState::Delivered,
+                DeliveryState::Acknowledged => api::DeliveryState::Acknowledged,
+                DeliveryState::Exhausted => api::DeliveryState::Exhausted,
+                DeliveryState::AckExpired => api::DeliveryState::AckExpired,
+            }
+        }
+    }
+
+    impl From<InDoubtCause> for api::InDoubtCause {
+        fn from(c: InDoubtCause) -> api::InDoubtCause {
+            match c {
+                InDoubtCause::LeaseTimeout => api::InDoubtCause::LeaseTimeout,
+                InDoubtCause::Reopened => api::InDoubtCause::Reopened,
+                InDoubtCause::EventsLost => api::InDoubtCause::EventsLost,
+            }
+        }
+    }
+
+    impl From<&OutcomeKind> for api::OutcomeKind {
+        fn from(o: &OutcomeKind) -> api::OutcomeKind {
+            match o {
+                OutcomeKind::Applied { result_revision } => api::OutcomeKind::Applied {
+                    result_revision: *result_revision,
+                },
+                OutcomeKind::Failed { message } => api::OutcomeKind::Failed {
+                    message: message.clone(),
+                },
+            }
+        }
+    }
+
+    impl From<&api::OutcomeKind> for OutcomeKind {
+        fn from(o: &api::OutcomeKind) -> OutcomeKind {
+            match o {
+                api::OutcomeKind::Applied { result_revision } => OutcomeKind::Applied {
+                    result_revision: *result_revision,
+                },
+                api::OutcomeKind::Failed { message } => OutcomeKind::Failed {
+                    message: message.clone(),
+                },
+            }
+        }
+    }
+
+    impl From<ResultInfo> for api::ResultInfo {
+        fn from(r: ResultInfo) -> api::ResultInfo {
+            api::ResultInfo {
+                len: r.len,
+                crc32: r.crc32,
+                assets: r.assets,
+            }
+        }
+    }
+
+    impl From<Deadlines> for api::Deadlines {
+        fn from(d: Deadlines) -> api::Deadlines {
+            api::Deadlines {
+                ack: d.ack,
+                retain: d.retain,
+                purge: d.purge,
+                first_push: d.first_push,
+            }
+        }
+    }
+
+    impl From<RevisionCause> for api::RevisionCause {
+        fn from(c: RevisionCause) -> api::RevisionCause {
+            match c {
+                RevisionCause::External => api::RevisionCause::External,
+                RevisionCause::Checkpoint => api::RevisionCause::Checkpoint,
+            }
+        }
+    }
+
+    impl From<&ResolvedAs> for api::ResolvedAs {
+        fn from(r: &ResolvedAs) -> api::ResolvedAs {
+            match r {
+                ResolvedAs::NotApplied { purge_at } => api::ResolvedAs::NotApplied {
+                    purge_at: *purge_at,
+                },
+                ResolvedAs::Completed {
+                    outcome,
+                    result,
+                    deadlines,
+                } => api::ResolvedAs::Completed {
+                    outcome: outcome.into(),
+                    result: (*result).into(),
+                    deadlines: (*deadlines).into(),
+                },
+            }
+        }
+    }
+
+    impl From<&EventKind> for api::EventKind {
+        fn from(k: &EventKind) -> api::EventKind {
+            match k {
+                EventKind::Submitted {
+                    attempt,
+                    intent_name,
+                    intent_hash,
+                    scope,
+                    session,
+                    base_revision,
+                    lease_until,
+                    hold_until_ack,
+                } => api::EventKind::Submitted {
+                    attempt: *attempt,
+                    intent_name: intent_name.clone(),
+                    intent_hash: (*intent_hash).into(),
+                    scope: scope.clone(),
+                    session: session.clone(),
+                    base_revision: *base_revision,
+                    lease_until: *lease_until,
+                    hold_until_ack: *hold_until_ack,
+                },
+                EventKind::LeaseExtended { epoch, lease_until } => api::EventKind::LeaseExtended {
+                    epoch: *epoch,
+                    lease_until: *lease_until,
+                },
+                EventKind::Completed {
+                    epoch,
+                    outcome,
+                    result,
+                    deadlines,
+                } => api::EventKind::Completed {
+                    epoch: *epoch,
+                    outcome: outcome.into(),
+                    result: (*result).into(),
+                    deadlines: (*deadlines).into(),
+                },
+                EventKind::Released { epoch, purge_at } => api::EventKind::Released {
+                    epoch: *epoch,
+                    purge_at: *purge_at,
+                },
+                EventKind::LeaseExpired { epoch, cause } => api::EventKind::LeaseExpired {
+                    epoch: *epoch,
+                    cause: (*cause).into(),
+                },
+                EventKind::Resolved { resolution } => api::EventKind::Resolved {
+                    resolution: resolution.into(),
+                },
+                EventKind::Delivered {
+                    count,
+                    next_due,
+                    final_attempt,
+                } => api::EventKind::Delivered {
+                    count: *count,
+                    next_due: *next_due,
+                    final_attempt: *final_attempt,
+                },
+                EventKind::Acknowledged { late } => api::EventKind::Acknowledged { late: *late },
+                EventKind::AckExpired => api::EventKind::AckExpired,
+                EventKind::Exhausted => api::EventKind::Exhausted,
+                EventKind::Retired => api::EventKind::Retired,
+                EventKind::Salvaged {
+                    attempt,
+                    intent_name,
+                    intent_hash,
+                    scope,
+                    session,
+                    lost_events,
+                } => api::EventKind::Salvaged {
+                    attempt: *attempt,
+                    intent_name: intent_name.clone(),
+                    intent_hash: (*intent_hash).into(),
+                    scope: scope.clone(),
+                    session: session.clone(),
+                    lost_events: *lost_events,
+                },
+                EventKind::RevisionAdvanced {
+                    scope,
+                    revision,
+                    cause,
+                    purge_at,
+                } => api::EventKind::RevisionAdvanced {
+                    scope: scope.clone(),
+                    revision: *revision,
+                    cause: (*cause).into(),
+                    purge_at: *purge_at,
+                },
+            }
+        }
+    }
+
+    impl From<&Event> for api::Event {
+        fn from(e: &Event) -> api::Event {
+            api::Event {
+                seq: e.seq,
+                at: e.at,
+                operation_id: e.operation_id.clone(),
+                kind: (&e.kind).into(),
+            }
+        }
+    }
 }

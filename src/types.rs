@@ -4,7 +4,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::Timestamp;
 use crate::intent::{Intent, IntentHash};
-use crate::record::{InDoubtCause, OutcomeKind};
 
 /// Whether fresh work may start from a base revision older than the scope's.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -423,4 +422,230 @@ impl Admission {
             Admission::InDoubt(_) => "in_doubt",
         }
     }
+}
+
+// ---- events, as the API shows them (the file has its own record types) ----
+
+/// One entry of the event journal, the file's source of truth.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Position in the journal; unique, increasing, never reused.
+    pub seq: u64,
+    /// When it was recorded (the journal's clock).
+    pub at: Timestamp,
+    /// The operation it belongs to (`None` for scope events).
+    pub operation_id: Option<String>,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+/// What an event records. Every index (receipts, scopes, timers, windows) is a function of
+/// these, which is what `repair` relies on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum EventKind {
+    /// Fresh work was accepted and claimed. The claim's epoch is this event's `seq`.
+    Submitted {
+        /// 1 for the first attempt; +1 after each release or not-applied resolution.
+        attempt: u32,
+        /// The intent's name.
+        intent_name: String,
+        /// The intent hash.
+        intent_hash: IntentHash,
+        /// The scope mutated, if any.
+        scope: Option<String>,
+        /// The client session, if any.
+        session: Option<String>,
+        /// The revision the client saw, if given.
+        base_revision: Option<u64>,
+        /// When the execution lease expires.
+        lease_until: Timestamp,
+        /// Whether the scope lock is held until acknowledgement ([`ScopeLock::HoldUntilAck`](crate::ScopeLock::HoldUntilAck)).
+        hold_until_ack: bool,
+    },
+    /// The claim holder extended its lease.
+    LeaseExtended {
+        /// The claim's epoch.
+        epoch: u64,
+        /// The new expiry.
+        lease_until: Timestamp,
+    },
+    /// The claim holder recorded the outcome.
+    Completed {
+        /// The claim's epoch.
+        epoch: u64,
+        /// Applied or failed.
+        outcome: OutcomeKind,
+        /// The stored result (payload in the `results` table under this event's `seq`).
+        result: ResultInfo,
+        /// The clocks started by the outcome.
+        deadlines: Deadlines,
+    },
+    /// The claim holder gave the id back: no effect happened.
+    Released {
+        /// The claim's epoch.
+        epoch: u64,
+        /// When the released attempt's history is purged.
+        purge_at: Timestamp,
+    },
+    /// The operation became `InDoubt`.
+    LeaseExpired {
+        /// The epoch of the claim that lost its lease.
+        epoch: u64,
+        /// Why.
+        cause: InDoubtCause,
+    },
+    /// The embedder resolved an `InDoubt` operation.
+    Resolved {
+        /// How it ended.
+        resolution: ResolvedAs,
+    },
+    /// A delivery attempt (first send or redelivery) was recorded.
+    Delivered {
+        /// Deliveries so far, including this one.
+        count: u32,
+        /// When the next push is due (or, for the last attempt, when the budget is spent).
+        next_due: Timestamp,
+        /// Whether this attempt spent the retry budget.
+        final_attempt: bool,
+    },
+    /// The client acknowledged the result.
+    Acknowledged {
+        /// Whether it arrived after the acknowledgement had expired.
+        late: bool,
+    },
+    /// The acknowledgement timeout passed.
+    AckExpired,
+    /// The delivery retry budget was spent.
+    Exhausted,
+    /// The result retention passed: the payload was dropped, the audit record kept.
+    Retired,
+    /// `repair` could not rebuild the operation from its events (some were damaged): it is
+    /// `InDoubt` until the embedder resolves it. The claim epoch is this event's `seq`.
+    Salvaged {
+        /// The attempt number, as far as it is known.
+        attempt: u32,
+        /// The intent's name (`(lost)` if unknown).
+        intent_name: String,
+        /// The intent hash (all zeros if unknown: then any intent is answered `InDoubt`).
+        intent_hash: IntentHash,
+        /// The scope, if known.
+        scope: Option<String>,
+        /// The session, if known.
+        session: Option<String>,
+        /// Events of the operation that were damaged and quarantined.
+        lost_events: u32,
+    },
+    /// A scope's revision moved forward outside an operation's completion.
+    RevisionAdvanced {
+        /// The scope.
+        scope: String,
+        /// The new revision.
+        revision: u64,
+        /// Why it was recorded.
+        cause: RevisionCause,
+        /// When this event may be purged once a later revision supersedes it.
+        purge_at: Timestamp,
+    },
+}
+
+impl EventKind {
+    /// A short lowercase name (`submitted`, `completed`, ...), as shown by the CLI.
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::Submitted { .. } => "submitted",
+            EventKind::LeaseExtended { .. } => "lease_extended",
+            EventKind::Completed { .. } => "completed",
+            EventKind::Released { .. } => "released",
+            EventKind::LeaseExpired { .. } => "lease_expired",
+            EventKind::Resolved { .. } => "resolved",
+            EventKind::Delivered { .. } => "delivered",
+            EventKind::Acknowledged { .. } => "acknowledged",
+            EventKind::AckExpired => "ack_expired",
+            EventKind::Exhausted => "exhausted",
+            EventKind::Retired => "retired",
+            EventKind::Salvaged { .. } => "salvaged",
+            EventKind::RevisionAdvanced { .. } => "revision_advanced",
+        }
+    }
+}
+
+/// How an operation ended, as recorded (without the payload).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OutcomeKind {
+    /// The effect happened and moved the scope to `result_revision`.
+    Applied {
+        /// The revision the mutation produced.
+        result_revision: u64,
+    },
+    /// The operation failed; the failure is its outcome and is replayed like a success.
+    Failed {
+        /// What went wrong, for the client.
+        message: String,
+    },
+}
+
+/// Why an operation is `InDoubt`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InDoubtCause {
+    /// The claim holder did not complete, release or extend within the lease.
+    LeaseTimeout,
+    /// The journal was reopened while the operation was `Running`: the process that held
+    /// the claim is gone (a crash, or a close with claims outstanding).
+    Reopened,
+    /// `repair` found some of the operation's events damaged, so its outcome is unknown.
+    EventsLost,
+}
+
+/// How an `InDoubt` operation was resolved.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResolvedAs {
+    /// The effect did not happen; the id is unknown again (the next attempt is +1).
+    NotApplied {
+        /// When this attempt's history is purged.
+        purge_at: Timestamp,
+    },
+    /// The operation ended with this outcome.
+    Completed {
+        /// Applied or failed.
+        outcome: OutcomeKind,
+        /// The stored result (payload under this event's `seq`).
+        result: ResultInfo,
+        /// The clocks started by the outcome.
+        deadlines: Deadlines,
+    },
+}
+
+/// Why a scope revision event was recorded.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RevisionCause {
+    /// The embedder reported a change made outside the journal.
+    External,
+    /// Compaction purged the operation that established the scope's revision and kept the
+    /// revision with this event.
+    Checkpoint,
+}
+
+/// Size and checksum of a stored result payload.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultInfo {
+    /// Payload bytes.
+    pub len: u64,
+    /// CRC-32 of the payload bytes.
+    pub crc32: u32,
+    /// Number of changed assets listed with it.
+    pub assets: u32,
+}
+
+/// The deadlines a terminal outcome starts, fixed when it is recorded.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deadlines {
+    /// When an unacknowledged result's acknowledgement expires.
+    pub ack: Timestamp,
+    /// When the result payload is retired.
+    pub retain: Timestamp,
+    /// When the audit record is purged.
+    pub purge: Timestamp,
+    /// When a never-delivered result first counts as due for a push.
+    pub first_push: Timestamp,
 }

@@ -13,7 +13,7 @@ use crate::engine::{self, Ctx};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::file::{check_format, check_redb_magic};
 use crate::index::{self, View, WriteTables, guarded};
-use crate::intent::IntentHash;
+use crate::record::Digest;
 use crate::record::{Event, EventKind, ExecRecord, FormatRecord, ReceiptRecord, StateRecord};
 // ---------------------------------------------------------------------------------------
 // Repair.
@@ -675,7 +675,7 @@ pub(crate) fn repair_db(
                     r.scope.clone(),
                     r.session.clone(),
                 ),
-                None => (1, "(lost)".to_string(), IntentHash([0; 32]), None, None),
+                None => (1, "(lost)".to_string(), Digest([0; 32]), None, None),
             };
             ctx.append(
                 Some(op),

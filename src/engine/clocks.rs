@@ -7,8 +7,8 @@ use super::fold::transition;
 
 use crate::clock::{Timestamp, duration_ms};
 use crate::config::Config;
+use crate::record::DeliveryState;
 use crate::record::{Event, EventKind, ExecRecord, InDoubtCause, ReceiptRecord};
-use crate::types::DeliveryState;
 
 /// The clock transitions due for `rec` at `now`, in the order they happened, and whether
 /// the record is due for purging after them.

@@ -13,12 +13,11 @@ use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::{IndexEntry, TimerKind, View, WriteTables};
 use crate::record::{
-    Deadlines, DoneRecord, Event, EventKind, ExecRecord, InDoubtCause, OutcomeKind, ReceiptRecord,
-    ResolvedAs, ResultInfo, RevisionCause, ScopeRecord,
+    Deadlines, DeliveryState, DoneRecord, Event, EventKind, ExecRecord, InDoubtCause, OutcomeKind,
+    ReceiptRecord, ResolvedAs, ResultInfo, RevisionCause, ScopeRecord,
 };
 use crate::types::{
-    Admission, Claim, DeliveryState, OpResult, Operation, Outcome, Receipt, Resolution,
-    StaleBasePolicy,
+    Admission, Claim, OpResult, Operation, Outcome, Receipt, Resolution, StaleBasePolicy,
 };
 use crate::validate;
 
@@ -92,7 +91,7 @@ fn validate_outcome(cfg: &Config, outcome: &Outcome) -> Result<()> {
             limit: cfg.max_result_bytes,
         }));
     }
-    if let OutcomeKind::Failed { message } = &outcome.kind
+    if let crate::types::OutcomeKind::Failed { message } = &outcome.kind
         && message.len() > MAX_MESSAGE_BYTES
     {
         return Err(Error::new(ErrorKind::ResultTooLarge {
@@ -364,7 +363,7 @@ pub(crate) fn submit(ctx: &mut Ctx<'_, '_>, op: &Operation) -> Result<Admission>
         EventKind::Submitted {
             attempt,
             intent_name: op.intent.name().to_string(),
-            intent_hash: op.intent.hash(),
+            intent_hash: op.intent.hash().into(),
             scope: op.scope.clone(),
             session: op.session.clone(),
             base_revision: op.base_revision,
@@ -430,7 +429,9 @@ fn check_claim<V: View>(v: &V, now: Timestamp, claim: &Claim) -> Result<ReceiptR
 pub(crate) fn complete(ctx: &mut Ctx<'_, '_>, claim: &Claim, outcome: &Outcome) -> Result<Receipt> {
     let rec = check_claim(&*ctx.t, ctx.now, claim)?;
     validate_outcome(ctx.cfg, outcome)?;
-    if let (OutcomeKind::Applied { result_revision }, Some(scope)) = (&outcome.kind, &rec.scope) {
+    if let (crate::types::OutcomeKind::Applied { result_revision }, Some(scope)) =
+        (&outcome.kind, &rec.scope)
+    {
         let current = ctx.t.scope_revision(scope)?;
         if *result_revision <= current {
             return Err(Error::new(ErrorKind::RevisionNotForward {
@@ -445,7 +446,7 @@ pub(crate) fn complete(ctx: &mut Ctx<'_, '_>, claim: &Claim, outcome: &Outcome) 
         Some(&claim.operation_id),
         EventKind::Completed {
             epoch: claim.epoch,
-            outcome: outcome.kind.clone(),
+            outcome: (&outcome.kind).into(),
             result: result_info(&outcome.result),
             deadlines: terminal_deadlines(ctx.now, ctx.cfg),
         },
@@ -553,7 +554,7 @@ pub(crate) fn resolve(
                 Some(id),
                 EventKind::Resolved {
                     resolution: ResolvedAs::Completed {
-                        outcome: outcome.kind.clone(),
+                        outcome: (&outcome.kind).into(),
                         result: result_info(&outcome.result),
                         deadlines: terminal_deadlines(ctx.now, ctx.cfg),
                     },

@@ -2,11 +2,11 @@
 //! receipt implies.
 
 use crate::index::{IndexEntry, TimerKind};
+use crate::record::DeliveryState;
 use crate::record::{
     Deadlines, DeliveryRecord, DoneRecord, Event, EventKind, ExecRecord, InDoubtCause, OutcomeKind,
     ReceiptRecord, ResolvedAs, ResultInfo,
 };
-use crate::types::DeliveryState;
 
 // ---------------------------------------------------------------------------------------
 // Pure functions: fold, index entries, clocks, views.

@@ -6,11 +6,9 @@ use super::clocks::effective;
 use crate::clock::Timestamp;
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::View;
-use crate::intent::IntentHash;
-use crate::record::{ExecRecord, OutcomeKind, ReceiptRecord};
-use crate::types::{
-    Admission, DeliveryState, ExecutionStatus, OpResult, Operation, Receipt, Replay,
-};
+use crate::record::Digest;
+use crate::record::{DeliveryState, ExecRecord, OutcomeKind, ReceiptRecord};
+use crate::types::{Admission, ExecutionStatus, OpResult, Operation, Receipt, Replay};
 
 /// The public receipt for an effective record; `None` for a vacant (unknown) id.
 pub(crate) fn view(rec: &ReceiptRecord) -> Option<Receipt> {
@@ -18,7 +16,7 @@ pub(crate) fn view(rec: &ReceiptRecord) -> Option<Receipt> {
         operation_id: rec.operation_id.clone(),
         attempt: rec.attempt,
         intent_name: rec.intent_name.clone(),
-        intent_hash: rec.intent_hash,
+        intent_hash: rec.intent_hash.into(),
         scope: rec.scope.clone(),
         session: rec.session.clone(),
         base_revision: rec.base_revision,
@@ -47,7 +45,7 @@ pub(crate) fn view(rec: &ReceiptRecord) -> Option<Receipt> {
             cause, lease_until, ..
         } => {
             r.status = ExecutionStatus::InDoubt;
-            r.in_doubt_cause = Some(*cause);
+            r.in_doubt_cause = Some((*cause).into());
             r.lease_until = Some(*lease_until);
         }
         ExecRecord::Done(d) => {
@@ -68,7 +66,7 @@ pub(crate) fn view(rec: &ReceiptRecord) -> Option<Receipt> {
             } else {
                 r.result_size = Some(d.result.len);
             }
-            r.delivery = Some(d.delivery.state);
+            r.delivery = Some(d.delivery.state.into());
             r.delivery_count = d.delivery.count;
             r.completed_at = Some(d.completed_at);
             r.acknowledged_at = d.delivery.acknowledged_at;
@@ -149,10 +147,11 @@ pub(crate) fn answer_known<V: View>(
         return Ok(None);
     }
     // An all-zero hash means `repair` lost the intent: any intent is answered in doubt.
-    if rec.intent_hash != op.intent.hash() && rec.intent_hash != IntentHash([0; 32]) {
+    let submitted = Digest::from(op.intent.hash());
+    if rec.intent_hash != submitted && rec.intent_hash != Digest([0; 32]) {
         return Err(Error::new(ErrorKind::IntentMismatch {
             operation_id: op.id.clone(),
-            recorded: rec.intent_hash,
+            recorded: rec.intent_hash.into(),
             submitted: op.intent.hash(),
         }));
     }

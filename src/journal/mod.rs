@@ -24,7 +24,7 @@ use crate::config::Config;
 use crate::engine::{self};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::{ReadTables, TimerKind, View};
-use crate::record::Event;
+use crate::types::Event;
 use crate::types::{Admission, Claim, OpResult, Operation, Outcome, Receipt, Replay, Resolution};
 
 /// An open operation journal: one redb file.
@@ -384,7 +384,7 @@ impl Journal {
             let mut out = Vec::new();
             for seq in snap.tables.op_event_seqs(operation_id)? {
                 if let Some(ev) = snap.tables.event(seq)? {
-                    out.push(ev);
+                    out.push(Event::from(&ev));
                 }
             }
             Ok(out)
