@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 /// The two magic bytes that start every stored value.
 pub const MAGIC: [u8; 2] = *b"OJ";
 /// The record (and file) format version this build reads and writes.
-pub const FORMAT_VERSION: u8 = 1;
+pub const FORMAT_VERSION: u8 = 2;
 /// Bytes before the payload.
 pub const HEADER_LEN: usize = 12;
 /// The largest payload bincode may decode (or allocate for) in one record, except result
@@ -193,6 +193,17 @@ pub fn unframe_any(bytes: &[u8]) -> Result<(u8, &[u8]), FrameError> {
         return Err(FrameError::NewerVersion(bytes[2]));
     }
     Ok((bytes[3], payload))
+}
+
+/// Checks the envelope of `bytes`, that it holds a record of `kind`, and returns the format
+/// version it was written with and the payload.
+///
+/// # Errors
+///
+/// As [`unframe`].
+pub fn unframe_versioned(kind: RecordKind, bytes: &[u8]) -> Result<(u8, &[u8]), FrameError> {
+    let payload = unframe(kind, bytes)?;
+    Ok((bytes[2], payload))
 }
 
 /// Checks the envelope of `bytes`, that it holds a record of `kind`, and returns the payload.

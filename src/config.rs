@@ -69,6 +69,9 @@ impl Default for RetryPolicy {
 pub const DEFAULT_MAX_RESULT_BYTES: u64 = 4 << 20;
 /// The hard ceiling for `max_result_bytes`: 64 MiB.
 pub const MAX_RESULT_BYTES_CEILING: u64 = 64 << 20;
+/// How much the log (or the memtable of changes not yet in redb) may grow before a
+/// checkpoint writes it into redb, by default: 4 MiB.
+pub const DEFAULT_CHECKPOINT_BYTES: u64 = 4 << 20;
 /// The storage engine's page cache bound by default: 1 GiB (redb's default).
 pub const DEFAULT_CACHE_BYTES: usize = 1 << 30;
 /// The page cache bound of read-only inspection ([`Inspector`](crate::Inspector), the
@@ -89,6 +92,7 @@ pub(crate) struct Config {
     pub sharing: Sharing,
     pub compaction_batch: usize,
     pub quick_repair: bool,
+    pub checkpoint_bytes: u64,
     pub cache_bytes: usize,
     pub clock: Arc<dyn Clock>,
 }
@@ -107,6 +111,7 @@ impl Default for Config {
             sharing: Sharing::LiveReaders,
             compaction_batch: 1000,
             quick_repair: true,
+            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
             cache_bytes: DEFAULT_CACHE_BYTES,
             clock: Arc::new(SystemClock),
         }
@@ -128,6 +133,7 @@ impl std::fmt::Debug for Config {
             .field("compaction_batch", &self.compaction_batch)
             .field("cache_bytes", &self.cache_bytes)
             .field("quick_repair", &self.quick_repair)
+            .field("checkpoint_bytes", &self.checkpoint_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -199,6 +205,13 @@ impl Config {
                 "max result bytes",
                 &self.max_result_bytes.to_string(),
                 format!("the ceiling is {MAX_RESULT_BYTES_CEILING} bytes"),
+            ));
+        }
+        if self.checkpoint_bytes < 64 << 10 {
+            return Err(Error::invalid(
+                "checkpoint size",
+                &self.checkpoint_bytes.to_string(),
+                "it must be at least 65536 bytes (64 KiB)",
             ));
         }
         if self.compaction_batch == 0 {

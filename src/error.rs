@@ -24,6 +24,8 @@ pub struct Error {
 struct Inner {
     kind: ErrorKind,
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    /// For I/O errors: what the journal was doing ("sync the journal's log").
+    during: Option<&'static str>,
 }
 
 /// What went wrong. Variants carry the values a caller needs to react.
@@ -173,7 +175,11 @@ pub enum ErrorKind {
 impl Error {
     pub(crate) fn new(kind: ErrorKind) -> Self {
         Error {
-            inner: Box::new(Inner { kind, source: None }),
+            inner: Box::new(Inner {
+                kind,
+                source: None,
+                during: None,
+            }),
         }
     }
 
@@ -185,6 +191,7 @@ impl Error {
             inner: Box::new(Inner {
                 kind,
                 source: Some(source.into()),
+                during: None,
             }),
         }
     }
@@ -235,6 +242,35 @@ impl Error {
 
     pub(crate) fn io(err: std::io::Error) -> Self {
         Error::with_source(ErrorKind::Io, err)
+    }
+
+    /// A copy for another caller of a failed batch: the same kind and message, with the
+    /// source chain flattened into one message.
+    pub(crate) fn copied(&self) -> Error {
+        let mut message = String::new();
+        let mut source = std::error::Error::source(self);
+        while let Some(s) = source {
+            if !message.is_empty() {
+                message.push_str(": ");
+            }
+            message.push_str(&s.to_string());
+            source = s.source();
+        }
+        let mut e = if message.is_empty() {
+            Error::new(self.kind().clone())
+        } else {
+            Error::with_source(self.kind().clone(), message)
+        };
+        e.inner.during = self.inner.during;
+        e
+    }
+
+    /// An I/O error while the journal did `during` ("sync the journal's log"), which the
+    /// message names.
+    pub(crate) fn io_during(during: &'static str, err: std::io::Error) -> Self {
+        let mut e = Error::with_source(ErrorKind::Io, err);
+        e.inner.during = Some(during);
+        e
     }
 }
 
@@ -361,7 +397,14 @@ impl fmt::Display for Error {
                 "an earlier commit failed with an I/O error, so this handle refuses writes; \
                  drop the journal and open it again"
             ),
-            ErrorKind::Io => write!(f, "I/O error on the journal file"),
+            ErrorKind::Io => match self.inner.during {
+                Some(during) => write!(
+                    f,
+                    "I/O error: could not {during}; what it was writing may not be durable, \
+                     and this handle refuses further writes: open the journal again"
+                ),
+                None => write!(f, "I/O error on the journal file"),
+            },
             ErrorKind::Closed => write!(f, "the journal is closed"),
             ErrorKind::Storage => write!(f, "storage engine error"),
         }

@@ -305,9 +305,10 @@ pub fn golden_records() -> Vec<(&'static str, Vec<u8>)> {
         codec::encode(
             RecordKind::Meta,
             &FormatRecord {
-                format_version: 1,
+                format_version: 2,
                 created_at: t,
                 created_by: "opjournal 0.1.0".into(),
+                upgraded: None,
             },
         ),
     ));

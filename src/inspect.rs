@@ -15,9 +15,10 @@
 //! [`ErrorKind::Corrupt`] (in builds that unwind on panic), so a damaged file never brings
 //! down the tool that inspects it.
 
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
-use redb::{Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, ReadableTable};
+use redb::{Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase};
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::engine;
@@ -25,7 +26,8 @@ use crate::engine::stats::{self, Stats};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::file::{check_format, check_redb_magic};
 use crate::index::guarded;
-use crate::index::{self, ReadTables, View};
+use crate::index::{self, Base, Layered, Layers, Memtable, View};
+use crate::log::FileLog;
 use crate::types::Event;
 use crate::types::{OpResult, Receipt};
 
@@ -223,11 +225,12 @@ impl Inspector {
                 },
             }));
         }
-        let meta = txn.open_table(index::META)?;
-        let format = match meta.get("format")? {
-            Some(v) => Some(index::decode_meta("format", v.value())?),
-            None => None,
-        };
+        let base = Base::new(txn);
+        let format = index::Snapshot {
+            base: Some(&base),
+            layers: Layers::default(),
+        }
+        .format()?;
         check_format(&self.path, format, true)?;
         for name in index::TABLE_NAMES {
             if name != "quarantine" && !names.iter().any(|n| n == name) {
@@ -250,11 +253,67 @@ impl Inspector {
         self.access
     }
 
-    pub(crate) fn snapshot(&self) -> Result<(ReadTables, Timestamp)> {
-        let tables = ReadTables::new(self.handle.begin_read()?);
-        let hw = tables.state()?.clock_high_water;
-        let now = self.clock.now().max(hw);
-        Ok((tables, now))
+    /// Runs `f` on the journal as its writer last committed it: redb as of the last
+    /// checkpoint, with the log's records of the same cycle over it (what a writer logged
+    /// a moment ago is there). Reads only: the log is read whole (it is bounded by the
+    /// writer's checkpoint size), and nothing is written anywhere.
+    pub(crate) fn with_snapshot<R>(
+        &self,
+        f: impl FnOnce(&index::Snapshot<'_>, Timestamp) -> Result<R>,
+    ) -> Result<R> {
+        let log_path = FileLog::path_for(&self.path);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let base = Base::new(self.handle.begin_read()?);
+            let first = index::Snapshot {
+                base: Some(&base),
+                layers: Layers::default(),
+            };
+            let mut mem = Memtable::default();
+            if let Some(cp) = first.checkpoint()?
+                && let Some(log) = FileLog::open_read_only(&log_path)
+                    .map_err(|e| Error::io_during("open the journal's log", e))?
+            {
+                let bytes = crate::log::read_all(&log)
+                    .map_err(|e| Error::io_during("read the journal's log", e))?;
+                let cursor = crate::log::Cursor {
+                    journal_id: cp.journal_id,
+                    generation: cp.generation,
+                    first_lsn: cp.next_lsn,
+                };
+                crate::log::scan(&bytes, cursor, |r| {
+                    if r.kind != crate::log::KIND_BATCH {
+                        return Err(Error::corrupt(
+                            "log",
+                            format!("record {}", r.lsn),
+                            format!("record kind {} is not one this build reads", r.kind),
+                        ));
+                    }
+                    mem.apply_encoded(r.payload).map_err(|detail| {
+                        Error::corrupt("log", format!("record {}", r.lsn), detail)
+                    })
+                })?;
+                // A checkpoint since the snapshot began may have started the log over (its
+                // records are in redb now, past this snapshot): read both again.
+                let latest = Base::new(self.handle.begin_read()?);
+                let moved = index::Snapshot {
+                    base: Some(&latest),
+                    layers: Layers::default(),
+                }
+                .checkpoint()?
+                .is_none_or(|now| now.generation != cp.generation);
+                if moved && attempts < 100 {
+                    continue;
+                }
+            }
+            let snap = index::Snapshot {
+                base: Some(&base),
+                layers: Layers::new(&[&mem]),
+            };
+            let now = self.clock.now().max(snap.state()?.clock_high_water);
+            return f(&snap, now);
+        }
     }
 
     /// The time clocks are judged by: the system clock, never below the journal's
@@ -264,7 +323,7 @@ impl Inspector {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn now(&self) -> Result<Timestamp> {
-        guarded("now", || Ok(self.snapshot()?.1))
+        guarded("now", || self.with_snapshot(|_, now| Ok(now)))
     }
 
     /// Counts by status and delivery state, and file facts.
@@ -274,13 +333,10 @@ impl Inspector {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn stats(&self) -> Result<Stats> {
         guarded("stats", || {
-            let (t, now) = self.snapshot()?;
-            let mut s = stats::collect(&t, now)?;
-            s.file_bytes = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
-            let txn = self.handle.begin_read()?;
-            if let Ok(q) = txn.open_table(index::QUARANTINE) {
-                s.quarantined = redb::ReadableTableMetadata::len(&q)?;
-            }
+            let mut s = self.with_snapshot(|t, now| stats::collect(t, now, Some))?;
+            let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+            s.file_bytes = size(&self.path);
+            s.log_bytes = size(&FileLog::path_for(&self.path));
             Ok(s)
         })
     }
@@ -292,8 +348,7 @@ impl Inspector {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn lookup(&self, operation_id: &str) -> Result<Option<Receipt>> {
         guarded("lookup", || {
-            let (t, now) = self.snapshot()?;
-            engine::lookup(&t, operation_id, now)
+            self.with_snapshot(|t, now| engine::lookup(t, operation_id, now))
         })
     }
 
@@ -304,11 +359,10 @@ impl Inspector {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn result(&self, operation_id: &str) -> Result<Option<OpResult>> {
         guarded("result", || {
-            let (t, now) = self.snapshot()?;
-            match engine::effective_of(&t, operation_id, now)? {
-                Some(rec) => engine::result_of(&t, &rec),
+            self.with_snapshot(|t, now| match engine::effective_of(t, operation_id, now)? {
+                Some(rec) => engine::result_of(t, &rec),
                 None => Ok(None),
-            }
+            })
         })
     }
 
@@ -319,14 +373,15 @@ impl Inspector {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn history(&self, operation_id: &str) -> Result<Vec<Event>> {
         guarded("history", || {
-            let (t, _) = self.snapshot()?;
-            let mut out = Vec::new();
-            for seq in t.op_event_seqs(operation_id)? {
-                if let Some(ev) = t.event(seq)? {
-                    out.push(Event::from(&ev));
+            self.with_snapshot(|t, _| {
+                let mut out = Vec::new();
+                for seq in t.op_event_seqs(operation_id)? {
+                    if let Some(ev) = t.event(seq)? {
+                        out.push(Event::from(&ev));
+                    }
                 }
-            }
-            Ok(out)
+                Ok(out)
+            })
         })
     }
 
@@ -339,17 +394,18 @@ impl Inspector {
     pub fn for_each_receipt(&self, mut f: impl FnMut(Receipt) -> Result<bool>) -> Result<()> {
         let mut caller_panic = None;
         let r = guarded("receipts", || {
-            let (t, now) = self.snapshot()?;
-            for entry in t.receipts_t()?.iter()? {
-                let (k, v) = entry?;
-                let rec = index::decode_receipt(k.value(), v.value())?;
-                if let Some(r) = engine::effective(&rec, now).as_ref().and_then(engine::view)
-                    && !call_caller(&mut caller_panic, || f(r))?
-                {
-                    break;
+            self.with_snapshot(|t, now| {
+                for entry in t.all::<index::Receipts>()? {
+                    let (k, v) = entry?;
+                    let rec = index::decode_receipt(&k, &v)?;
+                    if let Some(r) = engine::effective(&rec, now).as_ref().and_then(engine::view)
+                        && !call_caller(&mut caller_panic, || f(r))?
+                    {
+                        break;
+                    }
                 }
-            }
-            Ok(())
+                Ok(())
+            })
         });
         resume_caller_panic(caller_panic);
         r
@@ -368,15 +424,16 @@ impl Inspector {
     ) -> Result<()> {
         let mut caller_panic = None;
         let r = guarded("events", || {
-            let (t, _) = self.snapshot()?;
-            for entry in t.events_t()?.range(from..)? {
-                let (k, v) = entry?;
-                let ev = index::decode_event(k.value(), v.value())?;
-                if !call_caller(&mut caller_panic, || f(Event::from(&ev)))? {
-                    break;
+            self.with_snapshot(|t, _| {
+                for entry in t.range::<index::Events>(Bound::Included(&from), Bound::Unbounded)? {
+                    let (k, v) = entry?;
+                    let ev = index::decode_event(k, &v)?;
+                    if !call_caller(&mut caller_panic, || f(Event::from(&ev)))? {
+                        break;
+                    }
                 }
-            }
-            Ok(())
+                Ok(())
+            })
         });
         resume_caller_panic(caller_panic);
         r
@@ -389,9 +446,9 @@ impl Inspector {
     /// [`ErrorKind::Io`].
     pub fn sizes(&self) -> Result<(u64, u64)> {
         guarded("sizes", || {
-            use redb::ReadableTableMetadata;
-            let (t, _) = self.snapshot()?;
-            Ok((t.events_t()?.len()?, t.receipts_t()?.len()?))
+            self.with_snapshot(|t, _| {
+                Ok((t.count::<index::Events>()?, t.count::<index::Receipts>()?))
+            })
         })
     }
 }

@@ -23,6 +23,7 @@ mod index;
 mod inspect;
 mod intent;
 mod journal;
+mod log;
 mod record;
 mod types;
 mod validate;
@@ -37,6 +38,10 @@ pub use error::{Error, ErrorKind, Result};
 pub use inspect::{Access, Inspector};
 pub use intent::{Intent, IntentHash, canonical_json};
 pub use journal::{CompactionReport, CompactorHandle, Journal, JournalBuilder};
+pub use log::{FileLog, LogStorage, MemoryLog};
+/// The storage engine under the index, re-exported for custom backends
+/// ([`JournalBuilder::open_backends`]).
+pub use redb;
 pub use types::{
     Admission, Claim, Deadlines, DeliveryState, Event, EventKind, ExecutionStatus, InDoubtCause,
     OpResult, Operation, Outcome, OutcomeKind, Receipt, Replay, Resolution, ResolvedAs, ResultInfo,

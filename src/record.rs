@@ -128,6 +128,14 @@ pub(crate) enum EventKind {
         /// When this event may be purged once a later revision supersedes it.
         purge_at: Timestamp,
     },
+    /// The file was upgraded from an older format (written once, by the first writer of
+    /// the new build to open it).
+    FormatUpgraded {
+        /// The format it had.
+        from: u32,
+        /// The format it has now.
+        to: u32,
+    },
 }
 
 impl EventKind {
@@ -147,6 +155,7 @@ impl EventKind {
             EventKind::Retired => "retired",
             EventKind::Salvaged { .. } => "salvaged",
             EventKind::RevisionAdvanced { .. } => "revision_advanced",
+            EventKind::FormatUpgraded { .. } => "format_upgraded",
         }
     }
 }
@@ -332,6 +341,34 @@ pub(crate) struct FormatRecord {
     pub format_version: u32,
     pub created_at: Timestamp,
     pub created_by: String,
+    /// When an older format was upgraded to this one, if it was.
+    pub upgraded: Option<Upgrade>,
+}
+
+/// A format upgrade, as the format record keeps it (the journal also has an event).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Upgrade {
+    pub from: u32,
+    pub at: Timestamp,
+}
+
+/// The `format` entry as format 1 wrote it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct FormatRecordV1 {
+    pub format_version: u32,
+    pub created_at: Timestamp,
+    pub created_by: String,
+}
+
+impl From<FormatRecordV1> for FormatRecord {
+    fn from(v1: FormatRecordV1) -> FormatRecord {
+        FormatRecord {
+            format_version: v1.format_version,
+            created_at: v1.created_at,
+            created_by: v1.created_by,
+            upgraded: None,
+        }
+    }
 }
 
 /// The `meta` table's `state` entry, rewritten by every commit.
@@ -339,6 +376,18 @@ pub(crate) struct FormatRecord {
 pub(crate) struct StateRecord {
     pub clock_high_water: Timestamp,
     pub next_seq: u64,
+}
+
+/// The `meta` table's `checkpoint` entry: where the log's current cycle starts. Written by
+/// every checkpoint (and when a journal is created or upgraded to format 2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct CheckpointRecord {
+    /// Ties the log to this redb file: a log beside it with another id is not its log.
+    pub journal_id: u64,
+    /// The generation the log's records carry until the next checkpoint.
+    pub generation: u64,
+    /// The lsn of the first record of that generation.
+    pub next_lsn: u64,
 }
 
 /// The header of a `results` value; the payload bytes follow it unencoded.
@@ -552,6 +601,10 @@ mod convert {
                     revision: *revision,
                     cause: (*cause).into(),
                     purge_at: *purge_at,
+                },
+                EventKind::FormatUpgraded { from, to } => api::EventKind::FormatUpgraded {
+                    from: *from,
+                    to: *to,
                 },
             }
         }

@@ -547,6 +547,14 @@ pub enum EventKind {
         /// When this event may be purged once a later revision supersedes it.
         purge_at: Timestamp,
     },
+    /// The file was upgraded from an older format (written once, by the first writer of
+    /// the new build to open it).
+    FormatUpgraded {
+        /// The format it had.
+        from: u32,
+        /// The format it has now.
+        to: u32,
+    },
 }
 
 impl EventKind {
@@ -566,6 +574,7 @@ impl EventKind {
             EventKind::Retired => "retired",
             EventKind::Salvaged { .. } => "salvaged",
             EventKind::RevisionAdvanced { .. } => "revision_advanced",
+            EventKind::FormatUpgraded { .. } => "format_upgraded",
         }
     }
 }

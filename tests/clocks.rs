@@ -90,6 +90,8 @@ fn ack_timeout_expires_exactly_at_its_deadline_and_a_late_ack_is_recorded() -> o
     // The client finally acknowledges: harmless, and recorded as late.
     let r = journal.acknowledge("a")?;
     assert_eq!(r.delivery, Some(DeliveryState::Acknowledged));
+    // History shows committed events; acknowledgements commit lazily (flush commits now).
+    journal.flush()?;
     let last = journal.history("a")?.pop().expect("events");
     assert_eq!(last.kind, opjournal::EventKind::Acknowledged { late: true });
     Ok(())

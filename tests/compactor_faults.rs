@@ -15,9 +15,11 @@ use opjournal::{Admission, ErrorKind, Journal, ManualClock, Operation, Outcome};
 fn background_compactor_stops_with_the_error_when_a_sync_fails() -> opjournal::Result<()> {
     let disk = FaultDisk::new();
     let clock = ManualClock::new(T0);
-    let journal = Journal::builder()
-        .clock(clock.clone())
-        .open_backend(disk.backend(), "fault-disk")?;
+    let journal = Journal::builder().clock(clock.clone()).open_backends(
+        disk.backend(),
+        opjournal::MemoryLog::new(),
+        "fault-disk",
+    )?;
     let Admission::Fresh(claim) = journal.submit(Operation::new("a", add_light("door")))? else {
         panic!("fresh expected");
     };

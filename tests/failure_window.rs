@@ -202,12 +202,14 @@ fn boundary_5_never_acknowledged_results_expire_and_release_window_and_lock()
 fn boundary_6_repeated_reconnects_keep_queue_traffic_and_file_bounded() -> opjournal::Result<()> {
     let env = Env::new();
     let mut editor = FakeEditor::at(0);
-    // Short retentions, so that a few hours of session reach the steady state.
+    // Short retentions, so that a few hours of session reach the steady state, and a small
+    // log, so that it cycles (checkpoints into the redb file) many times in the session.
     let journal = env
         .builder()
         .session_window(16)
         .result_retention(Duration::from_secs(3600))
         .audit_retention(Duration::from_secs(2 * 3600))
+        .checkpoint_size(64 << 10)
         .open(&env.path)?;
     let mut sizes = Vec::new();
     let mut max_queue = 0;
@@ -242,11 +244,10 @@ fn boundary_6_repeated_reconnects_keep_queue_traffic_and_file_bounded() -> opjou
         env.advance(Duration::from_secs(30));
         if round % 50 == 49 {
             journal.compact()?;
-            sizes.push(
-                std::fs::metadata(&env.path)
-                    .map_err(opjournal::Error::from)?
-                    .len(),
-            );
+            // The journal on disk: the redb file and its log.
+            let log = opjournal::FileLog::path_for(&env.path);
+            let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+            sizes.push(size(&env.path) + size(&log));
         }
     }
     // Every effect once.
@@ -257,7 +258,7 @@ fn boundary_6_repeated_reconnects_keep_queue_traffic_and_file_bounded() -> opjou
     assert!(max_queue <= 11, "queue reached {max_queue}");
     // Retry traffic is bounded by the budget per unacknowledged result.
     assert!(deliveries <= 400 * 8, "{deliveries} redeliveries");
-    // The file plateaus: after the audit retention (240 rounds) it stops growing.
+    // The files plateau: after the audit retention (240 rounds) they stop growing.
     let warm = sizes[8];
     let last = *sizes.last().expect("sizes");
     assert!(

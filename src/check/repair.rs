@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::Serialize;
 
 use crate::clock::Timestamp;
@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::engine::{self, Ctx};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::file::{check_format, check_redb_magic};
-use crate::index::{self, View, WriteTables, guarded};
+use crate::index::{self, Layered, Layers, Table, View, WriteTables, guarded};
 use crate::record::Digest;
 use crate::record::{Event, EventKind, ExecRecord, FormatRecord, ReceiptRecord, StateRecord};
 // ---------------------------------------------------------------------------------------
@@ -241,7 +241,7 @@ fn refuse_foreign(path: &Path, target: &Path) -> Result<()> {
                 detail: "it is a redb database without the journal's `meta` table".into(),
             }));
         }
-        let meta = txn.open_table(index::META)?;
+        let meta = txn.open_table(<index::Meta as Table>::def())?;
         let format = match meta.get("format")? {
             Some(v) => index::decode_meta::<FormatRecord>("format", v.value()).ok(),
             None => None,
@@ -397,21 +397,21 @@ pub(crate) fn repair_db(
         // The kept tables are rewritten from their raw entries, so that no page of the old
         // tree survives: a damaged page (a flipped key, a broken page header) leaves the file
         // even when the values on it read fine.
-        let old_quarantine = take_table(&txn, index::QUARANTINE)?;
-        let old_events = take_table(&txn, index::EVENTS)?;
-        let old_results = take_table(&txn, index::RESULTS)?;
+        let old_quarantine = take_table(&txn, <index::Quarantine as Table>::def())?;
+        let old_events = take_table(&txn, <index::Events as Table>::def())?;
+        let old_results = take_table(&txn, <index::Results as Table>::def())?;
         let old_meta = {
-            let t = txn.open_table(index::META)?;
+            let t = txn.open_table(<index::Meta as Table>::def())?;
             string_keys(&t)?
         };
-        txn.delete_table(index::META)?;
-        let mut q = txn.open_table(index::QUARANTINE)?;
+        txn.delete_table(<index::Meta as Table>::def())?;
+        let mut q = txn.open_table(<index::Quarantine as Table>::def())?;
         for (n, raw) in &old_quarantine {
             q.insert(*n, raw.as_slice())?;
         }
         // What the old indexes knew, for naming operations whose events are damaged.
         let mut seq_owner: HashMap<u64, String> = HashMap::new();
-        if let Ok(t) = txn.open_table(index::OP_EVENTS) {
+        if let Ok(t) = txn.open_table(<index::OpEvents as Table>::def()) {
             for entry in t.iter()? {
                 let (k, _) = entry?;
                 let (op, seq) = k.value();
@@ -419,7 +419,7 @@ pub(crate) fn repair_db(
             }
         }
         let mut stored_receipts: HashMap<String, ReceiptRecord> = HashMap::new();
-        if let Ok(t) = txn.open_table(index::RECEIPTS) {
+        if let Ok(t) = txn.open_table(<index::Receipts as Table>::def()) {
             for (id, raw) in string_keys(&t)? {
                 match index::decode_receipt(&id, &raw) {
                     Ok(r) => {
@@ -429,7 +429,7 @@ pub(crate) fn repair_db(
                 }
             }
         }
-        if let Ok(t) = txn.open_table(index::SCOPES) {
+        if let Ok(t) = txn.open_table(<index::Scopes as Table>::def()) {
             for (name, raw) in string_keys(&t)? {
                 if let Err(e) = index::decode_scope(&name, &raw) {
                     quarantine(&mut q, report, "scopes", name, corrupt_detail(&e), &raw)?;
@@ -440,7 +440,7 @@ pub(crate) fn repair_db(
         // whose value is intact (its CRC covers the seq it carries) goes back under its seq.
         let mut damaged: BTreeMap<String, u32> = BTreeMap::new();
         {
-            let mut events = txn.open_table(index::EVENTS)?;
+            let mut events = txn.open_table(<index::Events as Table>::def())?;
             let mut misplaced = Vec::new();
             for (key, raw) in old_events {
                 match index::decode_event(key, &raw) {
@@ -473,7 +473,7 @@ pub(crate) fn repair_db(
             }
         }
         {
-            let mut results = txn.open_table(index::RESULTS)?;
+            let mut results = txn.open_table(<index::Results as Table>::def())?;
             let mut misplaced = Vec::new();
             for (key, raw) in old_results {
                 match index::decode_result(key, &raw) {
@@ -506,7 +506,7 @@ pub(crate) fn repair_db(
         }
         // Meta: the format and state records, if they decode; anything else is set aside.
         {
-            let mut meta = txn.open_table(index::META)?;
+            let mut meta = txn.open_table(<index::Meta as Table>::def())?;
             let mut format_ok = false;
             for (key, raw) in old_meta {
                 let checked = match key.as_str() {
@@ -535,6 +535,7 @@ pub(crate) fn repair_db(
                             format_version: u32::from(FORMAT_VERSION),
                             created_at: Timestamp(0),
                             created_by: format!("opjournal {} repair", env!("CARGO_PKG_VERSION")),
+                            upgraded: None,
                         },
                     )
                     .as_slice(),
@@ -546,27 +547,37 @@ pub(crate) fn repair_db(
             txn.delete_table(TableDefinition::<&str, &[u8]>::new(name))?;
         }
         drop(q);
-        let mut t = WriteTables::open(&txn)?;
-        let old_state = match t.meta_t()?.get("state")? {
-            Some(v) => index::decode_meta::<StateRecord>("state", v.value()).ok(),
+        // The replay runs in a batch in memory, over the checked events and results; what
+        // it changes is written into the transaction at the end.
+        let mut t = WriteTables::over(None, Layers::default());
+        let mut seqs: Vec<u64> = Vec::new();
+        {
+            let events = txn.open_table(<index::Events as Table>::def())?;
+            for entry in events.iter()? {
+                let (k, v) = entry?;
+                seqs.push(k.value());
+                t.put_raw::<index::Events>(k.value(), v.value().to_vec());
+            }
+            let results = txn.open_table(<index::Results as Table>::def())?;
+            for entry in results.iter()? {
+                let (k, v) = entry?;
+                t.put_raw::<index::Results>(k.value(), v.value().to_vec());
+            }
+            let meta = txn.open_table(<index::Meta as Table>::def())?;
+            for entry in meta.iter()? {
+                let (k, v) = entry?;
+                t.put_raw::<index::Meta>(k.value().to_string(), v.value().to_vec());
+            }
+        }
+        let old_state = match t.get::<index::Meta>(&"state".to_string())? {
+            Some(v) => index::decode_meta::<StateRecord>("state", &v).ok(),
             None => None,
         };
         // Replay.
-        let events_raw = {
-            use redb::ReadableTableMetadata as _;
-            t.events_t()?.len()?
-        };
+        let events_raw = seqs.len() as u64;
         let mut replayed = 0u64;
         let mut max_seq = 0u64;
         let mut max_at = Timestamp(0);
-        let seqs: Vec<u64> = {
-            let mut v = Vec::new();
-            for entry in t.events_t()?.iter()? {
-                let (k, _) = entry?;
-                v.push(k.value());
-            }
-            v
-        };
         // The journal's clock never runs backwards, so an event recorded before the one
         // ahead of it does not belong to this history (verify reports it). Keep the longest
         // run of events in time order: one event with a wrong time costs that event only.
@@ -611,29 +622,22 @@ pub(crate) fn repair_db(
         progress(replayed, events_raw);
         report.events_replayed = replayed;
         if !misfits.is_empty() {
-            drop(t);
-            let mut q = txn.open_table(index::QUARANTINE)?;
-            {
-                let mut events = txn.open_table(index::EVENTS)?;
-                let mut op_events = txn.open_table(index::OP_EVENTS)?;
-                for (seq, problem, raw, owner) in &misfits {
-                    quarantine(
-                        &mut q,
-                        report,
-                        "events",
-                        seq.to_string(),
-                        problem.clone(),
-                        raw,
-                    )?;
-                    events.remove(*seq)?;
-                    if let Some(op) = owner {
-                        op_events.remove((op.as_str(), *seq))?;
-                        *damaged.entry(op.clone()).or_default() += 1;
-                    }
+            let mut q = txn.open_table(<index::Quarantine as Table>::def())?;
+            for (seq, problem, raw, owner) in &misfits {
+                quarantine(
+                    &mut q,
+                    report,
+                    "events",
+                    seq.to_string(),
+                    problem.clone(),
+                    raw,
+                )?;
+                t.delete_event(*seq)?;
+                if let Some(op) = owner {
+                    t.remove_op_event(op, *seq);
+                    *damaged.entry(op.clone()).or_default() += 1;
                 }
             }
-            drop(q);
-            t = WriteTables::open(&txn)?;
         }
         let mut state = StateRecord {
             clock_high_water: old_state
@@ -701,9 +705,8 @@ pub(crate) fn repair_db(
         let mut lost_results = Vec::new();
         let ids: Vec<String> = {
             let mut v = Vec::new();
-            for entry in ctx.t.receipts_t()?.iter()? {
-                let (k, _) = entry?;
-                v.push(k.value().to_string());
+            for entry in ctx.t.all::<index::Receipts>()? {
+                v.push(entry?.0);
             }
             v
         };
@@ -714,8 +717,8 @@ pub(crate) fn repair_db(
             if let ExecRecord::Done(d) = &rec.state
                 && let Some(seq) = d.result_seq
             {
-                let ok = match ctx.t.results_t()?.get(seq)? {
-                    Some(v) => match index::decode_result(seq, v.value()) {
+                let ok = match ctx.t.get::<index::Results>(&seq)? {
+                    Some(v) => match index::decode_result(seq, &v) {
                         Ok((h, bytes)) => {
                             h.operation_id == *id
                                 && bytes.len() as u64 == d.result.len
@@ -743,9 +746,8 @@ pub(crate) fn repair_db(
         }
         let result_keys: Vec<u64> = {
             let mut v = Vec::new();
-            for entry in ctx.t.results_t()?.iter()? {
-                let (k, _) = entry?;
-                v.push(k.value());
+            for entry in ctx.t.all::<index::Results>()? {
+                v.push(entry?.0);
             }
             v
         };
@@ -757,8 +759,10 @@ pub(crate) fn repair_db(
         }
         let state = ctx.state.clone();
         t.put_state(&state)?;
-        report.receipts_rebuilt = t.receipts_t()?.len()?;
-        report.scopes_rebuilt = t.scopes_t()?.len()?;
+        report.receipts_rebuilt = t.count::<index::Receipts>()?;
+        report.scopes_rebuilt = t.count::<index::Scopes>()?;
+        index::checkpoint(&txn, &t.into_changes())?;
+        index::create_tables(&txn)?;
     }
     txn.commit()?;
     Ok(())

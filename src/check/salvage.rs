@@ -8,7 +8,7 @@ use super::repair::{RepairReport, repair_db};
 use crate::clock::Timestamp;
 use crate::codec::{self, FORMAT_VERSION, RecordKind};
 use crate::error::{Error, Result};
-use crate::index::{self, WriteTables};
+use crate::index::{self, Layers, WriteTables};
 use crate::record::{Event, FormatRecord, StateRecord};
 
 /// Scans raw bytes for framed records whose CRC holds.
@@ -84,11 +84,12 @@ pub(crate) fn salvage(
         let db = redb::Builder::new().create(&tmp)?;
         let txn = db.begin_write()?;
         {
-            let mut t = WriteTables::open(&txn)?;
+            let mut t = WriteTables::over(None, Layers::default());
             t.put_format(&FormatRecord {
                 format_version: u32::from(FORMAT_VERSION),
                 created_at: Timestamp(0),
                 created_by: format!("opjournal {} salvage", env!("CARGO_PKG_VERSION")),
+                upgraded: None,
             })?;
             let max_seq = events.keys().next_back().copied().unwrap_or(0);
             let max_at = events.values().map(|e| e.at).max().unwrap_or(Timestamp(0));
@@ -99,12 +100,11 @@ pub(crate) fn salvage(
             for ev in events.values() {
                 t.put_event(ev)?;
             }
-            // `t` holds the results table open; redb refuses to open it twice.
-            drop(t);
-            let mut rt = txn.open_table(index::RESULTS)?;
             for (seq, frame) in &results {
-                rt.insert(*seq, frame.as_slice())?;
+                t.put_raw::<index::Results>(*seq, frame.clone());
             }
+            index::checkpoint(&txn, &t.into_changes())?;
+            index::create_tables(&txn)?;
         }
         txn.commit()?;
         repair_db(&db, report, progress)?;

@@ -3,15 +3,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Timestamp;
 use crate::engine::{self};
 use crate::error::{Error, ErrorKind, Result};
-use crate::index::{self, ReadTables, TimerKind, View, WriteTables, guarded};
+use crate::index::{self, Layered, Layers, Table, TableKey, View, WriteTables, guarded};
 use crate::inspect::{Access, Inspector};
-use crate::record::{ExecRecord, FormatRecord, ReceiptRecord, StateRecord};
+use crate::record::{ExecRecord, ReceiptRecord, StateRecord};
 
 /// One problem found in the file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,14 +143,11 @@ pub fn verify_inspected(
         Access::Idle | Access::RecoveredCopy => integrity_of_copy(insp.path()),
     };
     let mut report = match guarded("records", || {
-        let tables = ReadTables::new(insp.handle.begin_read()?);
-        let quarantined = match tables.txn().open_table(index::QUARANTINE) {
-            Ok(q) => q.len()?,
-            Err(_) => 0,
-        };
-        let mut r = verify_tables(&tables, progress)?;
-        r.quarantined = quarantined;
-        Ok(r)
+        insp.with_snapshot(|tables, _| {
+            let mut r = verify_tables(tables, progress)?;
+            r.quarantined = tables.count::<index::Quarantine>()?;
+            Ok(r)
+        })
     }) {
         Ok(r) => r,
         Err(e) => VerifyReport {
@@ -169,29 +165,25 @@ pub fn verify_inspected(
     Ok(report)
 }
 
-fn in_memory_db() -> Result<Database> {
-    Ok(redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new())?)
-}
-
 /// Checks every record of `src` and compares every index with a replay of its events.
 pub(crate) fn verify_tables<V: View>(
     src: &V,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<VerifyReport> {
     let mut findings = Vec::new();
-    let total = src.events_t()?.len()?;
+    let total = src.count::<index::Events>()?;
     // Meta.
     let mut state: Option<StateRecord> = None;
     for key in ["format", "state"] {
-        match src.meta_t()?.get(key)? {
+        match src.get::<index::Meta>(&key.to_string())? {
             None => findings.push(Finding::new("meta", key, "missing")),
             Some(v) => {
                 if key == "format" {
-                    if let Err(e) = index::decode_meta::<FormatRecord>(key, v.value()) {
+                    if let Err(e) = index::decode_format(&v) {
                         findings.push(Finding::new("meta", key, e.to_string()));
                     }
                 } else {
-                    match index::decode_meta::<StateRecord>(key, v.value()) {
+                    match index::decode_meta::<StateRecord>(key, &v) {
                         Ok(s) => state = Some(s),
                         Err(e) => findings.push(Finding::new("meta", key, e.to_string())),
                     }
@@ -199,24 +191,22 @@ pub(crate) fn verify_tables<V: View>(
             }
         }
     }
-    // Replay the events into an in-memory journal with the same code the writer uses.
-    let mem = in_memory_db()?;
+    // Replay the events in memory with the same code the writer uses.
+    let mut rebuilt = WriteTables::over(None, Layers::default());
     let mut events = 0u64;
     let mut max_seq = 0u64;
     let mut max_at = Timestamp(0);
     let mut last_at = Timestamp(0);
     {
-        let txn = mem.begin_write()?;
         {
-            let mut t = WriteTables::open(&txn)?;
-            for entry in src.events_t()?.iter()? {
-                let (k, v) = entry?;
-                let seq = k.value();
+            let t = &mut rebuilt;
+            for entry in src.all::<index::Events>()? {
+                let (seq, v) = entry?;
                 events += 1;
                 if events.is_multiple_of(4096) {
                     progress(events, total);
                 }
-                let ev = match index::decode_event(seq, v.value()) {
+                let ev = match index::decode_event(seq, &v) {
                     Ok(ev) => ev,
                     Err(e) => {
                         findings.push(Finding::new("events", seq, corrupt_detail(&e)));
@@ -237,12 +227,11 @@ pub(crate) fn verify_tables<V: View>(
                 }
                 last_at = ev.at;
                 t.put_event(&ev)?;
-                if let Err(e) = engine::apply(&mut t, &ev) {
+                if let Err(e) = engine::apply(t, &ev) {
                     findings.push(Finding::new("events", seq, corrupt_detail(&e)));
                 }
             }
         }
-        txn.commit()?;
     }
     progress(events, total);
     if let Some(s) = &state {
@@ -267,16 +256,15 @@ pub(crate) fn verify_tables<V: View>(
             ));
         }
     }
-    let rebuilt = ReadTables::new(mem.begin_read()?);
 
     // Receipts.
     let mut receipts = 0u64;
     let mut stored_ids = BTreeSet::new();
-    for entry in src.receipts_t()?.iter()? {
+    for entry in src.all::<index::Receipts>()? {
         let (k, v) = entry?;
-        let id = k.value().to_string();
+        let id = k.clone();
         receipts += 1;
-        let stored = match index::decode_receipt(&id, v.value()) {
+        let stored = match index::decode_receipt(&id, &v) {
             Ok(r) => r,
             Err(e) => {
                 findings.push(Finding::new("receipts", &id, corrupt_detail(&e)));
@@ -303,12 +291,12 @@ pub(crate) fn verify_tables<V: View>(
         }
         stored_ids.insert(id);
     }
-    for entry in rebuilt.receipts_t()?.iter()? {
+    for entry in rebuilt.all::<index::Receipts>()? {
         let (k, _) = entry?;
-        if !stored_ids.contains(k.value()) {
+        if !stored_ids.contains(&k) {
             findings.push(Finding::new(
                 "receipts",
-                k.value(),
+                &k,
                 "missing: the journal's events record this operation",
             ));
         }
@@ -317,11 +305,11 @@ pub(crate) fn verify_tables<V: View>(
     // Scopes.
     let mut scopes = 0u64;
     let mut stored_scopes = BTreeSet::new();
-    for entry in src.scopes_t()?.iter()? {
+    for entry in src.all::<index::Scopes>()? {
         let (k, v) = entry?;
-        let name = k.value().to_string();
+        let name = k.clone();
         scopes += 1;
-        match index::decode_scope(&name, v.value()) {
+        match index::decode_scope(&name, &v) {
             Err(e) => findings.push(Finding::new("scopes", &name, corrupt_detail(&e))),
             Ok(stored) => match rebuilt.scope(&name)? {
                 None => findings.push(Finding::new("scopes", &name, "no event records this scope")),
@@ -338,12 +326,12 @@ pub(crate) fn verify_tables<V: View>(
         }
         stored_scopes.insert(name);
     }
-    for entry in rebuilt.scopes_t()?.iter()? {
+    for entry in rebuilt.all::<index::Scopes>()? {
         let (k, _) = entry?;
-        if !stored_scopes.contains(k.value()) {
+        if !stored_scopes.contains(&k) {
             findings.push(Finding::new(
                 "scopes",
-                k.value(),
+                &k,
                 "missing: the journal's events record this scope",
             ));
         }
@@ -351,9 +339,9 @@ pub(crate) fn verify_tables<V: View>(
 
     // Results: each referenced payload present and matching; no orphans.
     let mut referenced: BTreeMap<u64, (String, crate::record::ResultInfo)> = BTreeMap::new();
-    for entry in rebuilt.receipts_t()?.iter()? {
+    for entry in rebuilt.all::<index::Receipts>()? {
         let (k, v) = entry?;
-        let rec = index::decode_receipt(k.value(), v.value())?;
+        let rec = index::decode_receipt(&k, &v)?;
         if let ExecRecord::Done(d) = &rec.state
             && let Some(seq) = d.result_seq
         {
@@ -362,12 +350,12 @@ pub(crate) fn verify_tables<V: View>(
     }
     let mut results = 0u64;
     let mut seen_results = BTreeSet::new();
-    for entry in src.results_t()?.iter()? {
+    for entry in src.all::<index::Results>()? {
         let (k, v) = entry?;
-        let seq = k.value();
+        let seq = k;
         results += 1;
         seen_results.insert(seq);
-        let (header, bytes) = match index::decode_result(seq, v.value()) {
+        let (header, bytes) = match index::decode_result(seq, &v) {
             Ok(r) => r,
             Err(e) => {
                 findings.push(Finding::new("results", seq, corrupt_detail(&e)));
@@ -424,53 +412,12 @@ pub(crate) fn verify_tables<V: View>(
 
     // Pure indexes: exactly the entries the replay implies.
     let mut index_entries = 0u64;
-    index_entries += compare_keys(
-        "op_events",
-        keys(src.op_events_t()?, |(op, seq): (&str, u64)| {
-            format!("{op} @ {seq}")
-        })?,
-        keys(rebuilt.op_events_t()?, |(op, seq): (&str, u64)| {
-            format!("{op} @ {seq}")
-        })?,
-        &mut findings,
-    );
-    let timer_key = |(kind, due, op): (u8, u64, &str)| {
-        let name = TimerKind::from_byte(kind).map_or("?", TimerKind::name);
-        format!("{name} {} {op}", Timestamp(due))
-    };
-    index_entries += compare_keys(
-        "timers",
-        keys(src.timers_t()?, timer_key)?,
-        keys(rebuilt.timers_t()?, timer_key)?,
-        &mut findings,
-    );
-    let scope_timer_key = |(due, seq): (u64, u64)| format!("{} event {seq}", Timestamp(due));
-    index_entries += compare_keys(
-        "scope_timers",
-        keys(src.scope_timers_t()?, scope_timer_key)?,
-        keys(rebuilt.scope_timers_t()?, scope_timer_key)?,
-        &mut findings,
-    );
-    let window_key = |(s, due, op): (&str, u64, &str)| format!("{s} {} {op}", Timestamp(due));
-    index_entries += compare_keys(
-        "windows",
-        keys(src.windows_t()?, window_key)?,
-        keys(rebuilt.windows_t()?, window_key)?,
-        &mut findings,
-    );
-    let hold_key = |(s, op): (&str, &str)| format!("{s} {op}");
-    index_entries += compare_keys(
-        "scope_holds",
-        keys(src.holds_t()?, hold_key)?,
-        keys(rebuilt.holds_t()?, hold_key)?,
-        &mut findings,
-    );
-    index_entries += compare_keys(
-        "in_doubt",
-        keys(src.in_doubt_t()?, |op: &str| op.to_string())?,
-        keys(rebuilt.in_doubt_t()?, |op: &str| op.to_string())?,
-        &mut findings,
-    );
+    index_entries += compare_keys::<index::OpEvents>(src, &rebuilt, &mut findings)?;
+    index_entries += compare_keys::<index::Timers>(src, &rebuilt, &mut findings)?;
+    index_entries += compare_keys::<index::ScopeTimers>(src, &rebuilt, &mut findings)?;
+    index_entries += compare_keys::<index::Windows>(src, &rebuilt, &mut findings)?;
+    index_entries += compare_keys::<index::Holds>(src, &rebuilt, &mut findings)?;
+    index_entries += compare_keys::<index::InDoubt>(src, &rebuilt, &mut findings)?;
 
     Ok(VerifyReport {
         integrity: Integrity::Skipped("not run".into()),
@@ -511,26 +458,24 @@ fn describe(rec: &ReceiptRecord) -> String {
     format!("attempt {} epoch {}, {state}", rec.attempt, rec.epoch)
 }
 
-fn keys<K, T, F>(table: &T, show: F) -> Result<BTreeSet<String>>
-where
-    K: redb::Key + 'static,
-    T: ReadableTable<K, ()>,
-    F: for<'a> Fn(K::SelfType<'a>) -> String,
-{
+fn keys<T: Table<V = ()>>(v: &impl Layered) -> Result<BTreeSet<String>> {
     let mut out = BTreeSet::new();
-    for entry in table.iter()? {
-        let (k, _) = entry?;
-        out.insert(show(k.value()));
+    for entry in v.all::<T>()? {
+        out.insert(entry?.0.show());
     }
     Ok(out)
 }
 
-fn compare_keys(
-    table: &str,
-    stored: BTreeSet<String>,
-    expected: BTreeSet<String>,
+/// Compares a set-like index table of `stored` with the replay's; returns the entries
+/// stored.
+fn compare_keys<T: Table<V = ()>>(
+    stored: &impl Layered,
+    expected: &impl Layered,
     findings: &mut Vec<Finding>,
-) -> u64 {
+) -> Result<u64> {
+    let table = T::NAME;
+    let stored = keys::<T>(stored)?;
+    let expected = keys::<T>(expected)?;
     for extra in stored.difference(&expected) {
         findings.push(Finding::new(
             table,
@@ -545,5 +490,5 @@ fn compare_keys(
             "missing index entry implied by the journal's events",
         ));
     }
-    stored.len() as u64
+    Ok(stored.len() as u64)
 }

@@ -11,7 +11,7 @@ use super::reads::*;
 use crate::clock::Timestamp;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
-use crate::index::{IndexEntry, TimerKind, View, WriteTables};
+use crate::index::{TimerKind, View, WriteTables};
 use crate::record::{
     Deadlines, DeliveryState, DoneRecord, Event, EventKind, ExecRecord, InDoubtCause, OutcomeKind,
     ReceiptRecord, ResolvedAs, ResultInfo, RevisionCause, ScopeRecord,
@@ -150,6 +150,8 @@ pub(crate) fn apply(t: &mut WriteTables<'_>, ev: &Event) -> Result<()> {
         } => {
             advance_scope(t, scope, *revision, ev, true)?;
         }
+        // A record of the file's history: no index follows from it.
+        EventKind::FormatUpgraded { .. } => {}
         _ => {
             let id = ev.operation_id.as_deref().unwrap_or("");
             let old = t.receipt(id)?;
@@ -317,8 +319,7 @@ impl Ctx<'_, '_> {
         }
         for e in index_entries(rec) {
             match e {
-                IndexEntry::Timer(kind, due) => self.t.delete_purged_timer(id, kind, due)?,
-                other => self.t.remove_index(id, &other)?,
+                e => self.t.remove_index(id, &e)?,
             }
         }
         self.t.delete_receipt(id)?;

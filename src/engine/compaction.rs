@@ -22,15 +22,6 @@ pub(crate) fn compact_batch(
     limit: usize,
     yield_now: &dyn Fn() -> bool,
 ) -> Result<bool> {
-    // Purges touch runs of neighbouring events and results: delete them together at the
-    // end (on error the transaction is dropped with everything else).
-    ctx.t.hold_deletes();
-    let more = compact_ops(ctx, limit, yield_now)?;
-    ctx.t.apply_held_deletes()?;
-    Ok(more)
-}
-
-fn compact_ops(ctx: &mut Ctx<'_, '_>, limit: usize, yield_now: &dyn Fn() -> bool) -> Result<bool> {
     let mut ops: Vec<String> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for kind in FIRED_KINDS {

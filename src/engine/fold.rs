@@ -260,6 +260,7 @@ pub(crate) fn transition(
             })
         }
         EventKind::RevisionAdvanced { .. } => Err("a scope event has no receipt".to_string()),
+        EventKind::FormatUpgraded { .. } => Err("a format event has no receipt".to_string()),
     }
 }
 

@@ -1,13 +1,12 @@
 //! Counts by status and delivery state.
 
-use redb::{ReadableTable, ReadableTableMetadata};
 use serde::Serialize;
 
 use crate::clock::Timestamp;
 use crate::engine;
 use crate::error::Result;
-use crate::index::{self, View};
-use crate::record::ExecRecord;
+use crate::index::{self, Events, Quarantine, Receipts, Results, Scopes, Timers, View};
+use crate::record::{ExecRecord, ReceiptRecord};
 use crate::types::{DeliveryState, ExecutionStatus};
 
 /// A summary of a journal, with every clock applied as of `now`.
@@ -58,11 +57,19 @@ pub struct Stats {
     pub timers: u64,
     /// Records moved aside by `repair`.
     pub quarantined: u64,
-    /// File size in bytes (0 if unknown).
+    /// The redb file's size in bytes (0 if unknown).
     pub file_bytes: u64,
+    /// The log file's size in bytes: 0 after a clean close, when the journal is one file.
+    pub log_bytes: u64,
 }
 
-pub(crate) fn collect<V: View>(v: &V, now: Timestamp) -> Result<Stats> {
+/// The counts of `v` at `now`; `adjust` turns each effective record into the one to count
+/// (a handle applies the lazy writes it has not committed yet).
+pub(crate) fn collect<V: View>(
+    v: &V,
+    now: Timestamp,
+    adjust: impl Fn(ReceiptRecord) -> Option<ReceiptRecord>,
+) -> Result<Stats> {
     let mut s = Stats {
         now,
         ..Stats::default()
@@ -72,10 +79,10 @@ pub(crate) fn collect<V: View>(v: &V, now: Timestamp) -> Result<Stats> {
         s.created_at = f.created_at;
     }
     s.clock_high_water = v.state()?.clock_high_water;
-    for entry in v.receipts_t()?.iter()? {
+    for entry in v.all::<Receipts>()? {
         let (k, val) = entry?;
-        let rec = index::decode_receipt(k.value(), val.value())?;
-        let Some(rec) = engine::effective(&rec, now) else {
+        let rec = index::decode_receipt(&k, &val)?;
+        let Some(rec) = engine::effective(&rec, now).and_then(&adjust) else {
             continue;
         };
         if let ExecRecord::Vacant { .. } = rec.state {
@@ -109,9 +116,10 @@ pub(crate) fn collect<V: View>(v: &V, now: Timestamp) -> Result<Stats> {
             s.oldest_unacked = Some((r.operation_id.clone(), at));
         }
     }
-    s.events = v.events_t()?.len()?;
-    s.results = v.results_t()?.len()?;
-    s.scopes = v.scopes_t()?.len()?;
-    s.timers = v.timers_t()?.len()?;
+    s.events = v.count::<Events>()?;
+    s.results = v.count::<Results>()?;
+    s.scopes = v.count::<Scopes>()?;
+    s.timers = v.count::<Timers>()?;
+    s.quarantined = v.count::<Quarantine>()?;
     Ok(s)
 }

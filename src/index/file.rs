@@ -56,14 +56,21 @@ pub(crate) fn check_redb_magic(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Checks the format record of an existing journal.
+/// Checks the format record of a journal: `Some` for a journal this build reads (its own
+/// format, or format 1, which it reads as it is and upgrades when it opens it for
+/// writing), `None` for an empty redb file (a new journal).
+///
+/// # Errors
+///
+/// [`ErrorKind::UnsupportedFormat`] for a newer format, naming both versions;
+/// [`ErrorKind::NotAJournal`] for a redb file with other tables and no journal format.
 pub(crate) fn check_format(
     path: &Path,
     format: Option<FormatRecord>,
     has_other_tables: bool,
-) -> Result<bool> {
+) -> Result<Option<FormatRecord>> {
     match format {
-        Some(f) if f.format_version == u32::from(FORMAT_VERSION) => Ok(true),
+        Some(f) if (1..=u32::from(FORMAT_VERSION)).contains(&f.format_version) => Ok(Some(f)),
         Some(f) => Err(Error::new(ErrorKind::UnsupportedFormat {
             found: f.format_version,
             supported: u32::from(FORMAT_VERSION),
@@ -72,6 +79,6 @@ pub(crate) fn check_format(
             path: path.to_path_buf(),
             detail: "it is a redb database without the journal's `meta` table".into(),
         })),
-        None => Ok(false),
+        None => Ok(None),
     }
 }

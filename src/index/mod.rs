@@ -1,50 +1,34 @@
-//! The storage layer: redb tables, framed values, typed reads and writes.
+//! The index: redb's tables, and how the journal reads and changes them.
 //!
-//! Everything that knows about redb's tables lives here, so mapping the receipt model onto another store is a port of this
-//! module. Every value read is checked (magic, CRC, decode, embedded key) and a failure is
-//! a typed `Corrupt { table, key }` error, never a panic.
+//! Everything that knows about redb's tables lives here, so mapping the receipt model onto
+//! another store is a port of this module. Changes are made in a batch ([`WriteTables`])
+//! over the layers not yet in redb; the committer logs each batch and then lays it on the
+//! memtable; a checkpoint ([`checkpoint`]) writes the memtable into redb in one large
+//! transaction. Every value read is checked (magic, CRC, decode, embedded key) and a
+//! failure is a typed `Corrupt { table, key }` error, never a panic.
 
 pub(crate) mod file;
 mod guard;
+mod layers;
+mod tables;
 
-pub(crate) use guard::guarded;
-
-use std::sync::OnceLock;
-
-use redb::{
-    ReadOnlyTable, ReadTransaction, ReadableTable, Table, TableDefinition, WriteTransaction,
+pub(crate) use guard::{guarded, panic_message};
+pub(crate) use layers::{Base, Entries, Layered, Layers, Snapshot};
+pub(crate) use tables::{
+    Events, Holds, InDoubt, Memtable, Meta, OpEvents, Quarantine, Receipts, Results, ScopeTimers,
+    Scopes, Table, TableKey, Timers, Windows, table_name,
 };
+
+use std::ops::Bound;
+
+use redb::WriteTransaction;
 
 use crate::codec::{self, RecordKind};
 use crate::error::{Error, Result};
-use crate::record::{Event, FormatRecord, ReceiptRecord, ResultHeader, ScopeRecord, StateRecord};
+use crate::record::{
+    CheckpointRecord, Event, FormatRecord, ReceiptRecord, ResultHeader, ScopeRecord, StateRecord,
+};
 use crate::types::OpResult;
-
-/// `meta`: `"format"` → [`FormatRecord`], `"state"` → [`StateRecord`].
-pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
-/// `events`: seq → [`Event`]. The source of truth.
-pub(crate) const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
-/// `receipts`: operation id → [`ReceiptRecord`] (index).
-pub(crate) const RECEIPTS: TableDefinition<&str, &[u8]> = TableDefinition::new("receipts");
-/// `results`: seq of the completing event → result header and payload.
-pub(crate) const RESULTS: TableDefinition<u64, &[u8]> = TableDefinition::new("results");
-/// `scopes`: scope → [`ScopeRecord`] (index).
-pub(crate) const SCOPES: TableDefinition<&str, &[u8]> = TableDefinition::new("scopes");
-/// `op_events`: (operation id, seq) → () (index).
-pub(crate) const OP_EVENTS: TableDefinition<(&str, u64), ()> = TableDefinition::new("op_events");
-/// `timers`: (timer kind, due ms, operation id) → () (index).
-pub(crate) const TIMERS: TableDefinition<(u8, u64, &str), ()> = TableDefinition::new("timers");
-/// `scope_timers`: (due ms, seq of a superseded revision event) → () (index).
-pub(crate) const SCOPE_TIMERS: TableDefinition<(u64, u64), ()> =
-    TableDefinition::new("scope_timers");
-/// `windows`: (session, ack deadline ms, operation id) → () (index).
-pub(crate) const WINDOWS: TableDefinition<(&str, u64, &str), ()> = TableDefinition::new("windows");
-/// `scope_holds`: (scope, operation id) → () (index).
-pub(crate) const HOLDS: TableDefinition<(&str, &str), ()> = TableDefinition::new("scope_holds");
-/// `in_doubt`: operation id → () (index).
-pub(crate) const IN_DOUBT: TableDefinition<&str, ()> = TableDefinition::new("in_doubt");
-/// `quarantine`: n → the table name, key and raw value of a record `repair` could not use.
-pub(crate) const QUARANTINE: TableDefinition<u64, &[u8]> = TableDefinition::new("quarantine");
 
 /// Names of every table, for `verify` and for recognizing a journal.
 pub(crate) const TABLE_NAMES: [&str; 12] = [
@@ -178,46 +162,50 @@ pub(crate) fn encode_result(seq: u64, operation_id: &str, result: &OpResult) -> 
     codec::frame(RecordKind::Result, &payload)
 }
 
+/// Decodes the `format` record, of this format or of format 1. A newer one is refused with
+/// both versions named: a file a newer build wrote is never read (or rewritten) as if it
+/// were of this format.
+pub(crate) fn decode_format(bytes: &[u8]) -> Result<FormatRecord> {
+    let unsupported = |found: u32| {
+        Error::new(crate::error::ErrorKind::UnsupportedFormat {
+            found,
+            supported: u32::from(codec::FORMAT_VERSION),
+        })
+    };
+    match codec::unframe_versioned(RecordKind::Meta, bytes) {
+        Ok((1, payload)) => codec::decode_payload::<crate::record::FormatRecordV1>(payload)
+            .map(FormatRecord::from)
+            .map_err(|e| corrupt("meta", "format", e)),
+        Ok((_, payload)) => {
+            let f: FormatRecord =
+                codec::decode_payload(payload).map_err(|e| corrupt("meta", "format", e))?;
+            if f.format_version > u32::from(codec::FORMAT_VERSION) {
+                return Err(unsupported(f.format_version));
+            }
+            Ok(f)
+        }
+        Err(codec::FrameError::NewerVersion(v)) => Err(unsupported(u32::from(v))),
+        Err(e) => Err(corrupt("meta", "format", e)),
+    }
+}
+
 pub(crate) fn decode_meta<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T> {
     codec::decode(RecordKind::Meta, bytes).map_err(|e| corrupt("meta", key, e))
 }
 
-/// Read access shared by read transactions and write transactions.
-pub(crate) trait View {
-    type Meta: ReadableTable<&'static str, &'static [u8]>;
-    type Events: ReadableTable<u64, &'static [u8]>;
-    type Receipts: ReadableTable<&'static str, &'static [u8]>;
-    type Results: ReadableTable<u64, &'static [u8]>;
-    type Scopes: ReadableTable<&'static str, &'static [u8]>;
-    type OpEvents: ReadableTable<(&'static str, u64), ()>;
-    type Timers: ReadableTable<(u8, u64, &'static str), ()>;
-    type ScopeTimers: ReadableTable<(u64, u64), ()>;
-    type Windows: ReadableTable<(&'static str, u64, &'static str), ()>;
-    type Holds: ReadableTable<(&'static str, &'static str), ()>;
-    type InDoubt: ReadableTable<&'static str, ()>;
-
-    fn meta_t(&self) -> Result<&Self::Meta>;
-    fn events_t(&self) -> Result<&Self::Events>;
-    fn receipts_t(&self) -> Result<&Self::Receipts>;
-    fn results_t(&self) -> Result<&Self::Results>;
-    fn scopes_t(&self) -> Result<&Self::Scopes>;
-    fn op_events_t(&self) -> Result<&Self::OpEvents>;
-    fn timers_t(&self) -> Result<&Self::Timers>;
-    fn scope_timers_t(&self) -> Result<&Self::ScopeTimers>;
-    fn windows_t(&self) -> Result<&Self::Windows>;
-    fn holds_t(&self) -> Result<&Self::Holds>;
-    fn in_doubt_t(&self) -> Result<&Self::InDoubt>;
-
+/// The journal's reads, on any layering of its tables (a batch being written, the
+/// memtable, a redb snapshot).
+pub(crate) trait View: Layered {
     fn format(&self) -> Result<Option<FormatRecord>> {
-        match self.meta_t()?.get("format")? {
-            Some(v) => Ok(Some(decode_meta("format", v.value())?)),
+        match self.get::<Meta>(&"format".to_string())? {
+            Some(v) => Ok(Some(decode_format(&v)?)),
             None => Ok(None),
         }
     }
 
     fn state(&self) -> Result<StateRecord> {
-        match self.meta_t()?.get("state")? {
-            Some(v) => decode_meta("state", v.value()),
+        match self.get::<Meta>(&"state".to_string())? {
+            Some(v) => decode_meta("state", &v),
             None => Err(Error::corrupt(
                 "meta",
                 "state",
@@ -226,16 +214,25 @@ pub(crate) trait View {
         }
     }
 
+    /// Where the log's current cycle starts (`None` for a journal of format 1, which has
+    /// no log).
+    fn checkpoint(&self) -> Result<Option<CheckpointRecord>> {
+        match self.get::<Meta>(&"checkpoint".to_string())? {
+            Some(v) => Ok(Some(decode_meta("checkpoint", &v)?)),
+            None => Ok(None),
+        }
+    }
+
     fn receipt(&self, id: &str) -> Result<Option<ReceiptRecord>> {
-        match self.receipts_t()?.get(id)? {
-            Some(v) => Ok(Some(decode_receipt(id, v.value())?)),
+        match self.get::<Receipts>(&id.to_string())? {
+            Some(v) => Ok(Some(decode_receipt(id, &v)?)),
             None => Ok(None),
         }
     }
 
     fn scope(&self, scope: &str) -> Result<Option<ScopeRecord>> {
-        match self.scopes_t()?.get(scope)? {
-            Some(v) => Ok(Some(decode_scope(scope, v.value())?)),
+        match self.get::<Scopes>(&scope.to_string())? {
+            Some(v) => Ok(Some(decode_scope(scope, &v)?)),
             None => Ok(None),
         }
     }
@@ -245,17 +242,17 @@ pub(crate) trait View {
     }
 
     fn event(&self, seq: u64) -> Result<Option<Event>> {
-        match self.events_t()?.get(seq)? {
-            Some(v) => Ok(Some(decode_event(seq, v.value())?)),
+        match self.get::<Events>(&seq)? {
+            Some(v) => Ok(Some(decode_event(seq, &v)?)),
             None => Ok(None),
         }
     }
 
     /// The result stored under `seq`, checked against the operation id.
     fn result(&self, seq: u64, operation_id: &str) -> Result<Option<OpResult>> {
-        match self.results_t()?.get(seq)? {
+        match self.get::<Results>(&seq)? {
             Some(v) => {
-                let (header, bytes) = decode_result(seq, v.value())?;
+                let (header, bytes) = decode_result(seq, &v)?;
                 if header.operation_id != operation_id {
                     return Err(corrupt(
                         "results",
@@ -277,24 +274,25 @@ pub(crate) trait View {
 
     /// The seqs of an operation's events, in order.
     fn op_event_seqs(&self, id: &str) -> Result<Vec<u64>> {
+        let lo = (id.to_string(), 0u64);
+        let hi = (id.to_string(), u64::MAX);
         let mut out = Vec::new();
-        for entry in self.op_events_t()?.range((id, 0u64)..=(id, u64::MAX))? {
-            let (k, _) = entry?;
-            out.push(k.value().1);
+        for entry in self.range::<OpEvents>(Bound::Included(&lo), Bound::Included(&hi))? {
+            out.push(entry?.0.1);
         }
         Ok(out)
     }
 
     /// The operations recorded as holding `scope`'s lock.
     fn holders(&self, scope: &str) -> Result<Vec<String>> {
+        let lo = (scope.to_string(), String::new());
         let mut out = Vec::new();
-        for entry in self.holds_t()?.range((scope, "")..)? {
-            let (k, _) = entry?;
-            let (s, op) = k.value();
+        for entry in self.range::<Holds>(Bound::Included(&lo), Bound::Unbounded)? {
+            let ((s, op), ()) = entry?;
             if s != scope {
                 break;
             }
-            out.push(op.to_string());
+            out.push(op);
         }
         Ok(out)
     }
@@ -303,19 +301,16 @@ pub(crate) trait View {
     /// first, at most `limit`.
     fn window_after(&self, session: &str, after: u64, limit: usize) -> Result<Vec<(u64, String)>> {
         let mut out = Vec::new();
-        if after == u64::MAX {
+        if after == u64::MAX || limit == 0 {
             return Ok(out);
         }
-        for entry in self
-            .windows_t()?
-            .range((session, after + 1, "")..=(session, u64::MAX, "\u{10FFFF}\u{10FFFF}"))?
-        {
-            let (k, _) = entry?;
-            let (s, deadline, op) = k.value();
+        let lo = (session.to_string(), after + 1, String::new());
+        for entry in self.range::<Windows>(Bound::Included(&lo), Bound::Unbounded)? {
+            let ((s, deadline, op), ()) = entry?;
             if s != session {
                 break;
             }
-            out.push((deadline, op.to_string()));
+            out.push((deadline, op));
             if out.len() >= limit {
                 break;
             }
@@ -330,13 +325,13 @@ pub(crate) trait View {
         if limit == 0 {
             return Ok(out);
         }
-        for entry in self.timers_t()?.range((k, 0u64, "")..)? {
-            let (key, _) = entry?;
-            let (kk, due, op) = key.value();
+        let lo = (k, 0u64, String::new());
+        for entry in self.range::<Timers>(Bound::Included(&lo), Bound::Unbounded)? {
+            let ((kk, due, op), ()) = entry?;
             if kk != k || due > now {
                 break;
             }
-            out.push((due, op.to_string()));
+            out.push((due, op));
             if out.len() >= limit {
                 break;
             }
@@ -350,12 +345,9 @@ pub(crate) trait View {
         if limit == 0 {
             return Ok(out);
         }
-        for entry in self
-            .scope_timers_t()?
-            .range((0u64, 0u64)..=(now, u64::MAX))?
-        {
-            let (key, _) = entry?;
-            out.push(key.value());
+        let hi = (now, u64::MAX);
+        for entry in self.range::<ScopeTimers>(Bound::Unbounded, Bound::Included(&hi))? {
+            out.push(entry?.0);
             if out.len() >= limit {
                 break;
             }
@@ -364,139 +356,246 @@ pub(crate) trait View {
     }
 }
 
-/// The tables as seen by a read transaction, each opened on first use (a lookup that
-/// needs two tables does not pay for opening eleven). Shared between threads while it is
-/// the latest snapshot (see `Inner::read_pending`).
-pub(crate) struct ReadTables {
-    txn: ReadTransaction,
-    meta: OnceLock<ReadOnlyTable<&'static str, &'static [u8]>>,
-    events: OnceLock<ReadOnlyTable<u64, &'static [u8]>>,
-    receipts: OnceLock<ReadOnlyTable<&'static str, &'static [u8]>>,
-    results: OnceLock<ReadOnlyTable<u64, &'static [u8]>>,
-    scopes: OnceLock<ReadOnlyTable<&'static str, &'static [u8]>>,
-    op_events: OnceLock<ReadOnlyTable<(&'static str, u64), ()>>,
-    timers: OnceLock<ReadOnlyTable<(u8, u64, &'static str), ()>>,
-    scope_timers: OnceLock<ReadOnlyTable<(u64, u64), ()>>,
-    windows: OnceLock<ReadOnlyTable<(&'static str, u64, &'static str), ()>>,
-    holds: OnceLock<ReadOnlyTable<(&'static str, &'static str), ()>>,
-    in_doubt: OnceLock<ReadOnlyTable<&'static str, ()>>,
+impl<L: Layered> View for L {}
+
+/// One index entry implied by a receipt (see `engine::index_entries`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum IndexEntry {
+    Timer(TimerKind, u64),
+    Window(String, u64),
+    Hold(String),
+    InDoubt,
 }
 
-/// The table in `cell`, opened from `txn` on first use.
-fn lazily<'c, K: redb::Key + 'static, V: redb::Value + 'static>(
-    cell: &'c OnceLock<ReadOnlyTable<K, V>>,
-    txn: &ReadTransaction,
-    def: TableDefinition<K, V>,
-) -> Result<&'c ReadOnlyTable<K, V>> {
-    if let Some(t) = cell.get() {
-        return Ok(t);
+/// A batch of changes being written, over the layers below it. Reads see the batch's own
+/// changes first. Nothing reaches the log or redb until the committer takes the changes
+/// ([`WriteTables::into_changes`]); a batch that fails is dropped with everything in it.
+pub(crate) struct WriteTables<'a> {
+    base: Option<&'a Base>,
+    below: Layers<'a>,
+    own: Memtable,
+    /// Whether anything was written: a batch that wrote nothing is not committed.
+    pub(crate) dirty: bool,
+}
+
+impl Layered for WriteTables<'_> {
+    fn base(&self) -> Option<&Base> {
+        self.base
     }
-    let table = txn.open_table(def)?;
-    Ok(cell.get_or_init(|| table))
+    fn layers(&self) -> Layers<'_> {
+        self.below.under(&self.own)
+    }
 }
 
-impl ReadTables {
-    /// The tables of `txn`, which the value keeps alive.
-    pub(crate) fn new(txn: ReadTransaction) -> ReadTables {
-        ReadTables {
-            txn,
-            meta: OnceLock::new(),
-            events: OnceLock::new(),
-            receipts: OnceLock::new(),
-            results: OnceLock::new(),
-            scopes: OnceLock::new(),
-            op_events: OnceLock::new(),
-            timers: OnceLock::new(),
-            scope_timers: OnceLock::new(),
-            windows: OnceLock::new(),
-            holds: OnceLock::new(),
-            in_doubt: OnceLock::new(),
+impl<'a> WriteTables<'a> {
+    /// An empty batch over `base` and `below`.
+    pub(crate) fn over(base: Option<&'a Base>, below: Layers<'a>) -> WriteTables<'a> {
+        WriteTables {
+            base,
+            below,
+            own: Memtable::default(),
+            dirty: false,
         }
     }
 
-    /// The read transaction.
-    pub(crate) fn txn(&self) -> &ReadTransaction {
-        &self.txn
+    /// The batch's changes.
+    pub(crate) fn into_changes(self) -> Memtable {
+        self.own
+    }
+
+    /// The batch's changes so far.
+    pub(crate) fn changes(&self) -> &Memtable {
+        &self.own
+    }
+
+    fn set<T: Table>(&mut self, key: T::K, value: Option<T::V>) {
+        self.dirty = true;
+        self.own.set::<T>(key, value);
+    }
+
+    /// Sets a raw value, as read from another table (for `repair`).
+    pub(crate) fn put_raw<T: Table>(&mut self, key: T::K, value: T::V) {
+        self.set::<T>(key, Some(value));
+    }
+
+    /// Removes one `op_events` entry.
+    pub(crate) fn remove_op_event(&mut self, op: &str, seq: u64) {
+        self.set::<OpEvents>((op.to_string(), seq), None);
+    }
+
+    pub(crate) fn put_format(&mut self, f: &FormatRecord) -> Result<()> {
+        self.set::<Meta>("format".into(), Some(codec::encode(RecordKind::Meta, f)));
+        Ok(())
+    }
+
+    pub(crate) fn put_state(&mut self, s: &StateRecord) -> Result<()> {
+        self.set::<Meta>("state".into(), Some(codec::encode(RecordKind::Meta, s)));
+        Ok(())
+    }
+
+    pub(crate) fn put_checkpoint(&mut self, c: &CheckpointRecord) -> Result<()> {
+        self.set::<Meta>(
+            "checkpoint".into(),
+            Some(codec::encode(RecordKind::Meta, c)),
+        );
+        Ok(())
+    }
+
+    pub(crate) fn put_event(&mut self, ev: &Event) -> Result<()> {
+        self.set::<Events>(ev.seq, Some(codec::encode(RecordKind::Event, ev)));
+        if let Some(op) = &ev.operation_id {
+            self.set::<OpEvents>((op.clone(), ev.seq), Some(()));
+        }
+        Ok(())
+    }
+
+    /// Deletes the event `seq`; the caller removes its `op_events` entry (see
+    /// [`WriteTables::take_op_events`]).
+    pub(crate) fn delete_event(&mut self, seq: u64) -> Result<()> {
+        self.set::<Events>(seq, None);
+        Ok(())
+    }
+
+    /// Deletes every `op_events` entry of operation `op` and returns the sequence numbers
+    /// of its events, in order.
+    pub(crate) fn take_op_events(&mut self, op: &str) -> Result<Vec<u64>> {
+        let seqs = self.op_event_seqs(op)?;
+        for seq in &seqs {
+            self.set::<OpEvents>((op.to_string(), *seq), None);
+        }
+        Ok(seqs)
+    }
+
+    pub(crate) fn put_receipt(&mut self, rec: &ReceiptRecord) -> Result<()> {
+        self.set::<Receipts>(
+            rec.operation_id.clone(),
+            Some(codec::encode(RecordKind::Receipt, rec)),
+        );
+        Ok(())
+    }
+
+    pub(crate) fn delete_receipt(&mut self, id: &str) -> Result<()> {
+        self.set::<Receipts>(id.to_string(), None);
+        Ok(())
+    }
+
+    pub(crate) fn put_scope(&mut self, rec: &ScopeRecord) -> Result<()> {
+        self.set::<Scopes>(
+            rec.scope.clone(),
+            Some(codec::encode(RecordKind::Scope, rec)),
+        );
+        Ok(())
+    }
+
+    pub(crate) fn put_result(&mut self, seq: u64, id: &str, result: &OpResult) -> Result<()> {
+        self.set::<Results>(seq, Some(encode_result(seq, id, result)));
+        Ok(())
+    }
+
+    pub(crate) fn delete_result(&mut self, seq: u64) -> Result<()> {
+        self.set::<Results>(seq, None);
+        Ok(())
+    }
+
+    pub(crate) fn put_scope_timer(&mut self, due: u64, seq: u64) -> Result<()> {
+        self.set::<ScopeTimers>((due, seq), Some(()));
+        Ok(())
+    }
+
+    pub(crate) fn delete_scope_timer(&mut self, due: u64, seq: u64) -> Result<()> {
+        self.set::<ScopeTimers>((due, seq), None);
+        Ok(())
+    }
+
+    pub(crate) fn insert_index(&mut self, op: &str, entry: &IndexEntry) -> Result<()> {
+        self.index_entry(op, entry, Some(()));
+        Ok(())
+    }
+
+    pub(crate) fn remove_index(&mut self, op: &str, entry: &IndexEntry) -> Result<()> {
+        self.index_entry(op, entry, None);
+        Ok(())
+    }
+
+    fn index_entry(&mut self, op: &str, entry: &IndexEntry, value: Option<()>) {
+        let op = op.to_string();
+        match entry {
+            IndexEntry::Timer(kind, due) => self.set::<Timers>((*kind as u8, *due, op), value),
+            IndexEntry::Window(session, deadline) => {
+                self.set::<Windows>((session.clone(), *deadline, op), value)
+            }
+            IndexEntry::Hold(scope) => self.set::<Holds>((scope.clone(), op), value),
+            IndexEntry::InDoubt => self.set::<InDoubt>(op, value),
+        }
     }
 }
 
-impl View for ReadTables {
-    type Meta = ReadOnlyTable<&'static str, &'static [u8]>;
-    type Events = ReadOnlyTable<u64, &'static [u8]>;
-    type Receipts = ReadOnlyTable<&'static str, &'static [u8]>;
-    type Results = ReadOnlyTable<u64, &'static [u8]>;
-    type Scopes = ReadOnlyTable<&'static str, &'static [u8]>;
-    type OpEvents = ReadOnlyTable<(&'static str, u64), ()>;
-    type Timers = ReadOnlyTable<(u8, u64, &'static str), ()>;
-    type ScopeTimers = ReadOnlyTable<(u64, u64), ()>;
-    type Windows = ReadOnlyTable<(&'static str, u64, &'static str), ()>;
-    type Holds = ReadOnlyTable<(&'static str, &'static str), ()>;
-    type InDoubt = ReadOnlyTable<&'static str, ()>;
-    fn meta_t(&self) -> Result<&Self::Meta> {
-        lazily(&self.meta, &self.txn, META)
+/// Creates every table that does not exist yet.
+pub(crate) fn create_tables(txn: &WriteTransaction) -> Result<()> {
+    macro_rules! create {
+        ($t:ident) => {
+            txn.open_table(<$t as Table>::def())?;
+        };
     }
-    fn events_t(&self) -> Result<&Self::Events> {
-        lazily(&self.events, &self.txn, EVENTS)
-    }
-    fn receipts_t(&self) -> Result<&Self::Receipts> {
-        lazily(&self.receipts, &self.txn, RECEIPTS)
-    }
-    fn results_t(&self) -> Result<&Self::Results> {
-        lazily(&self.results, &self.txn, RESULTS)
-    }
-    fn scopes_t(&self) -> Result<&Self::Scopes> {
-        lazily(&self.scopes, &self.txn, SCOPES)
-    }
-    fn op_events_t(&self) -> Result<&Self::OpEvents> {
-        lazily(&self.op_events, &self.txn, OP_EVENTS)
-    }
-    fn timers_t(&self) -> Result<&Self::Timers> {
-        lazily(&self.timers, &self.txn, TIMERS)
-    }
-    fn scope_timers_t(&self) -> Result<&Self::ScopeTimers> {
-        lazily(&self.scope_timers, &self.txn, SCOPE_TIMERS)
-    }
-    fn windows_t(&self) -> Result<&Self::Windows> {
-        lazily(&self.windows, &self.txn, WINDOWS)
-    }
-    fn holds_t(&self) -> Result<&Self::Holds> {
-        lazily(&self.holds, &self.txn, HOLDS)
-    }
-    fn in_doubt_t(&self) -> Result<&Self::InDoubt> {
-        lazily(&self.in_doubt, &self.txn, IN_DOUBT)
-    }
+    tables::each_table!(create);
+    Ok(())
 }
 
-/// The tables as seen (and written) by a write transaction.
-pub(crate) struct WriteTables<'txn> {
-    meta: Table<'txn, &'static str, &'static [u8]>,
-    events: Table<'txn, u64, &'static [u8]>,
-    receipts: Table<'txn, &'static str, &'static [u8]>,
-    results: Table<'txn, u64, &'static [u8]>,
-    scopes: Table<'txn, &'static str, &'static [u8]>,
-    op_events: Table<'txn, (&'static str, u64), ()>,
-    timers: Table<'txn, (u8, u64, &'static str), ()>,
-    scope_timers: Table<'txn, (u64, u64), ()>,
-    windows: Table<'txn, (&'static str, u64, &'static str), ()>,
-    holds: Table<'txn, (&'static str, &'static str), ()>,
-    in_doubt: Table<'txn, &'static str, ()>,
-    /// Whether anything was written: a batch that wrote nothing is not committed.
-    pub(crate) dirty: bool,
-    /// Deletions of events and results held back by a compaction batch, see
-    /// [`WriteTables::hold_deletes`].
-    held: Option<HeldDeletes>,
+/// Writes `changes` into redb's tables in `txn`: each table's changes in key order (how
+/// B-trees like them). Deleted events and results come in runs of neighbouring keys (a
+/// compaction purges operations in completion order, so their events and results sit side
+/// by side), and so do fired timers: each run is removed in one cursor pass, which
+/// rebuilds each B-tree leaf once instead of once per key.
+pub(crate) fn checkpoint(txn: &WriteTransaction, changes: &Memtable) -> Result<()> {
+    write_table::<Meta>(txn, changes, remove_each::<Meta>)?;
+    write_table::<Events>(txn, changes, remove_in_runs)?;
+    write_table::<Receipts>(txn, changes, remove_each::<Receipts>)?;
+    write_table::<Results>(txn, changes, remove_in_runs)?;
+    write_table::<Scopes>(txn, changes, remove_each::<Scopes>)?;
+    write_table::<OpEvents>(txn, changes, remove_each::<OpEvents>)?;
+    write_table::<Timers>(txn, changes, remove_timers)?;
+    write_table::<ScopeTimers>(txn, changes, remove_each::<ScopeTimers>)?;
+    write_table::<Windows>(txn, changes, remove_each::<Windows>)?;
+    write_table::<Holds>(txn, changes, remove_each::<Holds>)?;
+    write_table::<InDoubt>(txn, changes, remove_each::<InDoubt>)?;
+    write_table::<Quarantine>(txn, changes, remove_in_runs)?;
+    Ok(())
 }
 
-/// Keys of `events` and `results` whose deletion a compaction batch holds back, to apply
-/// them together in key order: a run of nearby keys is removed in one cursor pass, which
-/// rebuilds each B-tree leaf once instead of once per key (purges come in completion
-/// order, so their events and results sit side by side).
-#[derive(Debug, Default)]
-struct HeldDeletes {
-    events: Vec<u64>,
-    results: Vec<u64>,
-    /// Timers of purged operations: `(kind, due, operation)`.
-    timers: Vec<(u8, u64, String)>,
+/// A table of `T` open in a write transaction.
+type WriteTable<'t, T> = redb::Table<
+    't,
+    <<T as Table>::K as TableKey>::Redb,
+    <<T as Table>::V as tables::TableValue>::Redb,
+>;
+
+fn write_table<T: Table>(
+    txn: &WriteTransaction,
+    changes: &Memtable,
+    remove: impl FnOnce(&mut WriteTable<'_, T>, &mut Vec<T::K>) -> Result<()>,
+) -> Result<()> {
+    let map = T::map(changes);
+    if map.is_empty() {
+        return Ok(());
+    }
+    let mut table = txn.open_table(T::def())?;
+    let mut deleted = Vec::new();
+    for (k, v) in map {
+        match v {
+            Some(v) => {
+                table.insert(k.borrow(), tables::TableValue::borrow(v))?;
+            }
+            None => deleted.push(k.clone()),
+        }
+    }
+    remove(&mut table, &mut deleted)
+}
+
+fn remove_each<T: Table>(table: &mut WriteTable<'_, T>, keys: &mut Vec<T::K>) -> Result<()> {
+    for k in keys.drain(..) {
+        table.remove(k.borrow())?;
+    }
+    Ok(())
 }
 
 /// Keys at most this far apart are removed in the same pass; the pass steps over the
@@ -505,7 +604,10 @@ const RUN_GAP: u64 = 64;
 
 /// Removes `keys` from `table`: each run of nearby keys with one `retain_in` pass, a lone
 /// key with `remove`. Leaves `keys` empty.
-fn remove_in_runs(table: &mut Table<'_, u64, &'static [u8]>, keys: &mut Vec<u64>) -> Result<()> {
+fn remove_in_runs(
+    table: &mut redb::Table<'_, u64, &'static [u8]>,
+    keys: &mut Vec<u64>,
+) -> Result<()> {
     keys.sort_unstable();
     keys.dedup();
     let mut start = 0;
@@ -533,254 +635,11 @@ fn remove_in_runs(table: &mut Table<'_, u64, &'static [u8]>, keys: &mut Vec<u64>
     Ok(())
 }
 
-macro_rules! view_impl {
-    ($ty:ty, $tbl:ident $(, $lt:lifetime)?) => {
-        impl$(<$lt>)? View for $ty {
-            type Meta = $tbl<$($lt,)? &'static str, &'static [u8]>;
-            type Events = $tbl<$($lt,)? u64, &'static [u8]>;
-            type Receipts = $tbl<$($lt,)? &'static str, &'static [u8]>;
-            type Results = $tbl<$($lt,)? u64, &'static [u8]>;
-            type Scopes = $tbl<$($lt,)? &'static str, &'static [u8]>;
-            type OpEvents = $tbl<$($lt,)? (&'static str, u64), ()>;
-            type Timers = $tbl<$($lt,)? (u8, u64, &'static str), ()>;
-            type ScopeTimers = $tbl<$($lt,)? (u64, u64), ()>;
-            type Windows = $tbl<$($lt,)? (&'static str, u64, &'static str), ()>;
-            type Holds = $tbl<$($lt,)? (&'static str, &'static str), ()>;
-            type InDoubt = $tbl<$($lt,)? &'static str, ()>;
-            fn meta_t(&self) -> Result<&Self::Meta> { Ok(&self.meta) }
-            fn events_t(&self) -> Result<&Self::Events> { Ok(&self.events) }
-            fn receipts_t(&self) -> Result<&Self::Receipts> { Ok(&self.receipts) }
-            fn results_t(&self) -> Result<&Self::Results> { Ok(&self.results) }
-            fn scopes_t(&self) -> Result<&Self::Scopes> { Ok(&self.scopes) }
-            fn op_events_t(&self) -> Result<&Self::OpEvents> { Ok(&self.op_events) }
-            fn timers_t(&self) -> Result<&Self::Timers> { Ok(&self.timers) }
-            fn scope_timers_t(&self) -> Result<&Self::ScopeTimers> { Ok(&self.scope_timers) }
-            fn windows_t(&self) -> Result<&Self::Windows> { Ok(&self.windows) }
-            fn holds_t(&self) -> Result<&Self::Holds> { Ok(&self.holds) }
-            fn in_doubt_t(&self) -> Result<&Self::InDoubt> { Ok(&self.in_doubt) }
-        }
-    };
-}
-view_impl!(WriteTables<'txn>, Table, 'txn);
-
-/// One index entry implied by a receipt (see `engine::index_entries`).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum IndexEntry {
-    Timer(TimerKind, u64),
-    Window(String, u64),
-    Hold(String),
-    InDoubt,
-}
-
-impl<'txn> WriteTables<'txn> {
-    pub(crate) fn open(txn: &'txn WriteTransaction) -> Result<WriteTables<'txn>> {
-        Ok(WriteTables {
-            meta: txn.open_table(META)?,
-            events: txn.open_table(EVENTS)?,
-            receipts: txn.open_table(RECEIPTS)?,
-            results: txn.open_table(RESULTS)?,
-            scopes: txn.open_table(SCOPES)?,
-            op_events: txn.open_table(OP_EVENTS)?,
-            timers: txn.open_table(TIMERS)?,
-            scope_timers: txn.open_table(SCOPE_TIMERS)?,
-            windows: txn.open_table(WINDOWS)?,
-            holds: txn.open_table(HOLDS)?,
-            in_doubt: txn.open_table(IN_DOUBT)?,
-            dirty: false,
-            held: None,
-        })
-    }
-
-    pub(crate) fn put_format(&mut self, f: &FormatRecord) -> Result<()> {
-        self.dirty = true;
-        self.meta
-            .insert("format", codec::encode(RecordKind::Meta, f).as_slice())?;
-        Ok(())
-    }
-
-    pub(crate) fn put_state(&mut self, s: &StateRecord) -> Result<()> {
-        self.dirty = true;
-        self.meta
-            .insert("state", codec::encode(RecordKind::Meta, s).as_slice())?;
-        Ok(())
-    }
-
-    pub(crate) fn put_event(&mut self, ev: &Event) -> Result<()> {
-        self.dirty = true;
-        self.events
-            .insert(ev.seq, codec::encode(RecordKind::Event, ev).as_slice())?;
-        if let Some(op) = &ev.operation_id {
-            self.op_events.insert((op.as_str(), ev.seq), ())?;
-        }
-        Ok(())
-    }
-
-    /// Deletes the event `seq`; the caller removes its `op_events` entry (see
-    /// [`WriteTables::take_op_events`]). Held back while [`WriteTables::hold_deletes`]
-    /// is on.
-    pub(crate) fn delete_event(&mut self, seq: u64) -> Result<()> {
-        self.dirty = true;
-        match &mut self.held {
-            Some(held) => held.events.push(seq),
-            None => {
-                self.events.remove(seq)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Deletes every `op_events` entry of operation `op`, in one pass over its key range,
-    /// and returns the sequence numbers of its events, in order.
-    pub(crate) fn take_op_events(&mut self, op: &str) -> Result<Vec<u64>> {
-        self.dirty = true;
-        let mut seqs = Vec::new();
-        self.op_events
-            .retain_in((op, 0u64)..=(op, u64::MAX), |(_, seq), ()| {
-                seqs.push(seq);
-                false
-            })?;
-        Ok(seqs)
-    }
-
-    /// From now until [`WriteTables::apply_held_deletes`], deletions of events and results
-    /// are collected instead of applied. Only for work that never reads a deleted key
-    /// again before applying them: a compaction batch, whose purged operations are
-    /// already gone from `receipts` and `op_events`, the only ways to reach those keys.
-    pub(crate) fn hold_deletes(&mut self) {
-        if self.held.is_none() {
-            self.held = Some(HeldDeletes::default());
-        }
-    }
-
-    /// Applies the deletions collected since [`WriteTables::hold_deletes`] and stops
-    /// collecting.
-    pub(crate) fn apply_held_deletes(&mut self) -> Result<()> {
-        if let Some(mut held) = self.held.take() {
-            remove_in_runs(&mut self.events, &mut held.events)?;
-            remove_in_runs(&mut self.results, &mut held.results)?;
-            remove_timers(&mut self.timers, &mut held.timers)?;
-        }
-        Ok(())
-    }
-
-    /// Removes the timer of an operation being purged. Held back while
-    /// [`WriteTables::hold_deletes`] is on: nothing re-creates a purged operation's
-    /// timer in the same batch.
-    pub(crate) fn delete_purged_timer(
-        &mut self,
-        op: &str,
-        kind: TimerKind,
-        due: u64,
-    ) -> Result<()> {
-        self.dirty = true;
-        match &mut self.held {
-            Some(held) => held.timers.push((kind as u8, due, op.to_string())),
-            None => {
-                self.timers.remove((kind as u8, due, op))?;
-            }
-        }
-        Ok(())
-    }
-
-    pub(crate) fn put_receipt(&mut self, rec: &ReceiptRecord) -> Result<()> {
-        self.dirty = true;
-        self.receipts.insert(
-            rec.operation_id.as_str(),
-            codec::encode(RecordKind::Receipt, rec).as_slice(),
-        )?;
-        Ok(())
-    }
-
-    pub(crate) fn delete_receipt(&mut self, id: &str) -> Result<()> {
-        self.dirty = true;
-        self.receipts.remove(id)?;
-        Ok(())
-    }
-
-    pub(crate) fn put_scope(&mut self, rec: &ScopeRecord) -> Result<()> {
-        self.dirty = true;
-        self.scopes.insert(
-            rec.scope.as_str(),
-            codec::encode(RecordKind::Scope, rec).as_slice(),
-        )?;
-        Ok(())
-    }
-
-    pub(crate) fn put_result(&mut self, seq: u64, id: &str, result: &OpResult) -> Result<()> {
-        self.dirty = true;
-        self.results
-            .insert(seq, encode_result(seq, id, result).as_slice())?;
-        Ok(())
-    }
-
-    /// Deletes the result `seq`. Held back while [`WriteTables::hold_deletes`] is on.
-    pub(crate) fn delete_result(&mut self, seq: u64) -> Result<()> {
-        self.dirty = true;
-        match &mut self.held {
-            Some(held) => held.results.push(seq),
-            None => {
-                self.results.remove(seq)?;
-            }
-        }
-        Ok(())
-    }
-
-    pub(crate) fn put_scope_timer(&mut self, due: u64, seq: u64) -> Result<()> {
-        self.dirty = true;
-        self.scope_timers.insert((due, seq), ())?;
-        Ok(())
-    }
-
-    pub(crate) fn delete_scope_timer(&mut self, due: u64, seq: u64) -> Result<()> {
-        self.dirty = true;
-        self.scope_timers.remove((due, seq))?;
-        Ok(())
-    }
-
-    pub(crate) fn insert_index(&mut self, op: &str, entry: &IndexEntry) -> Result<()> {
-        self.dirty = true;
-        match entry {
-            IndexEntry::Timer(kind, due) => {
-                self.timers.insert((*kind as u8, *due, op), ())?;
-            }
-            IndexEntry::Window(session, deadline) => {
-                self.windows.insert((session.as_str(), *deadline, op), ())?;
-            }
-            IndexEntry::Hold(scope) => {
-                self.holds.insert((scope.as_str(), op), ())?;
-            }
-            IndexEntry::InDoubt => {
-                self.in_doubt.insert(op, ())?;
-            }
-        }
-        Ok(())
-    }
-
-    pub(crate) fn remove_index(&mut self, op: &str, entry: &IndexEntry) -> Result<()> {
-        self.dirty = true;
-        match entry {
-            IndexEntry::Timer(kind, due) => {
-                self.timers.remove((*kind as u8, *due, op))?;
-            }
-            IndexEntry::Window(session, deadline) => {
-                self.windows.remove((session.as_str(), *deadline, op))?;
-            }
-            IndexEntry::Hold(scope) => {
-                self.holds.remove((scope.as_str(), op))?;
-            }
-            IndexEntry::InDoubt => {
-                self.in_doubt.remove(op)?;
-            }
-        }
-        Ok(())
-    }
-}
-
 /// Removes the held timers `keys`, one `retain_in` pass per timer kind from the first to
 /// the last key. A compaction batch fires a prefix of each kind's due timers, so the keys
 /// between are due timers of the same batch: the pass steps over at most a batch.
 fn remove_timers(
-    table: &mut Table<'_, (u8, u64, &'static str), ()>,
+    table: &mut redb::Table<'_, (u8, u64, &'static str), ()>,
     keys: &mut Vec<(u8, u64, String)>,
 ) -> Result<()> {
     keys.sort_unstable();
@@ -816,12 +675,12 @@ fn remove_timers(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redb::ReadableDatabase as _;
+    use redb::{ReadableDatabase as _, ReadableTable as _};
 
     /// A table of keys `0..n` in memory, `remove_in_runs(doomed)` applied, and the keys
     /// that are left.
     fn left_after(n: u64, doomed: &[u64]) -> Result<Vec<u64>> {
-        const T: TableDefinition<u64, &[u8]> = TableDefinition::new("t");
+        const T: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("t");
         let db = redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new())?;
         let txn = db.begin_write()?;
         {
@@ -872,7 +731,7 @@ mod tests {
             .collect();
         let txn = db.begin_write()?;
         {
-            let mut table = txn.open_table(TIMERS)?;
+            let mut table = txn.open_table(Timers::def())?;
             for (kind, due, op) in &all {
                 table.insert((*kind, *due, op.as_str()), ())?;
             }
@@ -883,7 +742,7 @@ mod tests {
         }
         txn.commit()?;
         let read = db.begin_read()?;
-        let table = read.open_table(TIMERS)?;
+        let table = read.open_table(Timers::def())?;
         let mut left = Vec::new();
         for entry in table.iter()? {
             let (key, _) = entry?;

@@ -8,6 +8,7 @@ use crate::clock::Clock;
 use crate::config::{Config, RetryPolicy, ScopeLock, Sharing};
 use crate::error::Result;
 use crate::journal::Journal;
+use crate::log::LogStorage;
 
 /// Configures and opens a [`Journal`]. Every setting has a default (DESIGN.md §6).
 ///
@@ -108,10 +109,21 @@ impl JournalBuilder {
         self
     }
 
-    /// Whether each commit records redb's allocator state so that reopening after a crash
-    /// is quick and read-only opens of a crashed file work (default `true`).
+    /// Whether checkpoints record redb's allocator state, so that reopening after a crash
+    /// and read-only opens of a crashed file need no full scan of the file (default
+    /// `true`). Commits are not affected: they only append to the log.
     pub fn quick_repair(mut self, enabled: bool) -> Self {
         self.config.quick_repair = enabled;
+        self
+    }
+
+    /// How large the log may grow before a checkpoint writes it into redb and starts it
+    /// over (default 4 MiB, at least 64 KiB). Changes logged since the last checkpoint are
+    /// also held in memory (roughly as much again), so this bounds the journal's memory
+    /// beside the page cache, and the time a reopen after a crash spends replaying the log.
+    /// Larger values checkpoint less often (fewer, larger redb transactions).
+    pub fn checkpoint_size(mut self, bytes: u64) -> Self {
+        self.config.checkpoint_bytes = bytes;
         self
     }
 
@@ -148,14 +160,36 @@ impl JournalBuilder {
         Journal::open_with(path.as_ref(), self.config)
     }
 
-    /// Opens (or creates) a journal on a custom redb storage backend: an in-memory one, or
-    /// a fault-injecting one for crash tests. `label` names it in messages.
+    /// Opens (or creates) a journal on custom storage: a redb backend for the index and a
+    /// [`LogStorage`] for the log, such as in-memory ones ([`redb::backends::InMemoryBackend`]
+    /// and [`MemoryLog`](crate::MemoryLog)) or fault-injecting ones for crash tests. `label`
+    /// names it in messages. The journal opens them exclusively (custom backends have no
+    /// cross-process locks), and a clean close empties the log storage.
     ///
     /// # Errors
     ///
     /// As [`JournalBuilder::open`].
-    pub fn open_backend(self, backend: impl redb::StorageBackend, label: &str) -> Result<Journal> {
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use opjournal::{Journal, MemoryLog};
+    ///
+    /// let journal = Journal::builder().open_backends(
+    ///     opjournal::redb::backends::InMemoryBackend::new(),
+    ///     MemoryLog::new(),
+    ///     "in-memory",
+    /// )?;
+    /// assert_eq!(journal.scope_revision("scene/main")?, 0);
+    /// # Ok::<(), opjournal::Error>(())
+    /// ```
+    pub fn open_backends(
+        self,
+        backend: impl redb::StorageBackend,
+        log: impl LogStorage,
+        label: &str,
+    ) -> Result<Journal> {
         self.config.validate()?;
-        Journal::open_backend_with(backend, label, self.config)
+        Journal::open_backends_with(backend, log, label, self.config)
     }
 }

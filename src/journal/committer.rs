@@ -1,13 +1,16 @@
-//! The group committer: callers enqueue jobs; one leader runs them in one write
-//! transaction and commits once.
-//! The [`Journal`] handle: opening, the group committer, and the public API.
+//! The group committer: callers enqueue jobs; one leader runs them in one batch, appends
+//! it to the log and syncs once; and, when the log has grown enough, checkpoints.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::engine::{self, Ctx};
 use crate::error::{Error, ErrorKind, Result};
-use crate::index::{View, WriteTables};
+use redb::ReadableDatabase;
+
+use crate::codec::{self, RecordKind};
+use crate::index::{self, Base, Layers, Memtable, View, WriteTables};
+use crate::record::CheckpointRecord;
 
 use super::Inner;
 use super::reads::{LazyEntry, read_lock, write_lock};
@@ -24,6 +27,19 @@ use super::reads::{LazyEntry, read_lock, write_lock};
 pub(crate) struct Committer {
     queue: Mutex<Queue>,
     cv: Condvar,
+}
+
+/// Gives up the leader's role (also when the leader's work unwinds) and wakes the waiting.
+struct LeaderGuard<'a> {
+    committer: &'a Committer,
+}
+
+impl Drop for LeaderGuard<'_> {
+    fn drop(&mut self) {
+        let mut q = lock(&self.committer.queue);
+        q.leader = false;
+        self.committer.cv.notify_all();
+    }
 }
 
 #[derive(Default)]
@@ -67,14 +83,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A fresh copy of an error for every caller of a failed batch.
 fn copy_error(e: &Error) -> Error {
-    let mut message = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        message.push_str(": ");
-        message.push_str(&s.to_string());
-        source = s.source();
-    }
-    Error::with_source(e.kind().clone(), message)
+    e.copied()
 }
 
 impl<T, F> Job for TypedJob<T, F>
@@ -157,15 +166,12 @@ impl Drop for BatchGuard<'_> {
                 job.fail(Error::new(ErrorKind::Poisoned));
             }
         }
-        let mut q = lock(&self.inner.committer.queue);
-        q.leader = false;
-        self.inner.committer.cv.notify_all();
     }
 }
 
 impl Inner {
-    /// Runs `f` in a (possibly shared) write transaction and returns once its change is
-    /// committed and synced.
+    /// Runs `f` in a (possibly shared) batch and returns once its change is logged and
+    /// synced.
     pub(crate) fn write<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -174,8 +180,8 @@ impl Inner {
         self.enqueue(false, f)
     }
 
-    /// Runs a compaction batch `f` in a write transaction of its own: foreground calls
-    /// are never batched with it, so they wait behind at most one such batch.
+    /// Runs a compaction batch `f` in a batch of its own: foreground calls are never
+    /// batched with it, so they wait behind at most one such batch.
     pub(crate) fn write_background<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -211,8 +217,17 @@ impl Inner {
                 q.leader = true;
                 let jobs = next_batch(&mut q.jobs, &self.foreground_waiting);
                 drop(q);
-                let guard = BatchGuard { jobs, inner: self };
-                self.execute(guard);
+                let leader = LeaderGuard { committer: c };
+                self.execute(BatchGuard { jobs, inner: self });
+                // The batch's callers take their answers now; a checkpoint, if due, runs
+                // while the next batch's callers wait (they queue behind the leader).
+                c.cv.notify_all();
+                if self.checkpoint_due() {
+                    // An error poisons the handle: later calls say so. This batch is durable
+                    // in the log either way.
+                    let _ = self.checkpoint();
+                }
+                drop(leader);
                 q = lock(&c.queue);
                 continue;
             }
@@ -254,16 +269,12 @@ impl Inner {
             BatchOutcome::Done
         };
         let now = self.now();
-        let mut txn = match self.db().and_then(|db| Ok(db.begin_write()?)) {
-            Ok(t) => t,
-            Err(e) => return fail_all(jobs, e, true),
-        };
-        txn.set_quick_repair(self.cfg.quick_repair);
         // Pending deliveries and acknowledges ride along, first, so this batch's checks
         // (the session window, the hold-until-ack lock) see them.
         let pending: Vec<LazyEntry> = read_lock(&self.lazy).entries.clone();
+        let committed = read_lock(&self.committed);
+        let mut t = WriteTables::over(committed.base.as_ref(), Layers::new(&[&committed.mem]));
         let run = (|| -> std::result::Result<bool, (Option<usize>, Error)> {
-            let mut t = WriteTables::open(&txn).map_err(|e| (None, e))?;
             let mut state = t.state().map_err(|e| (None, e))?;
             // No event in the journal is later than the last committed batch's time.
             let mut floor = state.clock_high_water;
@@ -295,7 +306,7 @@ impl Inner {
                 }
                 ran = jobs.len();
                 // A compaction batch ends early when foreground calls queue up; they join
-                // its transaction and share its commit instead of waiting for it.
+                // its batch and share its commit instead of waiting for it.
                 if !jobs.first().is_some_and(|j| j.background()) {
                     break;
                 }
@@ -313,9 +324,6 @@ impl Inner {
                 jobs.extend(joining);
             }
             let state = ctx.state.clone();
-            // A compaction batch applies the deletions it held back itself; this only
-            // guarantees that no commit ever leaves one behind.
-            t.apply_held_deletes().map_err(|e| (None, e))?;
             if !t.dirty {
                 // Nothing changed (refusals, answers, no-ops): no commit, no sync.
                 return Ok(false);
@@ -323,10 +331,11 @@ impl Inner {
             t.put_state(&state).map_err(|e| (None, e))?;
             Ok(true)
         })();
+        let changes = t.into_changes();
+        drop(committed);
         match run {
             Ok(true) => {}
             Ok(false) => {
-                let _ = txn.abort();
                 self.lazy_committed(pending.len());
                 for mut job in jobs.drain(..) {
                     job.finish(Ok(()));
@@ -334,19 +343,27 @@ impl Inner {
                 return BatchOutcome::Done;
             }
             Err((isolated, e)) => {
-                let _ = txn.abort();
                 return match isolated {
                     Some(i) => BatchOutcome::Retry(i),
                     None => fail_all(jobs, e, true),
                 };
             }
         }
-        let committed = txn.commit();
-        // The cached snapshot is stale now (or, after a failure, of unknown standing). It
-        // goes before the pending entries leave the buffer and before any caller returns.
-        self.drop_snapshot();
-        match committed {
-            Ok(()) => {
+        // The commit point: the batch is durable once its log record is synced.
+        let logged = {
+            let mut log = lock(&self.log);
+            match log.as_mut() {
+                Some(log) => log
+                    .append(crate::log::KIND_BATCH, &changes.encode())
+                    .map_err(|e| Error::io_during("write the journal's log", e)),
+                None => Err(Error::new(ErrorKind::Closed)),
+            }
+        };
+        match logged {
+            Ok(_) => {
+                // Published before the pending entries leave the buffer and before any
+                // caller returns: a read after `Ok` sees the change.
+                write_lock(&self.committed).mem.absorb(changes);
                 self.persisted_high_water.fetch_max(now.0, Ordering::SeqCst);
                 self.lazy_committed(pending.len());
                 for mut job in jobs.drain(..) {
@@ -354,10 +371,100 @@ impl Inner {
                 }
                 BatchOutcome::Done
             }
-            // Never retry a commit on this handle after an I/O error (the fsyncgate
-            // lesson): poison it; reopening recovers the last durable state.
-            Err(e) => fail_all(jobs, Error::from(e), true),
+            // Never write again on this handle after an I/O error (the fsyncgate lesson:
+            // a failed sync may have dropped the data it was to make durable): poison it;
+            // reopening recovers the last durable state from the log.
+            Err(e) => fail_all(jobs, e, true),
         }
+    }
+
+    /// Whether the log or the memtable has outgrown the checkpoint threshold.
+    pub(crate) fn checkpoint_due(&self) -> bool {
+        let used = lock(&self.log).as_ref().map_or(0, crate::log::Writer::used);
+        used >= self.cfg.checkpoint_bytes
+            || read_lock(&self.committed).mem.bytes() as u64 >= self.cfg.checkpoint_bytes
+    }
+
+    /// Writes the memtable into redb in one transaction (durable, two-phase), then starts
+    /// the log's next cycle and empties the memtable. Called by the leader only. On error
+    /// the handle is poisoned: the log still holds everything, and reopening replays it.
+    pub(crate) fn checkpoint(&self) -> Result<()> {
+        self.check_writable()?;
+        let r = self.checkpoint_inner();
+        if r.is_err() {
+            self.poisoned.store(true, Ordering::SeqCst);
+        }
+        r
+    }
+
+    fn checkpoint_inner(&self) -> Result<()> {
+        let mut log_guard = lock(&self.log);
+        let log = log_guard
+            .as_mut()
+            .ok_or_else(|| Error::new(ErrorKind::Closed))?;
+        let cursor = log.cursor();
+        if log.used() == 0 && read_lock(&self.committed).mem.is_empty() {
+            return Ok(());
+        }
+        let db = self.db()?;
+        let mut txn = db.begin_write()?;
+        // Quick repair: the allocator state is saved with the commit, so that reopening
+        // after a crash, and read-only opens of a crashed file, need no full scan.
+        txn.set_quick_repair(self.cfg.quick_repair);
+        {
+            let committed = read_lock(&self.committed);
+            index::checkpoint(&txn, &committed.mem)?;
+        }
+        let next = CheckpointRecord {
+            journal_id: cursor.journal_id,
+            generation: cursor.generation + 1,
+            next_lsn: log.next_lsn(),
+        };
+        {
+            let mut meta = txn.open_table(<index::Meta as index::Table>::def())?;
+            meta.insert(
+                "checkpoint",
+                codec::encode(RecordKind::Meta, &next).as_slice(),
+            )?;
+        }
+        txn.commit()?;
+        log.restart(next.generation);
+        let base = Base::new(db.begin_read()?);
+        let mut committed = write_lock(&self.committed);
+        committed.base = Some(base);
+        committed.mem = Memtable::default();
+        Ok(())
+    }
+
+    /// Closes cleanly: commits the pending deliveries and acknowledgements and the clock,
+    /// checkpoints everything into redb and removes the log, so that the journal is one
+    /// file again. Later writes fail with [`ErrorKind::Closed`]. A poisoned handle closes
+    /// without writing: the log stays for the next open to read back.
+    pub(crate) fn close(&self) -> Result<()> {
+        self.flush()?;
+        self.persist_clock()?;
+        self.exclusive(|| {
+            self.checkpoint()?;
+            if let Some(log) = lock(&self.log).take() {
+                log.discard()
+                    .map_err(|e| Error::io_during("remove the journal's log", e))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Runs `f` as the leader, with no batch in progress: for work that needs the log and
+    /// the state to itself (a checkpoint, closing).
+    pub(crate) fn exclusive<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        let c = &self.committer;
+        let mut q = lock(&c.queue);
+        while q.leader {
+            q = c.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+        q.leader = true;
+        drop(q);
+        let _release = LeaderGuard { committer: c };
+        f()
     }
 
     /// Commits pending deliveries and acknowledgements (an empty batch drains them).

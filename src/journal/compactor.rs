@@ -77,19 +77,20 @@ fn delta(after: Fired, before: Fired) -> Fired {
 /// Whether any timer that compaction fires is due (checked on a read snapshot, so an idle
 /// journal's compaction writes nothing).
 fn anything_due(inner: &Inner) -> Result<bool> {
-    let (snap, now) = inner.read()?;
-    for kind in [
-        TimerKind::Lease,
-        TimerKind::Exhaust,
-        TimerKind::AckTimeout,
-        TimerKind::Retain,
-        TimerKind::Purge,
-    ] {
-        if !snap.tables.timers_due(kind, now.0, 1)?.is_empty() {
-            return Ok(true);
+    inner.read_with(None, |snap, now| {
+        for kind in [
+            TimerKind::Lease,
+            TimerKind::Exhaust,
+            TimerKind::AckTimeout,
+            TimerKind::Retain,
+            TimerKind::Purge,
+        ] {
+            if !snap.tables.timers_due(kind, now.0, 1)?.is_empty() {
+                return Ok(true);
+            }
         }
-    }
-    Ok(!snap.tables.scope_timers_due(now.0, 1)?.is_empty())
+        Ok(!snap.tables.scope_timers_due(now.0, 1)?.is_empty())
+    })
 }
 
 pub(crate) fn run(inner: &Inner) -> Result<CompactionReport> {

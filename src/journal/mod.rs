@@ -10,20 +10,20 @@ pub use builder::JournalBuilder;
 pub use compactor::{CompactionReport, CompactorHandle};
 
 use committer::{Committer, lock};
-use reads::LazyBuffer;
+use reads::{Committed, LazyBuffer};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use redb::{Database, ReadableTableMetadata};
+use redb::{Database, ReadableDatabase};
 
 use crate::clock::Timestamp;
 use crate::config::Config;
 use crate::engine::{self};
 use crate::error::{Error, ErrorKind, Result};
-use crate::index::{ReadTables, TimerKind, View};
+use crate::index::{self, Base, Layered, TimerKind, View};
 use crate::types::Event;
 use crate::types::{Admission, Claim, OpResult, Operation, Outcome, Receipt, Replay, Resolution};
 
@@ -71,8 +71,10 @@ pub(crate) struct Inner {
     /// Foreground calls queued for the writer: a compaction batch in progress ends early
     /// when one arrives, so foreground calls wait behind as little compaction as possible.
     pub(crate) foreground_waiting: Arc<AtomicUsize>,
-    /// The read transaction on the latest commit, shared by reads until the next commit.
-    snapshot: Mutex<Option<Arc<ReadTables>>>,
+    /// What this process has committed (see [`Committed`]).
+    pub(crate) committed: RwLock<Committed>,
+    /// The log; used by the group committer's leader only (`None` once closed).
+    pub(crate) log: Mutex<Option<crate::log::Writer>>,
     /// Deliveries and acknowledgements not committed yet (see [`LazyBuffer`]).
     lazy: RwLock<LazyBuffer>,
     committer: Committer,
@@ -132,12 +134,9 @@ impl Drop for Journal {
     fn drop(&mut self) {
         // Wait for a background compaction pass in flight, and keep new ones from starting,
         // so the file is closed when this returns.
-        // Pending deliveries and acknowledgements are committed now (best effort: a
-        // failure here loses only those, which is a harmless redelivery).
-        let _ = self.inner.flush();
-        let _ = self.inner.persist_clock();
         *lock(&self.inner.gate) = true;
-        self.inner.drop_snapshot();
+        // Best effort: a failure leaves the log in place, and the next open reads it back.
+        let _ = self.inner.close();
     }
 }
 
@@ -196,12 +195,12 @@ impl Journal {
         self.guard("submit", || {
             engine::validate_operation(&op)?;
             // Fast path: a known id is answered from a read snapshot without the writer.
-            {
-                let (snap, now) = self.inner.read_pending(Some(&op.id))?;
+            let known = self.inner.read_with(Some(&op.id), |snap, now| {
                 let eff = snap.effective(&op.id, now)?;
-                if let Some(answer) = engine::answer_known(&*snap.tables, eff.as_ref(), &op)? {
-                    return Ok(answer);
-                }
+                engine::answer_known(&snap.tables, eff.as_ref(), &op)
+            })?;
+            if let Some(answer) = known {
+                return Ok(answer);
             }
             self.inner.write(move |ctx| engine::submit(ctx, &op))
         })
@@ -351,8 +350,9 @@ impl Journal {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn lookup(&self, operation_id: &str) -> Result<Option<Receipt>> {
         self.guard("lookup", || {
-            let (snap, now) = self.inner.read_pending(Some(operation_id))?;
-            snap.lookup(operation_id, now)
+            self.inner.read_with(Some(operation_id), |snap, now| {
+                snap.lookup(operation_id, now)
+            })
         })
     }
 
@@ -363,31 +363,35 @@ impl Journal {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn result(&self, operation_id: &str) -> Result<Option<OpResult>> {
         self.guard("result", || {
-            let (snap, now) = self.inner.read_pending(Some(operation_id))?;
-            match snap.effective(operation_id, now)? {
-                Some(rec) => engine::result_of(&*snap.tables, &rec),
-                None => Ok(None),
-            }
+            self.inner.read_with(Some(operation_id), |snap, now| {
+                match snap.effective(operation_id, now)? {
+                    Some(rec) => engine::result_of(&snap.tables, &rec),
+                    None => Ok(None),
+                }
+            })
         })
     }
 
-    /// The operation's events, oldest first (all attempts still retained).
+    /// The operation's committed events, oldest first (all attempts still retained).
+    ///
+    /// Deliveries and acknowledgements are committed lazily (see [`Journal::delivered`]):
+    /// one recorded a moment ago appears here once committed; [`Journal::flush`] commits
+    /// it now. This read writes nothing.
     ///
     /// # Errors
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn history(&self, operation_id: &str) -> Result<Vec<Event>> {
         self.guard("history", || {
-            // Pending deliveries and acknowledgements become events when committed.
-            self.inner.flush()?;
-            let (snap, _) = self.inner.read()?;
-            let mut out = Vec::new();
-            for seq in snap.tables.op_event_seqs(operation_id)? {
-                if let Some(ev) = snap.tables.event(seq)? {
-                    out.push(Event::from(&ev));
+            self.inner.read_with(None, |snap, _| {
+                let mut out = Vec::new();
+                for seq in snap.tables.op_event_seqs(operation_id)? {
+                    if let Some(ev) = snap.tables.event(seq)? {
+                        out.push(Event::from(&ev));
+                    }
                 }
-            }
-            Ok(out)
+                Ok(out)
+            })
         })
     }
 
@@ -401,20 +405,21 @@ impl Journal {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn undelivered(&self, session: &str) -> Result<Vec<Replay>> {
         self.guard("undelivered", || {
-            let (snap, now) = self.inner.read_pending(None)?;
-            let mut out = Vec::new();
-            for (_, id) in snap.tables.window_after(session, now.0, usize::MAX)? {
-                if let Some(rec) = snap.effective(&id, now)?
-                    && let Some(replay) = engine::replay_of(&*snap.tables, &rec)?
-                    && matches!(
-                        replay.receipt.delivery,
-                        Some(crate::DeliveryState::Pending | crate::DeliveryState::Delivered)
-                    )
-                {
-                    out.push(replay);
+            self.inner.read_with(None, |snap, now| {
+                let mut out = Vec::new();
+                for (_, id) in snap.tables.window_after(session, now.0, usize::MAX)? {
+                    if let Some(rec) = snap.effective(&id, now)?
+                        && let Some(replay) = engine::replay_of(&snap.tables, &rec)?
+                        && matches!(
+                            replay.receipt.delivery,
+                            Some(crate::DeliveryState::Pending | crate::DeliveryState::Delivered)
+                        )
+                    {
+                        out.push(replay);
+                    }
                 }
-            }
-            Ok(out)
+                Ok(out)
+            })
         })
     }
 
@@ -426,41 +431,43 @@ impl Journal {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn due_redeliveries(&self, limit: usize) -> Result<Vec<Replay>> {
         self.guard("due_redeliveries", || {
-            let (snap, now) = self.inner.read_pending(None)?;
-            let mut out = Vec::new();
-            // Entries past their ack deadline may still be indexed until compaction runs;
-            // scan past them, but not unboundedly.
-            let mut ids: Vec<String> = snap
-                .tables
-                .timers_due(TimerKind::Redeliver, now.0, limit.saturating_mul(4).max(64))?
-                .into_iter()
-                .map(|(_, id)| id)
-                .collect();
-            // A pending (not yet committed) delivery moves its next push, which the timer index
-            // does not show until the delivery is committed.
-            for e in &snap.pending {
-                if !ids.contains(&e.id) {
-                    ids.push(e.id.clone());
+            self.inner.read_with(None, |snap, now| {
+                let mut out = Vec::new();
+                // Entries past their ack deadline may still be indexed until compaction runs;
+                // scan past them, but not unboundedly.
+                let mut ids: Vec<String> = snap
+                    .tables
+                    .timers_due(TimerKind::Redeliver, now.0, limit.saturating_mul(4).max(64))?
+                    .into_iter()
+                    .map(|(_, id)| id)
+                    .collect();
+                // A pending (not yet committed) delivery moves its next push, which the timer index
+                // does not show until the delivery is committed.
+                for e in &snap.pending {
+                    if !ids.contains(&e.id) {
+                        ids.push(e.id.clone());
+                    }
                 }
-            }
-            for id in ids {
-                if let Some(rec) = snap.effective(&id, now)?
-                    && let Some(replay) = engine::replay_of(&*snap.tables, &rec)?
-                    && matches!(
-                        replay.receipt.delivery,
-                        Some(crate::DeliveryState::Pending | crate::DeliveryState::Delivered)
-                    )
-                    && replay.receipt.next_delivery_at.is_some_and(|t| t <= now)
-                {
-                    out.push(replay);
+                for id in ids {
+                    if let Some(rec) = snap.effective(&id, now)?
+                        && let Some(replay) = engine::replay_of(&snap.tables, &rec)?
+                        && matches!(
+                            replay.receipt.delivery,
+                            Some(crate::DeliveryState::Pending | crate::DeliveryState::Delivered)
+                        )
+                        && replay.receipt.next_delivery_at.is_some_and(|t| t <= now)
+                    {
+                        out.push(replay);
+                    }
                 }
-            }
-            out.sort_by(|a, b| {
-                let key = |r: &Replay| (r.receipt.next_delivery_at, r.receipt.operation_id.clone());
-                key(a).cmp(&key(b))
-            });
-            out.truncate(limit);
-            Ok(out)
+                out.sort_by(|a, b| {
+                    let key =
+                        |r: &Replay| (r.receipt.next_delivery_at, r.receipt.operation_id.clone());
+                    key(a).cmp(&key(b))
+                });
+                out.truncate(limit);
+                Ok(out)
+            })
         })
     }
 
@@ -472,28 +479,28 @@ impl Journal {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn in_doubt(&self) -> Result<Vec<Receipt>> {
         self.guard("in_doubt", || {
-            let (snap, now) = self.inner.read()?;
-            let mut ids: Vec<String> = Vec::new();
-            for (_, id) in snap
-                .tables
-                .timers_due(TimerKind::Lease, now.0, usize::MAX)?
-            {
-                ids.push(id);
-            }
-            for entry in redb::ReadableTable::iter(snap.tables.in_doubt_t()?)? {
-                let (k, _) = entry?;
-                ids.push(k.value().to_string());
-            }
-            let mut out = Vec::new();
-            for id in ids {
-                if let Some(r) = engine::lookup(&*snap.tables, &id, now)?
-                    && r.status == crate::ExecutionStatus::InDoubt
+            self.inner.read_with(None, |snap, now| {
+                let mut ids: Vec<String> = Vec::new();
+                for (_, id) in snap
+                    .tables
+                    .timers_due(TimerKind::Lease, now.0, usize::MAX)?
                 {
-                    out.push(r);
+                    ids.push(id);
                 }
-            }
-            out.sort_by_key(|r| r.lease_until);
-            Ok(out)
+                for entry in snap.tables.all::<index::InDoubt>()? {
+                    ids.push(entry?.0);
+                }
+                let mut out = Vec::new();
+                for id in ids {
+                    if let Some(r) = snap.lookup(&id, now)?
+                        && r.status == crate::ExecutionStatus::InDoubt
+                    {
+                        out.push(r);
+                    }
+                }
+                out.sort_by_key(|r| r.lease_until);
+                Ok(out)
+            })
         })
     }
 
@@ -504,8 +511,8 @@ impl Journal {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn scope_revision(&self, scope: &str) -> Result<u64> {
         self.guard("scope_revision", || {
-            let (snap, _) = self.inner.read()?;
-            snap.tables.scope_revision(scope)
+            self.inner
+                .read_with(None, |snap, _| snap.tables.scope_revision(scope))
         })
     }
 
@@ -557,13 +564,21 @@ impl Journal {
             )
         })?;
         inner.check_writable()?;
-        // redb compaction needs no live read transaction: forget the cached snapshot.
-        inner.drop_snapshot();
+        // Everything logged goes into redb first, then redb compacts, which needs no read
+        // transaction open: the snapshot goes while it runs and comes back after.
+        inner.exclusive(|| inner.checkpoint())?;
+        let committed = inner.committed.get_mut().unwrap_or_else(|e| e.into_inner());
+        committed.base = None;
         let db = inner
             .db
             .as_mut()
             .ok_or_else(|| Error::new(ErrorKind::Closed))?;
-        while db.compact()? {}
+        let compacted = (|| -> Result<()> {
+            while db.compact()? {}
+            Ok(())
+        })();
+        committed.base = Some(Base::new(db.begin_read()?));
+        compacted?;
         Ok((before, size(&inner.path)))
     }
 
@@ -586,13 +601,13 @@ impl Journal {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn stats(&self) -> Result<crate::Stats> {
         self.guard("stats", || {
-            // Counts come from committed receipts: commit pending acknowledgements first.
-            self.inner.flush()?;
-            let (snap, now) = self.inner.read()?;
-            let mut stats = crate::engine::stats::collect(&*snap.tables, now)?;
-            stats.file_bytes = std::fs::metadata(&self.inner.path)
-                .map(|m| m.len())
-                .unwrap_or(0);
+            let mut stats = self.inner.read_with(None, |snap, now| {
+                // Pending deliveries and acknowledgements count as they will be committed.
+                crate::engine::stats::collect(&snap.tables, now, |rec| snap.overlaid(rec, now))
+            })?;
+            let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+            stats.file_bytes = size(&self.inner.path);
+            stats.log_bytes = size(&crate::log::FileLog::path_for(&self.inner.path));
             Ok(stats)
         })
     }
@@ -609,8 +624,8 @@ impl Journal {
     /// [`ErrorKind::Io`].
     pub fn event_count(&self) -> Result<u64> {
         self.guard("event_count", || {
-            let (snap, _) = self.inner.read()?;
-            Ok(snap.tables.events_t()?.len()?)
+            self.inner
+                .read_with(None, |snap, _| snap.tables.count::<index::Events>())
         })
     }
 }

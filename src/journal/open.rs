@@ -1,23 +1,24 @@
-//! Opening and creating a journal.
-//! The [`Journal`] handle: opening, the group committer, and the public API.
+//! Opening and creating a journal: the redb file made ready (created, or upgraded from
+//! format 1), then the log read back into the memtable.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, RwLock};
 
-use redb::Database;
+use redb::{Database, ReadableDatabase};
 
 use crate::codec::FORMAT_VERSION;
 use crate::config::{Config, Sharing};
 use crate::engine::{self, Ctx};
 use crate::error::{Error, Result};
-use crate::index::{View, WriteTables};
-use crate::record::{FormatRecord, StateRecord};
+use crate::index::file::{check_format, check_redb_magic, open_error};
+use crate::index::{self, Base, Layers, Memtable, View, WriteTables};
+use crate::log::{self, Cursor, FileLog, LogStorage};
+use crate::record::{CheckpointRecord, EventKind, FormatRecord, StateRecord};
 
 use super::committer::Committer;
-use super::reads::LazyBuffer;
+use super::reads::{Committed, LazyBuffer};
 use super::{Inner, Journal};
-use crate::index::file::{check_format, check_redb_magic, open_error};
 
 impl Journal {
     pub(crate) fn redb_builder(cfg: &Config) -> redb::Builder {
@@ -41,7 +42,10 @@ impl Journal {
             let db = Self::redb_builder(&cfg)
                 .create(path)
                 .map_err(|e| open_error(path, e))?;
-            Self::init(db, path, cfg)
+            // The log is opened once redb's lock is held: no other writer can be using it.
+            let log = FileLog::open(&FileLog::path_for(path))
+                .map_err(|e| Error::io_during("open the journal's log", e))?;
+            Self::init(db, Box::new(log), path, cfg)
         })
     }
 
@@ -76,7 +80,7 @@ impl Journal {
             let db = Self::redb_builder(cfg)
                 .create(&tmp)
                 .map_err(|e| open_error(&tmp, e))?;
-            drop(Self::init(db, &tmp, cfg.clone())?);
+            prepare(&db, &tmp, cfg)?;
         }
         match std::fs::hard_link(&tmp, path) {
             Ok(()) => {}
@@ -93,8 +97,9 @@ impl Journal {
         Ok(())
     }
 
-    pub(crate) fn open_backend_with(
+    pub(crate) fn open_backends_with(
         backend: impl redb::StorageBackend,
+        log: impl LogStorage,
         label: &str,
         mut cfg: Config,
     ) -> Result<Journal> {
@@ -104,65 +109,194 @@ impl Journal {
         let db = Self::redb_builder(&cfg)
             .create_with_backend(backend)
             .map_err(|e| open_error(path, e))?;
-        Self::init(db, path, cfg)
+        Self::init(db, Box::new(log), path, cfg)
     }
 
-    pub(crate) fn init(db: Database, path: &Path, cfg: Config) -> Result<Journal> {
-        let now_clock = cfg.clock.now();
-        let mut txn = db.begin_write()?;
-        txn.set_quick_repair(cfg.quick_repair);
-        let high_water;
-        {
-            let names: Vec<String> = {
-                use redb::TableHandle;
-                txn.list_tables()?.map(|h| h.name().to_string()).collect()
+    /// Makes the redb file ready, reads the log's records of the current cycle into the
+    /// memtable, and marks what was running in doubt.
+    pub(crate) fn init(
+        db: Database,
+        log: Box<dyn LogStorage>,
+        path: &Path,
+        cfg: Config,
+    ) -> Result<Journal> {
+        prepare(&db, path, &cfg)?;
+        let base = Base::new(db.begin_read()?);
+        let (cursor, state) = {
+            let view = index::Snapshot {
+                base: Some(&base),
+                layers: Layers::default(),
             };
-            let has_meta = names.iter().any(|n| n == "meta");
-            let mut t = WriteTables::open(&txn)?;
-            let format = if has_meta { t.format()? } else { None };
-            let exists = check_format(path, format, !names.is_empty())?;
-            let mut state = if exists {
-                t.state()?
-            } else {
-                t.put_format(&FormatRecord {
-                    format_version: u32::from(FORMAT_VERSION),
-                    created_at: now_clock,
-                    created_by: format!("opjournal {}", env!("CARGO_PKG_VERSION")),
-                })?;
-                StateRecord {
-                    clock_high_water: now_clock,
-                    next_seq: 1,
-                }
+            let checkpoint = view.checkpoint()?.ok_or_else(|| {
+                Error::corrupt("meta", "checkpoint", "the checkpoint entry is missing")
+            })?;
+            let cursor = Cursor {
+                journal_id: checkpoint.journal_id,
+                generation: checkpoint.generation,
+                first_lsn: checkpoint.next_lsn,
             };
-            let now = state.clock_high_water.max(now_clock);
-            state.clock_high_water = now;
-            let mut ctx = Ctx {
-                t: &mut t,
-                now,
-                cfg: &cfg,
-                state: &mut state,
-                fired: Default::default(),
-            };
-            engine::mark_running_in_doubt(&mut ctx)?;
-            let state = ctx.state.clone();
-            t.put_state(&state)?;
-            high_water = state.clock_high_water;
-        }
-        txn.commit()?;
-        Ok(Journal {
+            (cursor, view.state()?)
+        };
+        let bytes =
+            log::read_all(&*log).map_err(|e| Error::io_during("read the journal's log", e))?;
+        let mut mem = Memtable::default();
+        let scan = log::scan(&bytes, cursor, |record| {
+            replay_record(&mut mem, record.lsn, record.kind, record.payload)
+        })?;
+        drop(bytes);
+        let writer = log::Writer::resume(log, cursor, &scan)
+            .map_err(|e| Error::io_during("prepare the journal's log", e))?;
+        // The memtable's state record is the latest, if the log holds one.
+        let latest = index::Snapshot {
+            base: Some(&base),
+            layers: Layers::new(&[&mem]),
+        };
+        let state = match latest.state() {
+            Ok(s) => s,
+            Err(_) => state,
+        };
+        let high_water = state.clock_high_water.max(cfg.clock.now());
+        let journal = Journal {
             inner: Arc::new(Inner {
                 db: Some(db),
                 cfg,
                 path: path.to_path_buf(),
                 high_water: AtomicU64::new(high_water.0),
-                persisted_high_water: AtomicU64::new(high_water.0),
+                persisted_high_water: AtomicU64::new(state.clock_high_water.0),
                 poisoned: AtomicBool::new(false),
                 lazy: RwLock::new(LazyBuffer::default()),
-                snapshot: Mutex::new(None),
+                committed: RwLock::new(Committed {
+                    base: Some(base),
+                    mem,
+                }),
+                log: Mutex::new(Some(writer)),
                 foreground_waiting: Arc::new(AtomicUsize::new(0)),
                 committer: Committer::new(),
                 gate: Arc::new(Mutex::new(false)),
             }),
-        })
+        };
+        // Every operation still running lost its claim holder with the process that held
+        // it: it is in doubt now (one log record, and only if there is any).
+        journal
+            .inner
+            .write(|ctx| engine::mark_running_in_doubt(ctx).map(drop))?;
+        Ok(journal)
     }
+}
+
+/// Lays one log record over the memtable.
+fn replay_record(mem: &mut Memtable, lsn: u64, kind: u8, payload: &[u8]) -> Result<()> {
+    if kind != log::KIND_BATCH {
+        return Err(Error::corrupt(
+            "log",
+            format!("record {lsn}"),
+            format!("record kind {kind} is not one this build writes"),
+        ));
+    }
+    mem.apply_encoded(payload)
+        .map_err(|detail| Error::corrupt("log", format!("record {lsn}"), detail))
+}
+
+/// A new journal's id, which ties its log to it: random, from the standard library's
+/// randomly keyed hasher, the time and the process.
+fn new_journal_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// Makes the redb file a journal of this build's format, in one durable transaction when
+/// anything is to be written: a new file gets its tables and meta records; a format 1
+/// file is upgraded (a `format_upgraded` event records it). A journal of this format is
+/// left as it is.
+pub(crate) fn prepare(db: &Database, path: &Path, cfg: &Config) -> Result<()> {
+    let (format, has_tables) = {
+        let txn = db.begin_read()?;
+        let names: Vec<String> = {
+            use redb::TableHandle;
+            txn.list_tables()?.map(|h| h.name().to_string()).collect()
+        };
+        let base = Base::new(txn);
+        let format = if names.iter().any(|n| n == "meta") {
+            index::Snapshot {
+                base: Some(&base),
+                layers: Layers::default(),
+            }
+            .format()?
+        } else {
+            None
+        };
+        (format, !names.is_empty())
+    };
+    let format = check_format(path, format, has_tables)?;
+    if format
+        .as_ref()
+        .is_some_and(|f| f.format_version == u32::from(FORMAT_VERSION))
+    {
+        return Ok(());
+    }
+    let now = cfg.clock.now();
+    let txn = db.begin_write()?;
+    let changes = {
+        let base = Base::new(db.begin_read()?);
+        let mut t = WriteTables::over(Some(&base), Layers::default());
+        match format {
+            None => {
+                t.put_format(&FormatRecord {
+                    format_version: u32::from(FORMAT_VERSION),
+                    created_at: now,
+                    created_by: format!("opjournal {}", env!("CARGO_PKG_VERSION")),
+                    upgraded: None,
+                })?;
+                t.put_state(&StateRecord {
+                    clock_high_water: now,
+                    next_seq: 1,
+                })?;
+            }
+            Some(old) => {
+                let mut state = t.state()?;
+                let at = state.clock_high_water.max(now);
+                state.clock_high_water = at;
+                let mut ctx = Ctx {
+                    t: &mut t,
+                    now: at,
+                    cfg,
+                    state: &mut state,
+                    fired: Default::default(),
+                };
+                ctx.append(
+                    None,
+                    EventKind::FormatUpgraded {
+                        from: old.format_version,
+                        to: u32::from(FORMAT_VERSION),
+                    },
+                )?;
+                let state = ctx.state.clone();
+                t.put_state(&state)?;
+                t.put_format(&FormatRecord {
+                    format_version: u32::from(FORMAT_VERSION),
+                    upgraded: Some(crate::record::Upgrade {
+                        from: old.format_version,
+                        at,
+                    }),
+                    ..old
+                })?;
+            }
+        }
+        t.put_checkpoint(&CheckpointRecord {
+            journal_id: new_journal_id(),
+            generation: 1,
+            next_lsn: 1,
+        })?;
+        t.into_changes()
+    };
+    index::checkpoint(&txn, &changes)?;
+    // Every table exists from the start, so readers never meet a missing one.
+    index::create_tables(&txn)?;
+    txn.commit()?;
+    Ok(())
 }

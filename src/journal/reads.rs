@@ -1,62 +1,61 @@
-//! Reads: the snapshot of the latest commit, and deliveries and acknowledgements that
-//! are checked and visible at once but committed with the next batch.
-//! The [`Journal`] handle: opening, the group committer, and the public API.
+//! Reads: the committed state (the redb snapshot of the last checkpoint, with the
+//! memtable of everything logged since), and deliveries and acknowledgements that are
+//! checked and visible at once but committed with the next batch.
 
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 use std::time::{Duration, Instant};
-
-use redb::ReadableDatabase;
 
 use crate::clock::Timestamp;
 use crate::engine::{self};
 use crate::error::{Error, ErrorKind, Result};
-use crate::index::ReadTables;
+use crate::index::{self, Base, Layers, Memtable};
 use crate::record::{Event, EventKind, ReceiptRecord};
 use crate::types::Receipt;
 
 use super::Inner;
-use super::committer::lock;
+
+/// What this process has committed: redb as of the last checkpoint, and over it the
+/// memtable of every batch logged since. Replaced under the write lock by a commit (the
+/// memtable grows) and by a checkpoint (a new base, an empty memtable): readers hold the
+/// read lock while they read, so they see one commit or the next, never half of one.
+pub(crate) struct Committed {
+    /// `None` only while redb compacts its file (it needs no read transaction open).
+    pub(crate) base: Option<Base>,
+    pub(crate) mem: Memtable,
+}
+
+impl Committed {
+    pub(crate) fn snapshot(&self) -> index::Snapshot<'_> {
+        index::Snapshot {
+            base: self.base.as_ref(),
+            layers: Layers::new(&[&self.mem]),
+        }
+    }
+}
 
 impl Inner {
-    /// A read snapshot and the time to judge it by.
-    pub(crate) fn read(&self) -> Result<(Snapshot, Timestamp)> {
-        self.read_pending(None)
-    }
-
-    /// A read snapshot with the pending lazy writes of `id` (or of every id for `None`).
-    /// The snapshot is taken while the buffer is locked, so an entry is either still
-    /// pending or already in the snapshot (it leaves the buffer only after its commit).
-    pub(crate) fn read_pending(&self, id: Option<&str>) -> Result<(Snapshot, Timestamp)> {
-        let lazy = read_lock(&self.lazy);
-        let tables = self.latest_snapshot()?;
-        let pending = lazy
+    /// Runs `f` on the committed state with the pending lazy writes of `id` (or of every
+    /// id for `None`), and the time to judge it by. The pending entries are copied before
+    /// the state is locked: an entry leaves the buffer only after the commit that carries
+    /// it is published, so each is either still pending or already in the state (applying
+    /// it twice is harmless, see `engine::overlay`).
+    pub(crate) fn read_with<R>(
+        &self,
+        id: Option<&str>,
+        f: impl FnOnce(&ReadView<'_>, Timestamp) -> Result<R>,
+    ) -> Result<R> {
+        let pending: Vec<LazyEntry> = read_lock(&self.lazy)
             .entries
             .iter()
             .filter(|e| id.is_none_or(|id| e.id == id))
             .cloned()
             .collect();
-        drop(lazy);
-        Ok((Snapshot { tables, pending }, self.now()))
-    }
-
-    /// A read transaction on the latest commit. This process is the only writer, so the
-    /// snapshot taken after the last commit stays the latest until the next one: it is
-    /// shared by every read until a commit drops it (reads then pay neither for beginning
-    /// a transaction nor for opening tables again).
-    pub(crate) fn latest_snapshot(&self) -> Result<Arc<ReadTables>> {
-        let mut cached = lock(&self.snapshot);
-        if let Some(t) = cached.as_ref() {
-            return Ok(t.clone());
-        }
-        let tables = Arc::new(ReadTables::new(self.db()?.begin_read()?));
-        *cached = Some(tables.clone());
-        Ok(tables)
-    }
-
-    /// Forgets the cached snapshot: called when a commit makes it stale, and before redb
-    /// compaction (which needs no live read transaction).
-    pub(crate) fn drop_snapshot(&self) {
-        lock(&self.snapshot).take();
+        let committed = read_lock(&self.committed);
+        let view = ReadView {
+            tables: committed.snapshot(),
+            pending,
+        };
+        f(&view, self.now())
     }
 
     /// Records a delivery or an acknowledgement lazily: it is validated and visible to
@@ -66,8 +65,8 @@ impl Inner {
         let now = self.now();
         let mut lazy = write_lock(&self.lazy);
         let rec = {
-            let tables = self.latest_snapshot()?;
-            let rec = engine::known_or_unknown(&*tables, id, now)?;
+            let committed = read_lock(&self.committed);
+            let rec = engine::known_or_unknown(&committed.snapshot(), id, now)?;
             let pending: Vec<(Timestamp, EventKind)> = lazy
                 .entries
                 .iter()
@@ -112,29 +111,34 @@ impl Inner {
     }
 }
 
-/// A read transaction, its tables, and the lazy writes pending for what it reads.
-pub(crate) struct Snapshot {
-    pub(crate) tables: Arc<ReadTables>,
+/// The committed state, and the lazy writes pending for what it reads.
+pub(crate) struct ReadView<'a> {
+    pub(crate) tables: index::Snapshot<'a>,
     pub(crate) pending: Vec<LazyEntry>,
 }
 
-impl Snapshot {
+impl ReadView<'_> {
     /// The effective record of `id` at `now`, with pending lazy writes applied.
     pub(crate) fn effective(&self, id: &str, now: Timestamp) -> Result<Option<ReceiptRecord>> {
-        let Some(rec) = engine::effective_of(&*self.tables, id, now)? else {
+        let Some(rec) = engine::effective_of(&self.tables, id, now)? else {
             return Ok(None);
         };
-        if self.pending.is_empty() {
-            return Ok(Some(rec));
+        Ok(self.overlaid(rec, now))
+    }
+
+    /// An effective record with the pending lazy writes of its operation applied.
+    pub(crate) fn overlaid(&self, rec: ReceiptRecord, now: Timestamp) -> Option<ReceiptRecord> {
+        if !self.pending.iter().any(|e| e.id == rec.operation_id) {
+            return Some(rec);
         }
         let mine: Vec<(Timestamp, EventKind)> = self
             .pending
             .iter()
-            .filter(|e| e.id == id)
+            .filter(|e| e.id == rec.operation_id)
             .map(|e| (e.at, e.kind.clone()))
             .collect();
         // The clocks apply to the pending writes too (a last delivery exhausts the budget).
-        Ok(engine::effective(&engine::overlay(rec, &mine), now))
+        engine::effective(&engine::overlay(rec, &mine), now)
     }
 
     /// The public receipt of `id` at `now`.
@@ -156,7 +160,7 @@ pub(crate) struct LazyEntry {
     pub(crate) kind: EventKind,
 }
 
-/// Deliveries and acknowledgements are durable lazily (DESIGN.md §7): they wait here and
+/// Deliveries and acknowledgements are durable lazily: they wait here and
 /// ride along with the next commit (any state change, a compactor pass, `flush`, closing,
 /// or 256 entries / 200 ms of further lazy writes). A crash loses at most these, which
 /// only causes a recognizable redelivery. Reads apply them, so callers see their own.

@@ -14,8 +14,11 @@ pub fn open(
     clock: &ManualClock,
     disk: &FaultDisk,
 ) -> opjournal::Result<Journal> {
-    cfg.builder(clock)
-        .open_backend(disk.backend(), "fault-disk.opj")
+    cfg.builder(clock).open_backends(
+        disk.backend(),
+        opjournal::MemoryLog::new(),
+        "fault-disk.opj",
+    )
 }
 
 /// Invariant 4 on a disk image: redb's page check, every record's CRC and decode, every

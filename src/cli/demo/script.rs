@@ -652,6 +652,9 @@ impl Session<'_> {
         );
         self.run_op("op_7", &edit)?;
         let journal = self.svc.journal()?;
+        journal
+            .flush()
+            .map_err(journal_err("commit the deliveries"))?;
         let before = journal
             .stats()
             .map_err(journal_err("read the journal's stats"))?;
@@ -691,6 +694,10 @@ impl Session<'_> {
             );
         }
         let journal = self.svc.journal()?;
+        // Deliveries commit lazily: commit them, so the counts below include them.
+        journal
+            .flush()
+            .map_err(journal_err("commit the deliveries"))?;
         let after = journal
             .stats()
             .map_err(journal_err("read the journal's stats"))?;

@@ -375,7 +375,11 @@ fn check_after_crash(
     let mut w = Workload::new(seed, cfg.clone(), clock.clone());
     let mem = cfg
         .builder(&clock)
-        .open_backend(redb::backends::InMemoryBackend::new(), "replay")
+        .open_backends(
+            redb::backends::InMemoryBackend::new(),
+            opjournal::MemoryLog::new(),
+            "replay",
+        )
         .map_err(|e| format!("replay journal: {e}"))?;
     // A step that failed (the child then stopped) was in flight: it may or may not have
     // landed, like the step a kill interrupts.

@@ -1,0 +1,484 @@
+//! The tables, once: their redb definitions, their owned key and value types, and how a
+//! key or value is written in a log record. Everything generic over tables (the
+//! memtable, layered reads, checkpoints) goes through [`Table`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use redb::TableDefinition;
+
+/// A key type: owned, ordered exactly as redb orders its stored form (strings by their
+/// UTF-8 bytes, tuples element by element), so that a memtable and redb merge in order.
+pub(crate) trait TableKey: Ord + Clone + Send + Sync + fmt::Debug + 'static {
+    /// The redb key type.
+    type Redb: redb::Key + Send + Sync + 'static;
+    fn own(k: <Self::Redb as redb::Value>::SelfType<'_>) -> Self;
+    fn borrow(&self) -> <Self::Redb as redb::Value>::SelfType<'_>;
+    /// Bytes it takes in memory, roughly (for the memtable's bound).
+    fn size(&self) -> usize;
+    fn encode(&self, out: &mut Vec<u8>);
+    fn decode(r: &mut Bytes<'_>) -> Option<Self>;
+    /// How findings and messages show it.
+    fn show(&self) -> String;
+}
+
+/// A value type: framed record bytes, or nothing (set-like index tables).
+pub(crate) trait TableValue: Clone + Send + Sync + fmt::Debug + 'static {
+    type Redb: redb::Value + Send + Sync + 'static;
+    fn own(v: <Self::Redb as redb::Value>::SelfType<'_>) -> Self;
+    fn borrow(&self) -> <Self::Redb as redb::Value>::SelfType<'_>;
+    fn size(&self) -> usize;
+    fn encode(&self, out: &mut Vec<u8>);
+    fn decode(r: &mut Bytes<'_>) -> Option<Self>;
+}
+
+/// One table of the journal.
+pub(crate) trait Table: 'static {
+    const NAME: &'static str;
+    /// Its number in log records.
+    const ID: u8;
+    type K: TableKey;
+    type V: TableValue;
+    fn def() -> TableDefinition<'static, <Self::K as TableKey>::Redb, <Self::V as TableValue>::Redb>;
+    fn map(m: &Memtable) -> &BTreeMap<Self::K, Option<Self::V>>;
+    fn map_mut(m: &mut Memtable) -> &mut BTreeMap<Self::K, Option<Self::V>>;
+}
+
+/// Reads the fields of a log record's payload.
+pub(crate) struct Bytes<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Bytes<'a> {
+    pub(crate) fn new(buf: &'a [u8]) -> Bytes<'a> {
+        Bytes { buf }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.buf.len() < n {
+            return None;
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Some(head)
+    }
+
+    pub(crate) fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+
+    pub(crate) fn u32(&mut self) -> Option<u32> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.take(4)?);
+        Some(u32::from_le_bytes(a))
+    }
+
+    pub(crate) fn u64(&mut self) -> Option<u64> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Some(u64::from_le_bytes(a))
+    }
+
+    pub(crate) fn bytes(&mut self) -> Option<&'a [u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+
+    pub(crate) fn str(&mut self) -> Option<String> {
+        std::str::from_utf8(self.bytes()?).ok().map(str::to_string)
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    // Keys and values are far below 4 GiB (the result ceiling is 64 MiB).
+    out.extend_from_slice(&u32::try_from(b.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+/// Memory a map entry costs besides its key and value, roughly.
+pub(crate) const ENTRY_OVERHEAD: usize = 48;
+
+impl TableKey for String {
+    type Redb = &'static str;
+    fn own(k: &str) -> Self {
+        k.to_string()
+    }
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+    fn size(&self) -> usize {
+        self.len() + 24
+    }
+    fn encode(&self, out: &mut Vec<u8>) {
+        put_bytes(out, self.as_bytes());
+    }
+    fn decode(r: &mut Bytes<'_>) -> Option<Self> {
+        r.str()
+    }
+    fn show(&self) -> String {
+        self.clone()
+    }
+}
+
+impl TableKey for u64 {
+    type Redb = u64;
+    fn own(k: u64) -> Self {
+        k
+    }
+    fn borrow(&self) -> u64 {
+        *self
+    }
+    fn size(&self) -> usize {
+        8
+    }
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn decode(r: &mut Bytes<'_>) -> Option<Self> {
+        r.u64()
+    }
+    fn show(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl TableKey for (String, u64) {
+    type Redb = (&'static str, u64);
+    fn own(k: (&str, u64)) -> Self {
+        (k.0.to_string(), k.1)
+    }
+    fn borrow(&self) -> (&str, u64) {
+        (self.0.as_str(), self.1)
+    }
+    fn size(&self) -> usize {
+        self.0.len() + 32
+    }
+    fn encode(&self, out: &mut Vec<u8>) {
+        put_bytes(out, self.0.as_bytes());
+        out.extend_from_slice(&self.1.to_le_bytes());
+    }
+    fn decode(r: &mut Bytes<'_>) -> Option<Self> {
+        Some((r.str()?, r.u64()?))
+    }
+    fn show(&self) -> String {
+        format!("{} @ {}", self.0, self.1)
+    }
+}
+
+impl TableKey for (u8, u64, String) {
+    type Redb = (u8, u64, &'static str);
+    fn own(k: (u8, u64, &str)) -> Self {
+        (k.0, k.1, k.2.to_string())
+    }
+    fn borrow(&self) -> (u8, u64, &str) {
+        (self.0, self.1, self.2.as_str())
+    }
+    fn size(&self) -> usize {
+        self.2.len() + 40
+    }
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.push(self.0);
+        out.extend_from_slice(&self.1.to_le_bytes());
+        put_bytes(out, self.2.as_bytes());
+    }
+    fn decode(r: &mut Bytes<'_>) -> Option<Self> {
+        Some((r.u8()?, r.u64()?, r.str()?))
+    }
+    fn show(&self) -> String {
+        let name = super::TimerKind::from_byte(self.0).map_or("?", super::TimerKind::name);
+        format!("{name} {} {}", crate::clock::Timestamp(self.1), self.2)
+    }
+}
+
+impl TableKey for (u64, u64) {
+    type Redb = (u64, u64);
+    fn own(k: (u64, u64)) -> Self {
+        k
+    }
+    fn borrow(&self) -> (u64, u64) {
+        *self
+    }
+    fn size(&self) -> usize {
+        16
+    }
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.0.to_le_bytes());
+        out.extend_from_slice(&self.1.to_le_bytes());
+    }
+    fn decode(r: &mut Bytes<'_>) -> Option<Self> {
+        Some((r.u64()?, r.u64()?))
+    }
+    fn show(&self) -> String {
+        format!("{} event {}", crate::clock::Timestamp(self.0), self.1)
+    }
+}
+
+impl TableKey for (String, u64, String) {
+    type Redb = (&'static str, u64, &'static str);
+    fn own(k: (&str, u64, &str)) -> Self {
+        (k.0.to_string(), k.1, k.2.to_string())
+    }
+    fn borrow(&self) -> (&str, u64, &str) {
+        (self.0.as_str(), self.1, self.2.as_str())
+    }
+    fn size(&self) -> usize {
+        self.0.len() + self.2.len() + 56
+    }
+    fn encode(&self, out: &mut Vec<u8>) {
+        put_bytes(out, self.0.as_bytes());
+        out.extend_from_slice(&self.1.to_le_bytes());
+        put_bytes(out, self.2.as_bytes());
+    }
+    fn decode(r: &mut Bytes<'_>) -> Option<Self> {
+        Some((r.str()?, r.u64()?, r.str()?))
+    }
+    fn show(&self) -> String {
+        format!("{} {} {}", self.0, crate::clock::Timestamp(self.1), self.2)
+    }
+}
+
+impl TableKey for (String, String) {
+    type Redb = (&'static str, &'static str);
+    fn own(k: (&str, &str)) -> Self {
+        (k.0.to_string(), k.1.to_string())
+    }
+    fn borrow(&self) -> (&str, &str) {
+        (self.0.as_str(), self.1.as_str())
+    }
+    fn size(&self) -> usize {
+        self.0.len() + self.1.len() + 48
+    }
+    fn encode(&self, out: &mut Vec<u8>) {
+        put_bytes(out, self.0.as_bytes());
+        put_bytes(out, self.1.as_bytes());
+    }
+    fn decode(r: &mut Bytes<'_>) -> Option<Self> {
+        Some((r.str()?, r.str()?))
+    }
+    fn show(&self) -> String {
+        format!("{} {}", self.0, self.1)
+    }
+}
+
+impl TableValue for Vec<u8> {
+    type Redb = &'static [u8];
+    fn own(v: &[u8]) -> Self {
+        v.to_vec()
+    }
+    fn borrow(&self) -> &[u8] {
+        self.as_slice()
+    }
+    fn size(&self) -> usize {
+        self.len() + 24
+    }
+    fn encode(&self, out: &mut Vec<u8>) {
+        put_bytes(out, self);
+    }
+    fn decode(r: &mut Bytes<'_>) -> Option<Self> {
+        r.bytes().map(<[u8]>::to_vec)
+    }
+}
+
+impl TableValue for () {
+    type Redb = ();
+    fn own(_: ()) -> Self {}
+    fn borrow(&self) {}
+    fn size(&self) -> usize {
+        0
+    }
+    fn encode(&self, _: &mut Vec<u8>) {}
+    fn decode(_: &mut Bytes<'_>) -> Option<Self> {
+        Some(())
+    }
+}
+
+macro_rules! tables {
+    ($( $(#[$doc:meta])* $ty:ident = ($name:literal, $id:literal, $field:ident, $K:ty, $V:ty); )*) => {
+        $(
+            $(#[$doc])*
+            pub(crate) struct $ty;
+
+            impl Table for $ty {
+                const NAME: &'static str = $name;
+                const ID: u8 = $id;
+                type K = $K;
+                type V = $V;
+                fn def() -> TableDefinition<'static, <$K as TableKey>::Redb, <$V as TableValue>::Redb> {
+                    TableDefinition::new($name)
+                }
+                fn map(m: &Memtable) -> &BTreeMap<$K, Option<$V>> {
+                    &m.$field
+                }
+                fn map_mut(m: &mut Memtable) -> &mut BTreeMap<$K, Option<$V>> {
+                    &mut m.$field
+                }
+            }
+        )*
+
+        /// Changes to every table not yet in redb: a batch being written, or everything
+        /// logged since the last checkpoint. `None` is a deletion.
+        #[derive(Clone, Default, Debug)]
+        pub(crate) struct Memtable {
+            $( $field: BTreeMap<$K, Option<$V>>, )*
+            /// Memory the entries take, roughly.
+            bytes: usize,
+            /// Entries held.
+            entries: usize,
+        }
+
+        /// Calls `$mac!(Table)` for every table, in log-record order.
+        macro_rules! each_table {
+            ($mac:ident) => { $( $mac!($ty); )* };
+        }
+        pub(crate) use each_table;
+
+        /// The name of the table numbered `id` in log records.
+        pub(crate) fn table_name(id: u8) -> Option<&'static str> {
+            match id {
+                $( $id => Some($name), )*
+                _ => None,
+            }
+        }
+    };
+}
+
+tables! {
+    /// `meta`: `"format"`, `"state"` and `"checkpoint"` records.
+    Meta = ("meta", 1, meta, String, Vec<u8>);
+    /// `events`: seq → event record. The source of truth.
+    Events = ("events", 2, events, u64, Vec<u8>);
+    /// `receipts`: operation id → receipt record (an index).
+    Receipts = ("receipts", 3, receipts, String, Vec<u8>);
+    /// `results`: seq of the completing event → result header and payload.
+    Results = ("results", 4, results, u64, Vec<u8>);
+    /// `scopes`: scope → its revision and the event that set it (an index).
+    Scopes = ("scopes", 5, scopes, String, Vec<u8>);
+    /// `op_events`: (operation id, seq) (an index).
+    OpEvents = ("op_events", 6, op_events, (String, u64), ());
+    /// `timers`: (timer kind, due ms, operation id) (an index).
+    Timers = ("timers", 7, timers, (u8, u64, String), ());
+    /// `scope_timers`: (due ms, seq of a superseded revision event) (an index).
+    ScopeTimers = ("scope_timers", 8, scope_timers, (u64, u64), ());
+    /// `windows`: (session, ack deadline ms, operation id) (an index).
+    Windows = ("windows", 9, windows, (String, u64, String), ());
+    /// `scope_holds`: (scope, operation id) (an index).
+    Holds = ("scope_holds", 10, holds, (String, String), ());
+    /// `in_doubt`: operation id (an index).
+    InDoubt = ("in_doubt", 11, in_doubt, String, ());
+    /// `quarantine`: n → a record `repair` could not use.
+    Quarantine = ("quarantine", 12, quarantine, u64, Vec<u8>);
+}
+
+impl Memtable {
+    /// Records `value` (or a deletion) for `key`.
+    pub(crate) fn set<T: Table>(&mut self, key: T::K, value: Option<T::V>) {
+        let key_size = key.size() + ENTRY_OVERHEAD;
+        let value_size = value.as_ref().map_or(0, TableValue::size);
+        match T::map_mut(self).insert(key, value) {
+            // The key was counted when it was first set; only the value changes.
+            Some(old) => {
+                let old_size = old.as_ref().map_or(0, TableValue::size);
+                self.bytes = (self.bytes + value_size).saturating_sub(old_size);
+            }
+            None => {
+                self.bytes += key_size + value_size;
+                self.entries += 1;
+            }
+        }
+    }
+
+    /// Whether it holds no change.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+
+    /// Memory the entries take, roughly.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Moves every change of `top` in, over this one's.
+    pub(crate) fn absorb(&mut self, top: Memtable) {
+        let mut top = top;
+        macro_rules! move_in {
+            ($t:ident) => {
+                for (k, v) in std::mem::take(<$t as Table>::map_mut(&mut top)) {
+                    self.set::<$t>(k, v);
+                }
+            };
+        }
+        each_table!(move_in);
+    }
+
+    /// The changes as a log record's payload:
+    ///
+    /// ```text
+    /// u32 count, then per change: u8 table, u8 op (1 put, 0 delete), key, [value]
+    /// ```
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.bytes / 2 + 16);
+        out.extend_from_slice(
+            &u32::try_from(self.entries)
+                .unwrap_or(u32::MAX)
+                .to_le_bytes(),
+        );
+        macro_rules! enc {
+            ($t:ident) => {
+                for (k, v) in <$t as Table>::map(self) {
+                    out.push(<$t as Table>::ID);
+                    match v {
+                        Some(v) => {
+                            out.push(1);
+                            k.encode(&mut out);
+                            v.encode(&mut out);
+                        }
+                        None => {
+                            out.push(0);
+                            k.encode(&mut out);
+                        }
+                    }
+                }
+            };
+        }
+        each_table!(enc);
+        out
+    }
+
+    /// Applies a log record's payload over this memtable.
+    pub(crate) fn apply_encoded(&mut self, payload: &[u8]) -> Result<(), String> {
+        let mut r = Bytes::new(payload);
+        let count = r.u32().ok_or("the batch has no count")?;
+        for i in 0..count {
+            let bad = || format!("change {i} of {count} does not decode");
+            let id = r.u8().ok_or_else(bad)?;
+            let op = r.u8().ok_or_else(bad)?;
+            if op > 1 {
+                return Err(format!("change {i} has operation {op}"));
+            }
+            macro_rules! dec {
+                ($t:ident) => {
+                    if id == <$t as Table>::ID {
+                        let k = <<$t as Table>::K as TableKey>::decode(&mut r).ok_or_else(bad)?;
+                        let v = if op == 1 {
+                            Some(<<$t as Table>::V as TableValue>::decode(&mut r).ok_or_else(bad)?)
+                        } else {
+                            None
+                        };
+                        self.set::<$t>(k, v);
+                        continue;
+                    }
+                };
+            }
+            each_table!(dec);
+            return Err(format!("change {i} names table {id}, which does not exist"));
+        }
+        if !r.is_empty() {
+            return Err("bytes follow the batch's last change".into());
+        }
+        Ok(())
+    }
+}
