@@ -2,7 +2,7 @@
 
 use crate::codec::{self, RecordKind};
 use crate::index;
-use crate::record::{Event, FormatRecord, ReceiptRecord, ScopeRecord, StateRecord};
+use crate::record::{CheckpointRecord, Event, FormatRecord, ReceiptRecord, ScopeRecord, StateRecord};
 
 /// Feeds `bytes` to every record decoder. For each that accepts it, checks that encoding
 /// the decoded value and decoding again gives the same value. Returns how many decoders
@@ -13,11 +13,20 @@ use crate::record::{Event, FormatRecord, ReceiptRecord, ScopeRecord, StateRecord
 /// A message naming the decoder whose round trip failed.
 pub fn decode_every_record(bytes: &[u8]) -> Result<u32, String> {
     let mut accepted = 0;
-    accepted += roundtrip::<Event>(RecordKind::Event, bytes)?;
-    accepted += roundtrip::<ReceiptRecord>(RecordKind::Receipt, bytes)?;
-    accepted += roundtrip::<ScopeRecord>(RecordKind::Scope, bytes)?;
-    accepted += roundtrip::<FormatRecord>(RecordKind::Meta, bytes)?;
-    accepted += roundtrip::<StateRecord>(RecordKind::Meta, bytes)?;
+    accepted += roundtrip(RecordKind::Event, bytes, index::decode_event_frame)?;
+    accepted += roundtrip(RecordKind::Receipt, bytes, index::decode_receipt_frame)?;
+    accepted += roundtrip(RecordKind::Scope, bytes, |b| {
+        codec::decode::<ScopeRecord>(RecordKind::Scope, b)
+    })?;
+    accepted += roundtrip(RecordKind::Meta, bytes, |b| {
+        index::decode_format(b).map_err(|e| codec::FrameError::Decode(e.to_string()))
+    })?;
+    accepted += roundtrip(RecordKind::Meta, bytes, |b| {
+        codec::decode::<StateRecord>(RecordKind::Meta, b)
+    })?;
+    accepted += roundtrip(RecordKind::Meta, bytes, |b| {
+        codec::decode::<CheckpointRecord>(RecordKind::Meta, b)
+    })?;
     // Results: header plus raw payload, keyed by the seq they carry.
     if let Ok(payload) = codec::unframe(RecordKind::Result, bytes)
         && let Ok((header, used)) = codec::decode_prefix::<crate::record::ResultHeader>(payload)
@@ -47,15 +56,21 @@ pub fn decode_every_record(bytes: &[u8]) -> Result<u32, String> {
     Ok(accepted)
 }
 
-fn roundtrip<T>(kind: RecordKind, bytes: &[u8]) -> Result<u32, String>
+/// Decodes `bytes` with `decode`; if it accepts them, encodes the value (in this build's
+/// format) and checks that decoding that gives the same value.
+fn roundtrip<T>(
+    kind: RecordKind,
+    bytes: &[u8],
+    decode: impl Fn(&[u8]) -> Result<T, codec::FrameError>,
+) -> Result<u32, String>
 where
-    T: serde::Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug,
+    T: serde::Serialize + PartialEq + std::fmt::Debug,
 {
-    let Ok(value) = codec::decode::<T>(kind, bytes) else {
+    let Ok(value) = decode(bytes) else {
         return Ok(0);
     };
     let encoded = codec::encode(kind, &value);
-    let again: T = codec::decode(kind, &encoded)
+    let again: T = decode(&encoded)
         .map_err(|e| format!("{kind:?}: re-encoded value does not decode: {e}"))?;
     if again != value {
         return Err(format!("{kind:?}: round trip changed the value"));
@@ -68,7 +83,7 @@ where
 pub fn golden_records() -> Vec<(&'static str, Vec<u8>)> {
     use crate::clock::Timestamp;
     use crate::record::DeliveryState;
-    use crate::record::Digest as IntentHash;
+    use crate::record::IntentDigest;
     use crate::record::{
         Deadlines, DeliveryRecord, DoneRecord, EventKind, ExecRecord, InDoubtCause, OutcomeKind,
         ResolvedAs, ResultInfo, RevisionCause,
@@ -76,7 +91,10 @@ pub fn golden_records() -> Vec<(&'static str, Vec<u8>)> {
     use crate::types::OpResult;
 
     let t = Timestamp(1_796_083_200_000);
-    let hash = IntentHash([0xab; 32]);
+    let hash = IntentDigest {
+        scheme: 2,
+        bytes: [0xab; 32],
+    };
     let info = ResultInfo {
         len: 7,
         crc32: 0x1234_5678,
@@ -230,7 +248,7 @@ pub fn golden_records() -> Vec<(&'static str, Vec<u8>)> {
                     EventKind::Salvaged {
                         attempt: 2,
                         intent_name: "(lost)".into(),
-                        intent_hash: IntentHash([0; 32]),
+                        intent_hash: IntentDigest::LOST,
                         scope: None,
                         session: None,
                         lost_events: 3,
@@ -242,7 +260,7 @@ pub fn golden_records() -> Vec<(&'static str, Vec<u8>)> {
             "event.revision_advanced",
             codec::encode(
                 RecordKind::Event,
-                &Event {
+                &Event::<IntentDigest> {
                     seq: 13,
                     at: t,
                     operation_id: None,
@@ -252,6 +270,18 @@ pub fn golden_records() -> Vec<(&'static str, Vec<u8>)> {
                         cause: RevisionCause::External,
                         purge_at: deadlines.purge,
                     },
+                },
+            ),
+        ),
+        (
+            "event.format_upgraded",
+            codec::encode(
+                RecordKind::Event,
+                &Event::<IntentDigest> {
+                    seq: 14,
+                    at: t,
+                    operation_id: None,
+                    kind: EventKind::FormatUpgraded { from: 1, to: 2 },
                 },
             ),
         ),

@@ -8,9 +8,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::Timestamp;
 
-/// One entry of the event journal, the file's source of truth.
+/// One entry of the event journal, the file's source of truth. `H` is how the intent hash
+/// is stored: [`IntentDigest`] (with its scheme) since format 2, a bare [`Digest`] in
+/// format 1 (read as it is, see [`Event::from_v1`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Event {
+pub(crate) struct Event<H = IntentDigest> {
     /// Position in the journal; unique, increasing, never reused.
     pub seq: u64,
     /// When it was recorded (the journal's clock).
@@ -18,13 +20,13 @@ pub(crate) struct Event {
     /// The operation it belongs to (`None` for scope events).
     pub operation_id: Option<String>,
     /// What happened.
-    pub kind: EventKind,
+    pub kind: EventKind<H>,
 }
 
 /// What an event records. Every index (receipts, scopes, timers, windows) is a function of
 /// these, which is what `repair` relies on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum EventKind {
+pub(crate) enum EventKind<H = IntentDigest> {
     /// Fresh work was accepted and claimed. The claim's epoch is this event's `seq`.
     Submitted {
         /// 1 for the first attempt; +1 after each release or not-applied resolution.
@@ -32,7 +34,7 @@ pub(crate) enum EventKind {
         /// The intent's name.
         intent_name: String,
         /// The intent hash.
-        intent_hash: Digest,
+        intent_hash: H,
         /// The scope mutated, if any.
         scope: Option<String>,
         /// The client session, if any.
@@ -109,7 +111,7 @@ pub(crate) enum EventKind {
         /// The intent's name (`(lost)` if unknown).
         intent_name: String,
         /// The intent hash (all zeros if unknown: then any intent is answered `InDoubt`).
-        intent_hash: Digest,
+        intent_hash: H,
         /// The scope, if known.
         scope: Option<String>,
         /// The session, if known.
@@ -138,7 +140,7 @@ pub(crate) enum EventKind {
     },
 }
 
-impl EventKind {
+impl<H> EventKind<H> {
     /// A short lowercase name (`submitted`, `completed`, ...), as shown by the CLI.
     pub(crate) fn name(&self) -> &'static str {
         match self {
@@ -260,19 +262,155 @@ impl DeliveryState {
     }
 }
 
-/// A SHA-256 digest as stored: 32 bytes.
+/// A SHA-256 digest as format 1 stored it: 32 bytes, under the first hash scheme.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub(crate) struct Digest(pub [u8; 32]);
 
+/// An intent hash as stored since format 2: the scheme that computed it, then the 32
+/// digest bytes. A retry is matched under the recorded scheme, so an operation recorded
+/// before a scheme change still matches its retry.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub(crate) struct IntentDigest {
+    pub scheme: u8,
+    pub bytes: [u8; 32],
+}
+
+impl IntentDigest {
+    /// The scheme of format 1's hashes (and of every hash `repair` could not recover).
+    pub(crate) const LEGACY: u8 = 1;
+
+    /// A format 1 digest: computed under the first scheme.
+    pub(crate) fn legacy(d: Digest) -> IntentDigest {
+        IntentDigest {
+            scheme: IntentDigest::LEGACY,
+            bytes: d.0,
+        }
+    }
+
+    /// The hash `repair` records when an operation's intent was lost: all zeros, which
+    /// any retry matches (and is answered in doubt).
+    pub(crate) const LOST: IntentDigest = IntentDigest {
+        scheme: IntentDigest::LEGACY,
+        bytes: [0; 32],
+    };
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.bytes == [0; 32]
+    }
+}
+
+impl<H> Event<H> {
+    /// The same event with its intent hash stored as `f` makes it.
+    pub(crate) fn map_hash<G>(self, f: impl Fn(H) -> G) -> Event<G> {
+        Event {
+            seq: self.seq,
+            at: self.at,
+            operation_id: self.operation_id,
+            kind: self.kind.map_hash(f),
+        }
+    }
+}
+
+impl Event {
+    /// A format 1 event, as this format holds it.
+    pub(crate) fn from_v1(e: Event<Digest>) -> Event {
+        e.map_hash(IntentDigest::legacy)
+    }
+}
+
+impl<H> EventKind<H> {
+    /// The same kind with its intent hash (if any) stored as `f` makes it.
+    pub(crate) fn map_hash<G>(self, f: impl Fn(H) -> G) -> EventKind<G> {
+        match self {
+            EventKind::Submitted {
+                attempt,
+                intent_name,
+                intent_hash,
+                scope,
+                session,
+                base_revision,
+                lease_until,
+                hold_until_ack,
+            } => EventKind::Submitted {
+                attempt,
+                intent_name,
+                intent_hash: f(intent_hash),
+                scope,
+                session,
+                base_revision,
+                lease_until,
+                hold_until_ack,
+            },
+            EventKind::Salvaged {
+                attempt,
+                intent_name,
+                intent_hash,
+                scope,
+                session,
+                lost_events,
+            } => EventKind::Salvaged {
+                attempt,
+                intent_name,
+                intent_hash: f(intent_hash),
+                scope,
+                session,
+                lost_events,
+            },
+            EventKind::LeaseExtended { epoch, lease_until } => {
+                EventKind::LeaseExtended { epoch, lease_until }
+            }
+            EventKind::Completed {
+                epoch,
+                outcome,
+                result,
+                deadlines,
+            } => EventKind::Completed {
+                epoch,
+                outcome,
+                result,
+                deadlines,
+            },
+            EventKind::Released { epoch, purge_at } => EventKind::Released { epoch, purge_at },
+            EventKind::LeaseExpired { epoch, cause } => EventKind::LeaseExpired { epoch, cause },
+            EventKind::Resolved { resolution } => EventKind::Resolved { resolution },
+            EventKind::Delivered {
+                count,
+                next_due,
+                final_attempt,
+            } => EventKind::Delivered {
+                count,
+                next_due,
+                final_attempt,
+            },
+            EventKind::Acknowledged { late } => EventKind::Acknowledged { late },
+            EventKind::AckExpired => EventKind::AckExpired,
+            EventKind::Exhausted => EventKind::Exhausted,
+            EventKind::Retired => EventKind::Retired,
+            EventKind::RevisionAdvanced {
+                scope,
+                revision,
+                cause,
+                purge_at,
+            } => EventKind::RevisionAdvanced {
+                scope,
+                revision,
+                cause,
+                purge_at,
+            },
+            EventKind::FormatUpgraded { from, to } => EventKind::FormatUpgraded { from, to },
+        }
+    }
+}
+
 // ---- derived records (indexes that `repair` rebuilds from the events) ----
 
-/// The receipt row: a fold of the operation's events.
+/// The receipt row: a fold of the operation's events. `H` as for [`Event`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct ReceiptRecord {
+pub(crate) struct ReceiptRecord<H = IntentDigest> {
     pub operation_id: String,
     pub attempt: u32,
     pub intent_name: String,
-    pub intent_hash: Digest,
+    pub intent_hash: H,
     pub scope: Option<String>,
     pub session: Option<String>,
     pub base_revision: Option<u64>,
@@ -280,6 +418,25 @@ pub(crate) struct ReceiptRecord {
     pub hold_until_ack: bool,
     pub submitted_at: Timestamp,
     pub state: ExecRecord,
+}
+
+impl ReceiptRecord {
+    /// A format 1 receipt, as this format holds it.
+    pub(crate) fn from_v1(r: ReceiptRecord<Digest>) -> ReceiptRecord {
+        ReceiptRecord {
+            operation_id: r.operation_id,
+            attempt: r.attempt,
+            intent_name: r.intent_name,
+            intent_hash: IntentDigest::legacy(r.intent_hash),
+            scope: r.scope,
+            session: r.session,
+            base_revision: r.base_revision,
+            epoch: r.epoch,
+            hold_until_ack: r.hold_until_ack,
+            submitted_at: r.submitted_at,
+            state: r.state,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -406,15 +563,18 @@ mod convert {
     use crate::intent::IntentHash;
     use crate::types as api;
 
-    impl From<Digest> for IntentHash {
-        fn from(d: Digest) -> IntentHash {
-            IntentHash(d.0)
+    impl From<IntentDigest> for IntentHash {
+        fn from(d: IntentDigest) -> IntentHash {
+            IntentHash(d.bytes)
         }
     }
 
-    impl From<IntentHash> for Digest {
-        fn from(h: IntentHash) -> Digest {
-            Digest(h.0)
+    impl From<IntentHash> for IntentDigest {
+        fn from(h: IntentHash) -> IntentDigest {
+            IntentDigest {
+                scheme: IntentDigest::LEGACY,
+                bytes: h.0,
+            }
         }
     }
 

@@ -1,5 +1,6 @@
-//! The file format: golden bytes of every record kind, a checked-in v1 journal, format
-//! version checks, and typed `Corrupt` errors for values altered on disk.
+//! The file format: golden bytes of every record kind, checked-in journals of format 1
+//! (read as they are, upgraded by the first writer) and format 2, format version checks,
+//! and typed `Corrupt` errors for values altered on disk.
 
 mod common;
 
@@ -57,7 +58,7 @@ fn golden_records_decode_and_reencode_identically() {
 fn envelope_matches_the_documented_layout() {
     let framed = codec::frame(RecordKind::Scope, b"abc");
     assert_eq!(&framed[0..2], b"OJ");
-    assert_eq!(framed[2], 1, "format version");
+    assert_eq!(framed[2], 2, "format version");
     assert_eq!(framed[3], 4, "record kind: scope");
     assert_eq!(&framed[4..8], &3u32.to_le_bytes());
     let mut h = crc32fast::Hasher::new();
@@ -87,9 +88,10 @@ fn envelope_rejects_every_single_byte_change() {
     }
 }
 
-/// Builds the v1 fixture: applied+acknowledged, delivered, failed, released, and one
-/// operation running when the journal was closed.
-fn build_v1_fixture(path: &Path) -> opjournal::Result<()> {
+/// Builds a fixture: applied+acknowledged, delivered, failed, released, and one operation
+/// running when the journal was closed. `tests/fixtures/v1.opj` was built by this function
+/// with the format 1 build and is never rewritten; `v2.opj` is rebuilt by `OPJ_BLESS=1`.
+fn build_fixture(path: &Path) -> opjournal::Result<()> {
     let clock = opjournal::ManualClock::new(common::T0);
     let journal = Journal::builder().clock(clock.clone()).open(path)?;
     let mut editor = FakeEditor::at(183);
@@ -115,30 +117,30 @@ fn build_v1_fixture(path: &Path) -> opjournal::Result<()> {
     Ok(())
 }
 
-#[test]
-fn checked_in_v1_journal_opens_with_every_state_intact() -> opjournal::Result<()> {
-    let path = fixture("v1.opj");
-    if bless() {
-        let _ = std::fs::remove_file(&path);
-        build_v1_fixture(&path)?;
-    }
-    // Opening writes (reopen bookkeeping), so work on a copy.
-    let env = Env::new();
-    std::fs::copy(&path, &env.path).map_err(opjournal::Error::from)?;
-    env.clock.set(common::T0);
-    let journal = env.open();
-    let acked = journal.lookup("acked")?.expect("acked");
+/// Checks the states [`build_fixture`] leaves, through `lookup`.
+fn fixture_states(lookup: impl Fn(&str) -> opjournal::Result<Option<opjournal::Receipt>>) -> opjournal::Result<()> {
+    let acked = lookup("acked")?.expect("acked");
     assert_eq!(acked.status, ExecutionStatus::Applied);
     assert_eq!(acked.delivery, Some(DeliveryState::Acknowledged));
     assert_eq!(acked.result_revision, Some(184));
-    let delivered = journal.lookup("delivered")?.expect("delivered");
-    assert_eq!(
-        (delivered.delivery, delivered.delivery_count),
-        (Some(DeliveryState::Delivered), 1)
-    );
-    let failed = journal.lookup("failed")?.expect("failed");
+    // Delivered once; whether its acknowledgement has expired depends on the reader's
+    // clock (an inspector reads by the system clock).
+    let delivered = lookup("delivered")?.expect("delivered");
+    assert_eq!(delivered.status, ExecutionStatus::Applied);
+    assert_eq!(delivered.delivery_count, 1);
+    let failed = lookup("failed")?.expect("failed");
     assert_eq!(failed.failure.as_deref(), Some("no door"));
-    assert_eq!(journal.lookup("released")?, None);
+    assert_eq!(lookup("released")?, None);
+    Ok(())
+}
+
+/// Opens a copy of `fixture` for writing and checks every state, the replay and verify.
+fn fixture_opens_for_writing(fixture_path: &Path) -> opjournal::Result<Env> {
+    let env = Env::new();
+    std::fs::copy(fixture_path, &env.path).map_err(opjournal::Error::from)?;
+    env.clock.set(common::T0);
+    let journal = env.open();
+    fixture_states(|id| journal.lookup(id))?;
     let running = journal.lookup("running")?.expect("running");
     assert_eq!(running.status, ExecutionStatus::InDoubt);
     assert_eq!(running.in_doubt_cause, Some(InDoubtCause::Reopened));
@@ -155,7 +157,87 @@ fn checked_in_v1_journal_opens_with_every_state_intact() -> opjournal::Result<()
     drop(journal);
     let report = opjournal::verify(&env.path)?;
     assert!(report.is_clean(), "{:?}", report.findings);
+    Ok(env)
+}
+
+fn format_upgrades(path: &Path) -> opjournal::Result<Vec<(u32, u32)>> {
+    let mut out = Vec::new();
+    opjournal::Inspector::open(path)?.for_each_event(0, |ev| {
+        if let opjournal::EventKind::FormatUpgraded { from, to } = ev.kind {
+            out.push((from, to));
+        }
+        Ok(true)
+    })?;
+    Ok(out)
+}
+
+#[test]
+fn checked_in_v2_journal_opens_with_every_state_intact() -> opjournal::Result<()> {
+    let path = fixture("v2.opj");
+    if bless() {
+        let _ = std::fs::remove_file(&path);
+        build_fixture(&path)?;
+    }
+    let env = fixture_opens_for_writing(&path)?;
+    assert!(format_upgrades(&env.path)?.is_empty());
     Ok(())
+}
+
+#[test]
+fn a_format_1_journal_is_read_as_it_is_by_read_only_commands() -> opjournal::Result<()> {
+    let env = Env::new();
+    std::fs::copy(fixture("v1.opj"), &env.path).map_err(opjournal::Error::from)?;
+    let before = env.bytes();
+    let insp = opjournal::Inspector::open(&env.path)?;
+    fixture_states(|id| insp.lookup(id))?;
+    // Read-only: the operation a writer was running is not recorded as found in doubt by
+    // a reopen (only its lease, by the reader's clock, may have run out).
+    let running = insp.lookup("running")?.expect("running");
+    assert_ne!(running.in_doubt_cause, Some(InDoubtCause::Reopened));
+    let stats = insp.stats()?;
+    assert_eq!((stats.format_version, stats.upgraded_from), (1, None));
+    let report = opjournal::check::verify_inspected(&insp, &mut |_, _| {})?;
+    assert!(report.is_clean(), "{:?}", report.findings);
+    drop(insp);
+    assert!(env.bytes() == before, "a read-only command changed the file");
+    assert!(!opjournal::FileLog::path_for(&env.path).exists());
+    Ok(())
+}
+
+#[test]
+fn the_first_writer_upgrades_a_format_1_journal_once_and_records_it() -> opjournal::Result<()> {
+    let env = fixture_opens_for_writing(&fixture("v1.opj"))?;
+    assert_eq!(format_upgrades(&env.path)?, vec![(1, 2)]);
+    let stats = opjournal::Inspector::open(&env.path)?.stats()?;
+    assert_eq!(stats.format_version, 2);
+    assert_eq!(stats.upgraded_from, Some(1));
+    assert!(stats.upgraded_at.is_some());
+    // Opening again upgrades nothing.
+    drop(env.open());
+    assert_eq!(format_upgrades(&env.path)?, vec![(1, 2)]);
+    Ok(())
+}
+
+#[test]
+fn a_read_only_format_1_journal_is_not_opened_for_writing_and_stays_unchanged() {
+    let env = Env::new();
+    std::fs::copy(fixture("v1.opj"), &env.path).expect("copy");
+    let mut perms = std::fs::metadata(&env.path).expect("meta").permissions();
+    perms.set_readonly(true);
+    std::fs::set_permissions(&env.path, perms).expect("chmod");
+    let before = env.bytes();
+    let err = env.builder().open(&env.path).expect_err("read-only format 1 file");
+    assert!(
+        matches!(err.kind(), ErrorKind::InvalidInput { .. }),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("format version 1") && msg.contains("read-only"),
+        "{msg}"
+    );
+    assert!(env.bytes() == before);
+    assert!(!opjournal::FileLog::path_for(&env.path).exists());
 }
 
 /// Writes a redb database of another program: one table, no `meta`.
@@ -169,54 +251,66 @@ fn write_foreign_redb(path: &Path) {
     txn.commit().expect("commit");
 }
 
-/// Writes a redb file whose `meta` table says `format_version`.
-fn write_meta_only(path: &Path, format_version: u32) {
+/// Writes a redb file whose `meta` table holds only a format record saying
+/// `format_version`, framed with envelope version `envelope` (as a build of that format
+/// would write it: the CRC holds).
+fn write_meta_only(path: &Path, format_version: u32, envelope: u8) {
     let db = redb::Database::create(path).expect("redb file");
     let txn = db.begin_write().expect("write");
     {
         let mut meta = txn
             .open_table(redb::TableDefinition::<&str, &[u8]>::new("meta"))
             .expect("meta");
-        // FormatRecord per docs/format.md: u32 version, u64 created_at, string created_by.
+        // FormatRecord per docs/format.md: u32 version, u64 created_at, string
+        // created_by (u64 length, bytes), then (format 2) an absent upgrade (0).
         let mut payload = Vec::new();
         payload.extend_from_slice(&format_version.to_le_bytes());
         payload.extend_from_slice(&common::T0.as_millis().to_le_bytes());
         payload.extend_from_slice(&(4u64).to_le_bytes());
         payload.extend_from_slice(b"test");
-        meta.insert(
-            "format",
-            codec::frame(RecordKind::Meta, &payload).as_slice(),
-        )
-        .expect("insert");
+        payload.push(0);
+        let mut framed = codec::frame(RecordKind::Meta, &payload);
+        framed[2] = envelope;
+        let mut h = crc32fast::Hasher::new();
+        h.update(&framed[0..8]);
+        h.update(&payload);
+        framed[8..12].copy_from_slice(&h.finalize().to_le_bytes());
+        meta.insert("format", framed.as_slice()).expect("insert");
     }
     txn.commit().expect("commit");
 }
 
 #[test]
 fn newer_format_is_refused_naming_both_versions() {
-    let env = Env::new();
-    write_meta_only(&env.path, 2);
-    let err = env.builder().open(&env.path).expect_err("newer format");
-    assert!(
-        matches!(
-            err.kind(),
-            ErrorKind::UnsupportedFormat {
-                found: 2,
-                supported: 1
-            }
-        ),
-        "{err:?}"
-    );
-    let msg = err.to_string();
-    assert!(
-        msg.contains("version 2") && msg.contains("version 1"),
-        "{msg}"
-    );
-    let err = opjournal::Inspector::open(&env.path).expect_err("newer format");
-    assert!(
-        matches!(err.kind(), ErrorKind::UnsupportedFormat { .. }),
-        "{err:?}"
-    );
+    // A format record of a newer build: its envelope version, or the version it holds.
+    for (version, envelope) in [(3, 3), (3, 2)] {
+        let env = Env::new();
+        write_meta_only(&env.path, version, envelope);
+        let before = env.bytes();
+        let err = env.builder().open(&env.path).expect_err("newer format");
+        assert!(
+            matches!(
+                err.kind(),
+                ErrorKind::UnsupportedFormat {
+                    found: 3,
+                    supported: 2
+                }
+            ),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("version 3") && msg.contains("version 2"),
+            "{msg}"
+        );
+        let err = opjournal::Inspector::open(&env.path).expect_err("newer format");
+        assert!(
+            matches!(err.kind(), ErrorKind::UnsupportedFormat { .. }),
+            "{err:?}"
+        );
+        assert!(env.bytes() == before, "refusing wrote to the file");
+        assert!(!opjournal::FileLog::path_for(&env.path).exists());
+    }
 }
 
 #[test]
@@ -249,7 +343,10 @@ fn damage_records(path: &Path, kind: RecordKind, needle: &[u8]) -> usize {
     let mut hits = 0;
     let mut i = 0;
     while i + 12 < bytes.len() {
-        if bytes[i..i + 2] == *b"OJ" && bytes[i + 2] == 1 && bytes[i + 3] == kind as u8 {
+        if bytes[i..i + 2] == *b"OJ"
+            && (1..=2).contains(&bytes[i + 2])
+            && bytes[i + 3] == kind as u8
+        {
             let len = u32::from_le_bytes([bytes[i + 4], bytes[i + 5], bytes[i + 6], bytes[i + 7]])
                 as usize;
             let end = i + 12 + len;
@@ -326,7 +423,7 @@ fn altered_event_bytes_give_corrupt_naming_the_sequence() -> opjournal::Result<(
 #[test]
 fn repair_refuses_foreign_and_newer_files_without_writing_a_backup() {
     let env = Env::new();
-    write_meta_only(&env.path, 2);
+    write_meta_only(&env.path, 3, 3);
     let before = env.bytes();
     let err = opjournal::check::repair(&env.path, &Default::default(), &mut |_, _| {})
         .expect_err("newer format");

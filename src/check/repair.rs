@@ -12,9 +12,11 @@ use crate::config::Config;
 use crate::engine::{self, Ctx};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::file::{check_format, check_redb_magic};
+use crate::journal::open::{absorb_log, prepare};
+use crate::log::FileLog;
 use crate::index::{self, Layered, Layers, Table, View, WriteTables, guarded};
-use crate::record::Digest;
-use crate::record::{Event, EventKind, ExecRecord, FormatRecord, ReceiptRecord, StateRecord};
+use crate::record::IntentDigest;
+use crate::record::{CheckpointRecord, Event, EventKind, ExecRecord, FormatRecord, ReceiptRecord, StateRecord};
 // ---------------------------------------------------------------------------------------
 // Repair.
 // ---------------------------------------------------------------------------------------
@@ -75,6 +77,9 @@ pub struct RepairReport {
     pub quarantined: Vec<Finding>,
     /// Operations not restored as they were.
     pub lost: Vec<LostOperation>,
+    /// Records of the log (what a writer logged and never checkpointed) written into the
+    /// file before the repair.
+    pub log_records: u64,
     /// Events replayed.
     pub events_replayed: u64,
     /// Receipts rebuilt.
@@ -124,6 +129,7 @@ pub fn repair(
             .map_err(Error::io)?;
         let copy = dir.path().join("journal.opj");
         std::fs::copy(path, &copy).map_err(Error::io)?;
+        copy_log(path, &copy)?;
         _dry_dir = Some(dir);
         copy
     } else {
@@ -152,6 +158,7 @@ pub fn repair(
         }
         let backup = backup_path(path);
         std::fs::copy(path, &backup).map_err(Error::io)?;
+        copy_log(path, &backup)?;
         report.backup = Some(backup);
     }
     let open = |check: bool| {
@@ -185,7 +192,31 @@ pub fn repair(
     match opened {
         Ok((db, intact)) => {
             report.storage_rolled_back = !intact;
-            let done = guarded("repair", || repair_db(&db, &mut report, progress));
+            let done = guarded("repair", || {
+                // What a writer logged and never checkpointed goes into the file first.
+                if let Some(log) = FileLog::open_read_only(&FileLog::path_for(&target))
+                    .map_err(|e| Error::io_during("open the journal's log", e))?
+                {
+                    let (absorbed, damage) = absorb_log(&db, &log)?;
+                    report.log_records = absorbed;
+                    if let Some(problem) = damage {
+                        report.quarantined.push(Finding {
+                            table: "log".into(),
+                            key: FileLog::path_for(path).display().to_string(),
+                            problem: format!(
+                                "{problem}; it and the records after it were not applied"
+                            ),
+                        });
+                    }
+                }
+                repair_db(&db, &mut report, progress)?;
+                // A format 1 file is rewritten as this format (its records now are).
+                prepare(&db, path, &Config::default())
+            });
+            if done.is_ok() {
+                // Everything the log held is in the file now.
+                let _ = std::fs::remove_file(FileLog::path_for(&target));
+            }
             // Close under the guard too (both found by fuzzing): a storage-engine panic
             // caught above leaves its locks poisoned, and closing a file with a damaged
             // allocator state panics on its own. The repair's commit is durable either
@@ -242,8 +273,16 @@ fn refuse_foreign(path: &Path, target: &Path) -> Result<()> {
             }));
         }
         let meta = txn.open_table(<index::Meta as Table>::def())?;
+        // A newer format is refused, never rewritten as this one (the newer build's
+        // records would be lost); a damaged format record is left to repair.
         let format = match meta.get("format")? {
-            Some(v) => index::decode_meta::<FormatRecord>("format", v.value()).ok(),
+            Some(v) => match index::decode_format(v.value()) {
+                Ok(f) => Some(f),
+                Err(e) if matches!(e.kind(), ErrorKind::UnsupportedFormat { .. }) => {
+                    return Err(e);
+                }
+                Err(_) => None,
+            },
             None => None,
         };
         if let Some(f) = format {
@@ -265,6 +304,15 @@ fn refuse_foreign(path: &Path, target: &Path) -> Result<()> {
         // Anything else is damage for repair itself to deal with.
         _ => Ok(()),
     }
+}
+
+/// Copies the log of the journal at `from` (if there is one) beside `to`, as `to`'s log.
+fn copy_log(from: &Path, to: &Path) -> Result<()> {
+    let log = FileLog::path_for(from);
+    if log.exists() {
+        std::fs::copy(&log, FileLog::path_for(to)).map_err(Error::io)?;
+    }
+    Ok(())
 }
 
 fn backup_path(path: &Path) -> PathBuf {
@@ -451,7 +499,7 @@ pub(crate) fn repair_db(
                 }
             }
             for (key, raw, e) in misplaced {
-                let intact = codec::decode::<Event>(RecordKind::Event, &raw).ok();
+                let intact = index::decode_event_frame(&raw).ok();
                 if let Some(ev) = &intact
                     && events.get(ev.seq)?.is_none()
                 {
@@ -510,8 +558,11 @@ pub(crate) fn repair_db(
             let mut format_ok = false;
             for (key, raw) in old_meta {
                 let checked = match key.as_str() {
-                    "format" => index::decode_meta::<FormatRecord>("format", &raw).map(|_| ()),
+                    "format" => index::decode_format(&raw).map(|_| ()),
                     "state" => index::decode_meta::<StateRecord>("state", &raw).map(|_| ()),
+                    "checkpoint" => {
+                        index::decode_meta::<CheckpointRecord>("checkpoint", &raw).map(|_| ())
+                    }
                     _ => Err(Error::corrupt(
                         "meta",
                         &key,
@@ -679,7 +730,7 @@ pub(crate) fn repair_db(
                     r.scope.clone(),
                     r.session.clone(),
                 ),
-                None => (1, "(lost)".to_string(), Digest([0; 32]), None, None),
+                None => (1, "(lost)".to_string(), IntentDigest::LOST, None, None),
             };
             ctx.append(
                 Some(op),

@@ -50,9 +50,7 @@ pub(crate) fn salvage(
     for (kind, frame) in scan_frames(&bytes) {
         match kind {
             RecordKind::Event => {
-                if let Ok(payload) = codec::unframe(kind, frame)
-                    && let Ok(ev) = codec::decode_payload::<Event>(payload)
-                {
+                if let Ok(ev) = index::decode_event_frame(frame) {
                     events.entry(ev.seq).or_insert(ev);
                 }
             }

@@ -6,7 +6,7 @@ use super::clocks::effective;
 use crate::clock::Timestamp;
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::View;
-use crate::record::Digest;
+use crate::record::IntentDigest;
 use crate::record::{DeliveryState, ExecRecord, OutcomeKind, ReceiptRecord};
 use crate::types::{Admission, ExecutionStatus, OpResult, Operation, Receipt, Replay};
 
@@ -147,8 +147,8 @@ pub(crate) fn answer_known<V: View>(
         return Ok(None);
     }
     // An all-zero hash means `repair` lost the intent: any intent is answered in doubt.
-    let submitted = Digest::from(op.intent.hash());
-    if rec.intent_hash != submitted && rec.intent_hash != Digest([0; 32]) {
+    let submitted = IntentDigest::from(op.intent.hash());
+    if rec.intent_hash != submitted && !rec.intent_hash.is_lost() {
         return Err(Error::new(ErrorKind::IntentMismatch {
             operation_id: op.id.clone(),
             recorded: rec.intent_hash.into(),

@@ -17,6 +17,10 @@ pub struct Stats {
     pub format_version: u32,
     /// When the journal was created.
     pub created_at: Timestamp,
+    /// The format the file had before it was upgraded to this one, if it was.
+    pub upgraded_from: Option<u32>,
+    /// When it was upgraded.
+    pub upgraded_at: Option<Timestamp>,
     /// The time the counts were taken at.
     pub now: Timestamp,
     /// The persisted clock high-water mark.
@@ -77,6 +81,8 @@ pub(crate) fn collect<V: View>(
     if let Some(f) = v.format()? {
         s.format_version = f.format_version;
         s.created_at = f.created_at;
+        s.upgraded_from = f.upgraded.map(|u| u.from);
+        s.upgraded_at = f.upgraded.map(|u| u.at);
     }
     s.clock_high_water = v.state()?.clock_high_water;
     for entry in v.all::<Receipts>()? {

@@ -94,9 +94,26 @@ fn corrupt(table: &str, key: impl std::fmt::Display, e: impl std::fmt::Display) 
     Error::corrupt(table, key, e.to_string())
 }
 
+/// An event record of this format or of format 1, without checking where it was found.
+pub(crate) fn decode_event_frame(bytes: &[u8]) -> std::result::Result<Event, codec::FrameError> {
+    match codec::unframe_versioned(RecordKind::Event, bytes)? {
+        (1, payload) => codec::decode_payload(payload).map(Event::from_v1),
+        (_, payload) => codec::decode_payload(payload),
+    }
+}
+
+/// A receipt record of this format or of format 1, without checking where it was found.
+pub(crate) fn decode_receipt_frame(
+    bytes: &[u8],
+) -> std::result::Result<ReceiptRecord, codec::FrameError> {
+    match codec::unframe_versioned(RecordKind::Receipt, bytes)? {
+        (1, payload) => codec::decode_payload(payload).map(ReceiptRecord::from_v1),
+        (_, payload) => codec::decode_payload(payload),
+    }
+}
+
 pub(crate) fn decode_event(key: u64, bytes: &[u8]) -> Result<Event> {
-    let ev: Event =
-        codec::decode(RecordKind::Event, bytes).map_err(|e| corrupt("events", key, e))?;
+    let ev = decode_event_frame(bytes).map_err(|e| corrupt("events", key, e))?;
     if ev.seq != key {
         return Err(corrupt(
             "events",
@@ -108,8 +125,7 @@ pub(crate) fn decode_event(key: u64, bytes: &[u8]) -> Result<Event> {
 }
 
 pub(crate) fn decode_receipt(key: &str, bytes: &[u8]) -> Result<ReceiptRecord> {
-    let rec: ReceiptRecord =
-        codec::decode(RecordKind::Receipt, bytes).map_err(|e| corrupt("receipts", key, e))?;
+    let rec = decode_receipt_frame(bytes).map_err(|e| corrupt("receipts", key, e))?;
     if rec.operation_id != key {
         return Err(corrupt(
             "receipts",

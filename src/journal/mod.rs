@@ -3,7 +3,7 @@
 mod builder;
 mod committer;
 pub(crate) mod compactor;
-mod open;
+pub(crate) mod open;
 mod reads;
 
 pub use builder::JournalBuilder;

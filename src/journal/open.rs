@@ -33,7 +33,9 @@ impl Journal {
 
     pub(crate) fn open_with(path: &Path, cfg: Config) -> Result<Journal> {
         check_redb_magic(path)?;
-        if !path.exists() {
+        if path.exists() {
+            crate::index::guarded("open", || refuse_before_writing(path))?;
+        } else {
             Self::create_atomically(path, &cfg)?;
         }
         // The file is input: the storage engine may panic on damaged pages while opening
@@ -184,6 +186,51 @@ impl Journal {
     }
 }
 
+/// Refuses, before the file is opened for writing (which writes to it), a journal of a
+/// newer format (named with both versions: it is never rewritten as this one) and a
+/// read-only file. Reads the format with a read-only open; if that is not possible here (a
+/// live reader holds the file, or it needs the recovery that only a writer runs), the
+/// writer's open decides.
+fn refuse_before_writing(path: &Path) -> Result<()> {
+    let read_only = std::fs::metadata(path)
+        .map_err(Error::io)?
+        .permissions()
+        .readonly();
+    let db = match redb::Builder::new()
+        .set_concurrency_mode(redb::ConcurrencyMode::ExclusiveWriter)
+        .open_read_only(path)
+    {
+        Ok(db) => db,
+        Err(_) if !read_only => return Ok(()),
+        Err(e) => return Err(open_error(path, e)),
+    };
+    let format = index::Snapshot {
+        base: Some(&Base::new(db.begin_read()?)),
+        layers: Layers::default(),
+    }
+    .format()?;
+    if !read_only {
+        return Ok(());
+    }
+    let version = format.map_or(u32::from(FORMAT_VERSION), |f| f.format_version);
+    let why = if version < u32::from(FORMAT_VERSION) {
+        format!(
+            "it is format version {version}, which the first writer upgrades to version \
+             {FORMAT_VERSION} in place, but the file is read-only"
+        )
+    } else {
+        "the file is read-only".to_string()
+    };
+    Err(Error::invalid(
+        "journal file",
+        &path.display().to_string(),
+        format!(
+            "{why}: make it writable to open it for writing (read-only commands such as \
+             `opjournal ls` read it as it is)"
+        ),
+    ))
+}
+
 /// Lays one log record over the memtable.
 fn replay_record(mem: &mut Memtable, lsn: u64, kind: u8, payload: &[u8]) -> Result<()> {
     if kind != log::KIND_BATCH {
@@ -238,6 +285,20 @@ pub(crate) fn prepare(db: &Database, path: &Path, cfg: &Config) -> Result<()> {
         .is_some_and(|f| f.format_version == u32::from(FORMAT_VERSION))
     {
         return Ok(());
+    }
+    if let Some(old) = &format
+        && std::fs::metadata(path).is_ok_and(|m| m.permissions().readonly())
+    {
+        return Err(Error::invalid(
+            "journal file",
+            &path.display().to_string(),
+            format!(
+                "it is format version {}, which the first writer upgrades to version \
+                 {FORMAT_VERSION} in place, but the file is read-only: make it writable to open \
+                 it for writing (read-only commands such as `opjournal ls` read it as it is)",
+                old.format_version
+            ),
+        ));
     }
     let now = cfg.clock.now();
     let txn = db.begin_write()?;
@@ -299,4 +360,59 @@ pub(crate) fn prepare(db: &Database, path: &Path, cfg: &Config) -> Result<()> {
     index::create_tables(&txn)?;
     txn.commit()?;
     Ok(())
+}
+
+/// Writes the log's records of the current cycle into redb and starts the next cycle, in
+/// one durable transaction: what a writer's close does, for tools that work on the redb
+/// file alone (`repair`, `backup`) after a writer crashed. A record whose changes do not
+/// decode ends what is absorbed, as a torn one does; the caller gets its description.
+/// Returns the number of records absorbed.
+pub(crate) fn absorb_log(db: &Database, log: &dyn LogStorage) -> Result<(u64, Option<String>)> {
+    let base = Base::new(db.begin_read()?);
+    let Some(cp) = (index::Snapshot {
+        base: Some(&base),
+        layers: Layers::default(),
+    })
+    .checkpoint()?
+    else {
+        return Ok((0, None));
+    };
+    let cursor = Cursor {
+        journal_id: cp.journal_id,
+        generation: cp.generation,
+        first_lsn: cp.next_lsn,
+    };
+    let bytes = log::read_all(log).map_err(|e| Error::io_during("read the journal's log", e))?;
+    let mut mem = Memtable::default();
+    let mut damage = None;
+    let mut absorbed = 0u64;
+    // A damaged record ends the scan: it and everything after it are not absorbed.
+    let _ = log::scan(&bytes, cursor, |record| {
+        replay_record(&mut mem, record.lsn, record.kind, record.payload)
+            .map(|()| absorbed += 1)
+            .map_err(|e| {
+                damage = Some(format!("log record {}: {e}", record.lsn));
+            })
+    });
+    let next_lsn = cursor.first_lsn + absorbed;
+    drop(base);
+    if mem.is_empty() {
+        return Ok((0, damage));
+    }
+    let txn = db.begin_write()?;
+    index::checkpoint(&txn, &mem)?;
+    {
+        let mut meta = txn.open_table(<index::Meta as index::Table>::def())?;
+        let next = CheckpointRecord {
+            journal_id: cp.journal_id,
+            generation: cp.generation + 1,
+            next_lsn,
+        };
+        meta.insert(
+            "checkpoint",
+            crate::codec::encode(crate::codec::RecordKind::Meta, &next).as_slice(),
+        )?;
+    }
+    txn.commit()?;
+    Ok((absorbed, damage))
 }

@@ -33,17 +33,36 @@ pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
         ("journal", args.file.display().to_string()),
         (
             "format",
-            format!(
-                "version {}, created {}",
-                s.format_version,
-                when(s.created_at, now)
-            ),
+            match (s.upgraded_from, s.upgraded_at) {
+                (Some(from), Some(at)) => format!(
+                    "version {} (upgraded from version {from} {}), created {}",
+                    s.format_version,
+                    when(at, now),
+                    when(s.created_at, now)
+                ),
+                _ => format!(
+                    "version {}, created {}",
+                    s.format_version,
+                    when(s.created_at, now)
+                ),
+            },
         ),
         (
             "now",
             format!("{} (clocks applied as of this time)", utc(now)),
         ),
-        ("file size", size(s.file_bytes)),
+        (
+            "file size",
+            if s.log_bytes > 0 {
+                format!(
+                    "{} and a log of {} (changes not yet checkpointed into the file)",
+                    size(s.file_bytes),
+                    size(s.log_bytes)
+                )
+            } else {
+                size(s.file_bytes)
+            },
+        ),
         ("", String::new()),
         ("operations", n(s.operations)),
         ("  running", n(s.running)),
