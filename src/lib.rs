@@ -44,7 +44,7 @@ pub use types::{
     Admission, Claim, DeliveryState, ExecutionStatus, OpResult, Operation, Outcome, Receipt,
     Replay, Resolution, StaleBasePolicy,
 };
-pub use validate::MAX_NAME_BYTES;
+pub use validate::{MAX_NAME_BYTES, validate_name};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]
