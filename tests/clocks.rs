@@ -88,7 +88,7 @@ fn ack_timeout_expires_exactly_at_its_deadline_and_a_late_ack_is_recorded() -> o
     assert_eq!(journal.compact()?.ack_expired, 1);
     assert_eq!(delivery(&journal, "a"), Some(DeliveryState::AckExpired));
     // The client finally acknowledges: harmless, and recorded as late.
-    let r = journal.acknowledge("a")?;
+    let r = journal.acknowledge("a", Some("tab"))?;
     assert_eq!(r.delivery, Some(DeliveryState::Acknowledged));
     let last = journal.history("a")?.pop().expect("events");
     assert_eq!(last.kind, opjournal::EventKind::Acknowledged { late: true });
@@ -237,7 +237,7 @@ fn redelivery_is_due_exactly_at_its_time() -> opjournal::Result<()> {
     assert!(journal.due_redeliveries(10)?.is_empty());
     at(&env, next, 0);
     assert_eq!(journal.due_redeliveries(10)?.len(), 1);
-    journal.acknowledge("a")?;
+    journal.acknowledge("a", Some("tab"))?;
     assert!(journal.due_redeliveries(10)?.is_empty());
     Ok(())
 }
@@ -275,7 +275,7 @@ fn retry_budget_is_exhausted_exactly_after_the_last_wait_and_the_result_stays()
     assert!(matches!(journal.submit(op("a"))?, Admission::Replay(_)));
     // And the acknowledgement may still arrive.
     assert_eq!(
-        journal.acknowledge("a")?.delivery,
+        journal.acknowledge("a", Some("tab"))?.delivery,
         Some(DeliveryState::Acknowledged)
     );
     Ok(())
@@ -483,7 +483,7 @@ fn background_compaction_never_fails_a_foreground_call_or_shows_half_a_batch()
             "x",
         )?;
         if i % 2 == 0 {
-            journal.acknowledge(&id)?;
+            journal.acknowledge(&id, None)?;
         }
         env.advance(Duration::from_secs(30));
     }
@@ -535,7 +535,7 @@ fn deliveries_and_acks_cost_no_commit_of_their_own_and_ride_the_next_one() -> op
     let events = journal.event_count()?;
     let r = journal.delivered("a")?;
     assert_eq!(r.delivery_count, 1);
-    let r = journal.acknowledge("a")?;
+    let r = journal.acknowledge("a", Some("tab"))?;
     assert_eq!(r.delivery, Some(DeliveryState::Acknowledged));
     // Visible to this handle's reads at once...
     assert_eq!(delivery(&journal, "a"), Some(DeliveryState::Acknowledged));
@@ -565,7 +565,7 @@ fn pending_acks_are_committed_when_the_journal_closes() -> opjournal::Result<()>
     {
         let journal = env.open();
         run_op(&journal, &mut editor, op("a"), "x")?;
-        journal.acknowledge("a")?;
+        journal.acknowledge("a", Some("tab"))?;
     }
     let journal = env.open();
     assert_eq!(delivery(&journal, "a"), Some(DeliveryState::Acknowledged));

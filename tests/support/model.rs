@@ -273,6 +273,8 @@ pub enum ErrView {
     InvalidState,
     /// `UnknownOperation`.
     UnknownOperation,
+    /// `NotOwner`: another session's result.
+    NotOwner,
     /// Anything the model does not predict: I/O, poisoned, corrupt, storage.
     Failure(String),
 }
@@ -303,6 +305,7 @@ impl ErrView {
             }
             ErrorKind::InvalidState { .. } => ErrView::InvalidState,
             ErrorKind::UnknownOperation { .. } => ErrView::UnknownOperation,
+            ErrorKind::NotOwner { .. } => ErrView::NotOwner,
             other => ErrView::Failure(format!("{other:?}: {e}")),
         }
     }
@@ -1044,6 +1047,11 @@ impl Model {
         Ok(lease_until)
     }
 
+    /// The session `id` was submitted with, if the model knows the id.
+    pub fn session_of(&self, id: &str) -> Option<String> {
+        self.ops.get(id).and_then(|r| r.session.clone())
+    }
+
     fn known(&mut self, id: &str, now: u64) -> Result<MOp, ErrView> {
         self.ids.insert(id.to_string());
         match self.eff(id, now) {
@@ -1118,10 +1126,16 @@ impl Model {
         Ok(view)
     }
 
-    /// `acknowledge`.
-    pub fn acknowledge(&mut self, id: &str) -> Expect<ReceiptView> {
+    /// `acknowledge` by `session`: only the session an operation was submitted with
+    /// acknowledges it (any caller, for an operation submitted without one).
+    pub fn acknowledge(&mut self, id: &str, session: Option<&str>) -> Expect<ReceiptView> {
         let now = self.now();
         let mut rec = self.known(id, now)?;
+        if let Some(owner) = &rec.session
+            && session != Some(owner.as_str())
+        {
+            return Err(ErrView::NotOwner);
+        }
         let MState::Done(d) = &mut rec.state else {
             return Err(ErrView::InvalidState);
         };
@@ -1429,7 +1443,7 @@ impl Model {
     /// [`StepResult::Failed`] (the caller decides what the outcome may be).
     pub fn step(&mut self, journal: &Journal, call: &Call) -> Result<StepResult, String> {
         let before = self.clone();
-        let lazy = matches!(call, Call::Delivered(_) | Call::Acknowledge(_));
+        let lazy = matches!(call, Call::Delivered(_) | Call::Acknowledge(..));
         macro_rules! compare {
             ($expected:expr, $actual:expr, $same:expr) => {{
                 let expected = $expected;
@@ -1567,12 +1581,12 @@ impl Model {
                     refused,
                 })
             }
-            Call::Acknowledge(id) => {
+            Call::Acknowledge(id, session) => {
                 let actual = journal
-                    .acknowledge(id)
+                    .acknowledge(id, session.as_deref())
                     .map(|r| ReceiptView::of(&r))
                     .map_err(|e| ErrView::of(&e));
-                let expected = self.acknowledge(id);
+                let expected = self.acknowledge(id, session.as_deref());
                 let (refused, _) =
                     compare!(expected, actual, |e: &ReceiptView, a: &ReceiptView| e
                         .admits(a));
@@ -1696,8 +1710,8 @@ pub enum Call {
     Resolve(String, ResolutionSpec),
     /// `delivered`.
     Delivered(String),
-    /// `acknowledge`.
-    Acknowledge(String),
+    /// `acknowledge` by a session (`None`: a caller without one).
+    Acknowledge(String, Option<String>),
     /// `advance_revision`.
     AdvanceRevision(String, u64),
     /// `compact`.

@@ -687,9 +687,9 @@ impl Shared {
                 Ok(None) => return Ok(()),
                 Err(e) => refusal(Some(id), &e),
             },
-            (Request::Ack { id }, Some(_)) => {
-                self.ack(&id).unwrap_or_else(|e| refusal(Some(id), &e))
-            }
+            (Request::Ack { id }, Some(session)) => self
+                .ack(&id, &session)
+                .unwrap_or_else(|e| refusal(Some(id), &e)),
             (Request::Status { id }, Some(_)) => {
                 self.status(&id).unwrap_or_else(|e| refusal(Some(id), &e))
             }
@@ -907,14 +907,14 @@ impl Shared {
         })
     }
 
-    fn ack(&self, id: &str) -> Result<Reply, ServiceError> {
+    fn ack(&self, id: &str, session: &str) -> Result<Reply, ServiceError> {
         let journal = self.journal()?;
         let late = journal
             .lookup(id)
             .doing(|| format!("look up `{id}`"))?
             .is_some_and(|r| r.delivery == Some(DeliveryState::AckExpired));
         journal
-            .acknowledge(id)
+            .acknowledge(id, Some(session))
             .doing(|| format!("acknowledge `{id}`"))?;
         Ok(Reply::Acked {
             id: id.to_string(),
