@@ -224,7 +224,7 @@ fn a_delivery_after_the_budget_is_spent_keeps_it_spent_while_the_last_is_pending
     for _ in 0..3 {
         j.delivered("op-1")?;
     }
-    // The third delivery spent the budget; one full backoff later it is exhausted.
+    // The third delivery spent the budget: it is exhausted from then on.
     clock.advance(Duration::from_secs(1));
     let seen = j.lookup("op-1")?.expect("recorded");
     assert_eq!(seen.delivery, Some(DeliveryState::Exhausted));

@@ -621,17 +621,19 @@ pub(crate) fn lazy_event(
                 }));
             }
             let count = d.delivery.count.saturating_add(1);
-            // Once the last attempt is recorded, further deliveries (replays a client asked
-            // for) do not postpone the exhaustion.
+            // The last permitted delivery spends the budget: its exhaustion is due at once
+            // (reads show `Exhausted` from now on, and compaction records the event), so a
+            // service stops pushing exactly when the journal says so. Further deliveries
+            // (replays a client asked for) change nothing.
             let (next_due, final_attempt) = if matches!(
                 d.delivery.state,
                 DeliveryState::Pending | DeliveryState::Delivered
             ) && !d.delivery.final_attempt
             {
-                let cap = backoff(cfg, count);
                 if count >= cfg.retry.attempts {
-                    (at.saturating_add(cap), true)
+                    (at, true)
                 } else {
+                    let cap = backoff(cfg, count);
                     (
                         at.saturating_add(jitter(&rec.operation_id, rec.epoch, count, cap)),
                         false,

@@ -14,6 +14,12 @@
 //!   durable calls (`delivered`, `acknowledge`: they ride along with the next commit) and a
 //!   call that failed with an I/O error may or may not have landed, in order. After a reopen the
 //!   journal must equal one of those states exactly — never a mix.
+//!
+//! Two delivery rules the model states on its own, since a service relies on them:
+//! - only the session an operation was submitted with acknowledges it (`NotOwner`
+//!   otherwise; an operation without a session may be acknowledged by any caller);
+//! - the retry budget is spent the moment its last delivery is recorded: the receipt of
+//!   that `delivered` call already says `Exhausted`, and nothing is pushed after it.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -625,15 +631,20 @@ impl MOp {
                 } else {
                     v.result_size = Some(d.result.bytes.len() as u64);
                 }
-                v.delivery = Some(d.delivery);
+                let pushing = matches!(
+                    d.delivery,
+                    DeliveryState::Pending | DeliveryState::Delivered
+                );
+                // The budget is spent when its last delivery is recorded.
+                v.delivery = Some(if pushing && d.final_attempt {
+                    DeliveryState::Exhausted
+                } else {
+                    d.delivery
+                });
                 v.delivery_count = d.count;
                 v.completed_at = Some(d.completed_at);
                 v.acknowledged_at = d.acknowledged_at;
-                if matches!(
-                    d.delivery,
-                    DeliveryState::Pending | DeliveryState::Delivered
-                ) && !d.retired
-                {
+                if pushing && !d.final_attempt && !d.retired {
                     v.next_delivery_at = Some(d.next_due);
                 }
                 v.ack_deadline = Some(d.ack);
@@ -1106,12 +1117,12 @@ impl Model {
             d.delivery,
             DeliveryState::Pending | DeliveryState::Delivered
         ) {
-            // Once the last attempt is recorded, further deliveries (replays a client
-            // asked for) do not postpone the exhaustion.
+            // The last permitted delivery spends the budget: exhausted as of now. Further
+            // deliveries (replays a client asked for) change nothing.
             if !d.final_attempt {
                 let cap = backoff(&self.cfg.retry, count);
                 if count >= self.cfg.retry.attempts {
-                    d.next_due = plus(now, cap);
+                    d.next_due = now;
                     d.final_attempt = true;
                 } else {
                     // Unknown epoch: the due time is unknown too (views then skip it).
