@@ -24,6 +24,8 @@ mod inspect;
 mod intent;
 mod journal;
 mod record;
+#[cfg(feature = "service")]
+pub mod service;
 mod types;
 mod validate;
 

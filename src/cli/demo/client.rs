@@ -4,9 +4,50 @@
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::protocol::{Edit, Reply, Request, ResultMsg, StatusMsg};
+use opjournal::service::{Edit, Reply, Request, ResultMsg, StatusMsg};
+
+/// The retry rule of docs/protocol.md for `scope_busy`: wait a delay drawn uniformly from
+/// `[0, cap]` ("full jitter"), the cap doubling from 10 ms up to 1 s, then submit the same
+/// id again. (For `stale_base` the rule is: say `hello` to learn the revision, then submit
+/// with a new id.)
+pub(crate) struct Backoff {
+    cap: Duration,
+    state: u64,
+}
+
+impl Backoff {
+    pub(crate) const FIRST: Duration = Duration::from_millis(10);
+    pub(crate) const MAX: Duration = Duration::from_secs(1);
+
+    pub(crate) fn new(salt: &str) -> Backoff {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let mut state = nanos | 1;
+        for b in salt.bytes() {
+            state = (state ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        Backoff {
+            cap: Self::FIRST,
+            state: state | 1,
+        }
+    }
+
+    /// The next delay; the cap doubles after each.
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        // xorshift64*
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        let r = self.state.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        let cap_us = self.cap.as_micros() as u64;
+        let delay = Duration::from_micros(r % (cap_us + 1));
+        self.cap = (self.cap * 2).min(Self::MAX);
+        delay
+    }
+}
 
 /// Why the client could not talk to the service.
 #[derive(Debug, thiserror::Error)]
@@ -224,6 +265,18 @@ impl Client {
             Reply::Rejected { id, reason } => {
                 format!("{id} was rejected before any change: {reason}; nothing changed")
             }
+            Reply::Released {
+                id,
+                reason,
+                retry: true,
+            } => format!(
+                "{id} was not applied: {reason}; the id is free again, retry it after a backoff"
+            ),
+            Reply::Released {
+                id,
+                reason,
+                retry: false,
+            } => format!("{id} was not applied: {reason}; retrying the same edit will not help"),
             Reply::Acked { id, late: false } => format!("{id} acknowledged"),
             Reply::Acked { id, late: true } => {
                 format!("{id} acknowledged late (after its acknowledgement had expired); recorded")
@@ -238,6 +291,7 @@ impl Client {
                 let about = id.as_deref().map_or_else(String::new, |i| format!("{i}: "));
                 format!("{about}refused ({kind}): {message}")
             }
+            other => format!("a message this client does not know, ignored: {other:?}"),
         }
     }
 
