@@ -8,10 +8,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use opjournal::service::{Edit, Reply, Request, ResultMsg, StatusMsg};
 
-/// The retry rule of docs/protocol.md for `scope_busy`: wait a delay drawn uniformly from
-/// `[0, cap]` ("full jitter"), the cap doubling from 10 ms up to 1 s, then submit the same
-/// id again. (For `stale_base` the rule is: say `hello` to learn the revision, then submit
-/// with a new id.)
+/// The backoff of docs/protocol.md's retry rule: a delay drawn uniformly from `[0, cap]`
+/// ("full jitter"); the cap starts at 10 ms, doubles after each `scope_busy` up to 1 s, and
+/// halves after each applied operation (it is kept across operations, so a client that
+/// contends for a busy document keeps its distance).
 pub(crate) struct Backoff {
     cap: Duration,
     state: u64,
@@ -33,6 +33,11 @@ impl Backoff {
             cap: Self::FIRST,
             state: state | 1,
         }
+    }
+
+    /// After an applied operation: the cap halves (down to the first one).
+    pub(crate) fn succeeded(&mut self) {
+        self.cap = (self.cap / 2).max(Self::FIRST);
     }
 
     /// The next delay; the cap doubles after each.
@@ -402,4 +407,41 @@ fn history_words(history: &[String]) -> String {
         .map(|(w, n)| if n > 1 { format!("{w} x{n}") } else { w })
         .collect();
     words.join(" -> ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_delays_stay_under_a_cap_that_doubles_to_a_second_and_halves_after_success() {
+        let mut b = Backoff::new("op_1");
+        let mut cap = Backoff::FIRST;
+        for _ in 0..12 {
+            let d = b.next_delay();
+            assert!(d <= cap, "{d:?} above the cap {cap:?}");
+            cap = (cap * 2).min(Backoff::MAX);
+        }
+        assert_eq!(b.cap, Backoff::MAX);
+        b.succeeded();
+        assert_eq!(b.cap, Backoff::MAX / 2);
+        for _ in 0..20 {
+            b.succeeded();
+        }
+        assert_eq!(b.cap, Backoff::FIRST);
+        // Full jitter: the delays are spread over the whole cap, not all at its end.
+        let mut b = Backoff::new("op_2");
+        b.cap = Backoff::MAX;
+        let delays: Vec<Duration> = (0..64)
+            .map(|_| {
+                b.cap = Backoff::MAX;
+                b.next_delay()
+            })
+            .collect();
+        assert!(delays.iter().any(|d| *d < Backoff::MAX / 4), "{delays:?}");
+        assert!(
+            delays.iter().any(|d| *d > Backoff::MAX * 3 / 4),
+            "{delays:?}"
+        );
+    }
 }

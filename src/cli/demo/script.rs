@@ -134,6 +134,8 @@ pub(crate) struct Report {
 struct Session<'t> {
     svc: Service,
     client: Client,
+    /// The retry rule's backoff, kept across operations.
+    backoff: Backoff,
     clock: ManualClock,
     out: &'t mut Transcript,
     notes: Arc<Mutex<Vec<String>>>,
@@ -175,6 +177,7 @@ pub(crate) fn run(paths: &Paths, out: &mut Transcript) -> Result<Report, DemoErr
     let mut s = Session {
         svc,
         client,
+        backoff: Backoff::new(SESSION),
         clock,
         out,
         notes,
@@ -323,27 +326,32 @@ impl Session<'_> {
     }
 
     /// Submits a new operation and waits for its result, following the retry rule of
-    /// docs/protocol.md: after `scope_busy`, back off (full jitter) and submit the same id
-    /// again; after `stale_base`, say `hello` to learn the revision and submit a new id.
+    /// docs/protocol.md: after `scope_busy`, back off (full jitter), say `hello` to learn
+    /// the revision, and submit the same id again if it did not move; after `stale_base`
+    /// (or a moved revision), submit the edit again with a new id on the new revision.
     fn run_op(&mut self, id: &str, edit: &Edit) -> Result<ResultMsg, DemoError> {
-        let mut id = id.to_string();
-        let mut backoff = Backoff::new(&id);
+        let base_id = id.to_string();
+        let mut id = base_id.clone();
         for attempt in 1..=20 {
             self.submit(&id, edit)?;
-            match self.recv(false)? {
+            let before = self.client.revision;
+            let moved = match self.recv(false)? {
                 Reply::Accepted { id: got, .. } if got == id => {
+                    self.backoff.succeeded();
                     return self.expect_result(&id, false);
                 }
                 Reply::Error { kind, .. } if kind == "scope_busy" => {
-                    let delay = backoff.next_delay();
+                    let delay = self.backoff.next_delay();
                     self.say(
                         Who::Client,
                         format!(
-                            "waits {} ms (backoff with jitter), then retries {id}",
+                            "waits {} ms (backoff with jitter), then asks for the revision",
                             delay.as_millis()
                         ),
                     );
                     std::thread::sleep(delay);
+                    self.connect(false)?;
+                    self.client.revision != before
                 }
                 Reply::Error { kind, .. } if kind == "stale_base" => {
                     self.say(
@@ -351,10 +359,16 @@ impl Session<'_> {
                         "says hello again to learn the document's revision",
                     );
                     self.connect(false)?;
-                    id = format!("{}-r{attempt}", id.split("-r").next().unwrap_or(&id));
-                    self.say(Who::Client, format!("submits the edit again as {id}"));
+                    true
                 }
                 other => return Err(unexpected(format!("{id} accepted"), &other)),
+            };
+            if moved {
+                id = format!("{base_id}-r{attempt}");
+                self.say(
+                    Who::Client,
+                    format!("the document moved: submits the edit again as {id}"),
+                );
             }
         }
         Err(DemoError::Unexpected {
