@@ -262,6 +262,8 @@ pub struct DocumentStore {
     doc: Document,
     /// Lines in the log since the snapshot.
     logged: usize,
+    /// Edits to wait past `snapshot_every` after a failed snapshot.
+    snapshot_delay: usize,
     /// How long an applied operation stays in the index.
     pub retention: Duration,
     /// Edits between snapshots.
@@ -319,6 +321,7 @@ impl DocumentStore {
             log,
             doc,
             logged,
+            snapshot_delay: 0,
             retention,
             snapshot_every: 1000,
         })
@@ -407,7 +410,11 @@ impl DocumentStore {
 
     /// Whether enough edits were logged for a snapshot.
     pub fn snapshot_due(&self) -> bool {
-        self.logged >= self.snapshot_every.max(1)
+        self.logged
+            >= self
+                .snapshot_every
+                .max(1)
+                .saturating_add(self.snapshot_delay)
     }
 
     /// Writes the snapshot (dropping applied entries past the retention) and empties the
@@ -418,6 +425,29 @@ impl DocumentStore {
     ///
     /// [`ServiceError::Io`] naming the step that failed.
     pub fn write_snapshot(&mut self, now: Timestamp) -> Result<(), ServiceError> {
+        let written = self.try_snapshot(now);
+        // After a failure, the next attempt comes a tenth of the interval later, not at
+        // every edit.
+        self.snapshot_delay = match written {
+            Ok(()) => 0,
+            Err(_) => self
+                .logged
+                .saturating_sub(self.snapshot_every)
+                .saturating_add((self.snapshot_every / 10).max(1)),
+        };
+        written
+    }
+
+    fn try_snapshot(&mut self, now: Timestamp) -> Result<(), ServiceError> {
+        let tmp = self.snapshot.with_extension("tmp");
+        let io = |what: &str, p: &Path| {
+            let p = p.to_path_buf();
+            let what = what.to_string();
+            move |e| io_err(&what, &p, e)
+        };
+        // The temporary file first: a snapshot that cannot be written costs no
+        // serialization.
+        let mut f = File::create(&tmp).map_err(io("create", &tmp))?;
         self.doc.prune(cutoff(now, self.retention));
         let mut applied: Vec<AppliedEdit> = self.doc.applied.values().cloned().collect();
         applied.sort_by(|a, b| (a.revision, &a.op).cmp(&(b.revision, &b.op)));
@@ -432,13 +462,6 @@ impl DocumentStore {
             path: self.snapshot.clone(),
             detail: format!("it could not be serialized: {e}"),
         })?;
-        let tmp = self.snapshot.with_extension("tmp");
-        let io = |what: &str, p: &Path| {
-            let p = p.to_path_buf();
-            let what = what.to_string();
-            move |e| io_err(&what, &p, e)
-        };
-        let mut f = File::create(&tmp).map_err(io("create", &tmp))?;
         f.write_all(&bytes).map_err(io("write", &tmp))?;
         f.sync_all().map_err(io("sync", &tmp))?;
         drop(f);
@@ -669,6 +692,41 @@ mod tests {
         let reloaded = DocumentStore::open(&path, DAY, later)?;
         assert_eq!(reloaded.document(), store.document());
         assert_eq!(reloaded.document().objects().len(), 5, "the objects stay");
+        Ok(())
+    }
+
+    #[test]
+    fn a_snapshot_that_cannot_be_written_loses_nothing_and_edits_go_on() -> TestResult {
+        // The reproduction: the temporary file is a directory.
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("x.scene.json");
+        let t = Timestamp::from_millis(1);
+        let mut store = DocumentStore::open(&path, DAY, t)?;
+        store.snapshot_every = 100;
+        std::fs::create_dir(path.with_extension("tmp"))?;
+        let mut attempts = 0;
+        for i in 0..300u64 {
+            store
+                .apply(&format!("op_{i}"), &add(&format!("o{i}"), "door"), t, || {})
+                .map_err(|e| format!("{e:?}"))?;
+            if store.snapshot_due() {
+                attempts += 1;
+                assert!(store.write_snapshot(t).is_err());
+            }
+        }
+        // At edit 100, then every 10 edits (a tenth of the interval), not at every edit.
+        assert_eq!(attempts, 21);
+        let reloaded = DocumentStore::open(&path, DAY, t)?;
+        assert_eq!(reloaded.document(), store.document());
+        assert_eq!(reloaded.document().revision(), 300);
+        // Once the file can be written, the snapshot goes through and empties the log.
+        std::fs::remove_dir(path.with_extension("tmp"))?;
+        store.write_snapshot(t)?;
+        assert_eq!(std::fs::metadata(store.log_path())?.len(), 0);
+        assert_eq!(
+            DocumentStore::open(&path, DAY, t)?.document(),
+            store.document()
+        );
         Ok(())
     }
 
