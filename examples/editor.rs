@@ -1,9 +1,11 @@
 //! An editor service that embeds opjournal: the model for integrators.
 //!
-//! The service is the one `opjournal demo` runs, included here from `src/cli/demo/` so there
-//! is one copy: `service.rs` is the part to read (every journal call is there, commented),
-//! `protocol.rs` the wire format (`docs/protocol.md`), `document.rs` the editor's scene.
-//! This file shows the wiring: open the journal, start the service, run housekeeping.
+//! The service is the library's reference editor service, `opjournal::service` (the
+//! `service` feature), the same one `opjournal demo` and `opjournal serve` run: read
+//! `src/service/server.rs` for every journal call, commented; `src/service/protocol.rs` and
+//! `docs/protocol.md` for the wire format; `src/service/document.rs` for the editor's
+//! document. This file shows the wiring: open the journal, start the service, run
+//! housekeeping, stop cleanly.
 //!
 //! ```text
 //! cargo run --example editor -- [--journal PATH] [--port N]
@@ -24,57 +26,36 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use opjournal::service::{JournalOpener, Service, ServiceConfig};
 use opjournal::{Journal, RetryPolicy};
-
-#[path = "../src/cli/demo/protocol.rs"]
-mod protocol;
-
-#[allow(dead_code, reason = "the demo client's helpers are not needed here")]
-#[path = "../src/cli/demo/document.rs"]
-mod document;
-
-#[allow(
-    dead_code,
-    reason = "the demo's fault injection (pauses, restart) is not needed here"
-)]
-#[path = "../src/cli/demo/service.rs"]
-mod service;
-
-use service::{JournalOpener, Service, ServiceConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (journal_path, port) = parse_args()?;
     // The editor's own state lives beside the journal: one journal file per project.
     let document = journal_path.with_extension("scene.json");
 
-    // 1. How to open the journal. The service calls this at start (and would again after
-    //    a restart): the same settings every time, since deadlines are computed from them.
-    let retry = RetryPolicy::default();
+    // 1. How to open the journal. The service calls this at start: the same settings every
+    //    time, since deadlines are computed from them. The retry budget decides how often a
+    //    reconnect pushes an unacknowledged result again (the journal says when it is spent).
     let path = journal_path.clone();
     let open: JournalOpener = Box::new(move || {
         Journal::builder()
             .ack_timeout(Duration::from_secs(15 * 60))
-            .retry_policy(retry)
+            .retry_policy(RetryPolicy::default())
             .open(&path)
     });
 
     // 2. Start. Before serving, the service loads the document, opens the journal, and
     //    resolves every operation a crash left in doubt by checking whether its edit is in
     //    the document. Nothing is ever re-run on its own.
-    let listener = TcpListener::bind(("127.0.0.1", port))?;
-    let service = Service::start(
-        listener,
-        open,
-        ServiceConfig {
-            document,
-            // Reconnects push an unacknowledged result at most this many times in all.
-            push_budget: retry.attempts,
-            notes: Box::new(|note| eprintln!("editor: {note}")),
-        },
-    )?;
+    let mut cfg = ServiceConfig::new(document);
+    cfg.max_connections = 64;
+    cfg.notes = Box::new(|note| eprintln!("editor: {note}"));
+    let service = Service::start(TcpListener::bind(("127.0.0.1", port))?, open, cfg)?;
 
     // 3. Housekeeping: expire acknowledgements, retire old results, purge old audit
-    //    records. (Reads apply the clocks anyway; this keeps the file small.)
+    //    records, commit lazy writes. (Reads apply the clocks anyway; this keeps the file
+    //    small.)
     let compactor = service.journal()?.spawn_compactor(Duration::from_secs(60));
 
     println!(

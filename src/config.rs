@@ -40,10 +40,12 @@ pub enum ScopeLock {
 
 /// The delivery retry budget: how often and how long a result is pushed again.
 ///
-/// Attempt `n` (1-based) schedules the next one after a delay drawn uniformly from
-/// `[0, min(initial · 2^(n-1), max)]` ("full jitter"), deterministic per operation and
-/// attempt. After `attempts` deliveries without an acknowledgement, and one more full
-/// backoff for the last one to be acknowledged, the delivery is `Exhausted`.
+/// Attempt `n` (1-based, `n < attempts`) schedules the next one after a delay drawn
+/// uniformly from `[0, min(initial · 2^(n-1), max)]` ("full jitter"), deterministic per
+/// operation and attempt. Recording delivery number `attempts` without an acknowledgement
+/// spends the budget: the delivery is
+/// [`Exhausted`](crate::DeliveryState::Exhausted) from that call on (no more pushes; the
+/// result stays retrievable and the acknowledgement is still accepted until it expires).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Deliveries before the budget is spent (default 8).

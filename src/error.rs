@@ -125,6 +125,18 @@ pub enum ErrorKind {
         /// The operation's state.
         state: String,
     },
+    /// The caller may not acknowledge this result (writes nothing): the operation was
+    /// submitted with another session, and only that session acknowledges it (an
+    /// acknowledgement stops the result being pushed to its owner). An operation submitted
+    /// without a session may be acknowledged by any caller.
+    NotOwner {
+        /// The operation id.
+        operation_id: String,
+        /// The session the operation was submitted with.
+        owner: String,
+        /// The session of the caller (`None`: a caller that named no session).
+        caller: Option<String>,
+    },
     /// No operation with this id is recorded (writes nothing).
     UnknownOperation {
         /// The operation id.
@@ -216,6 +228,7 @@ impl Error {
                 | ErrorKind::LeaseExpired { .. }
                 | ErrorKind::RevisionNotForward { .. }
                 | ErrorKind::InvalidState { .. }
+                | ErrorKind::NotOwner { .. }
                 | ErrorKind::UnknownOperation { .. }
         )
     }
@@ -367,6 +380,22 @@ impl fmt::Display for Error {
                 f,
                 "cannot {action} operation `{operation_id}`: it is {state}"
             ),
+            ErrorKind::NotOwner {
+                operation_id,
+                owner,
+                caller,
+            } => {
+                let caller = match caller {
+                    Some(session) => format!("session `{session}`"),
+                    None => "a caller without a session".to_string(),
+                };
+                write!(
+                    f,
+                    "operation `{operation_id}` belongs to session `{owner}`, so {caller} cannot \
+                     acknowledge it; only the submitting session acknowledges its results: \
+                     acknowledge as session `{owner}`, or leave it to that session"
+                )
+            }
             ErrorKind::UnknownOperation { operation_id } => write!(
                 f,
                 "no operation `{operation_id}` is recorded (never submitted, released, or purged)"

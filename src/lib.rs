@@ -25,6 +25,8 @@ mod intent;
 mod journal;
 mod log;
 mod record;
+#[cfg(feature = "service")]
+pub mod service;
 mod types;
 mod validate;
 
@@ -47,7 +49,7 @@ pub use types::{
     OpResult, Operation, Outcome, OutcomeKind, Receipt, Replay, Resolution, ResolvedAs, ResultInfo,
     RevisionCause, StaleBasePolicy,
 };
-pub use validate::MAX_NAME_BYTES;
+pub use validate::{MAX_NAME_BYTES, validate_name};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

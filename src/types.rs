@@ -281,8 +281,18 @@ pub enum DeliveryState {
     Delivered,
     /// The client acknowledged it.
     Acknowledged,
-    /// The retry budget is spent: no more pushes. The result stays retrievable, and the
-    /// acknowledgement can still arrive until it expires.
+    /// The retry budget is spent: no more pushes. The budget is spent the moment its last
+    /// delivery ([`RetryPolicy::attempts`](crate::RetryPolicy::attempts), 8 by default) is
+    /// recorded with [`Journal::delivered`](crate::Journal::delivered): the receipt that call
+    /// returns already says `Exhausted`, and
+    /// [`undelivered`](crate::Journal::undelivered) and
+    /// [`due_redeliveries`](crate::Journal::due_redeliveries) leave it out. A service stops
+    /// pushing when it sees this state rather than counting deliveries itself.
+    ///
+    /// The result stays retrievable (a resubmit replays it, and may be recorded as a further
+    /// delivery), and the acknowledgement can still arrive until it expires. Like every
+    /// delivery state, it is recorded lazily: after a crash the last deliveries may be
+    /// forgotten, and the result is pushed again.
     Exhausted,
     /// The acknowledgement timeout passed: the session window slot and any hold-until-ack
     /// scope lock are freed; the history is kept.

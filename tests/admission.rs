@@ -303,7 +303,7 @@ fn full_window_is_refused_naming_oldest_and_when_it_frees() -> opjournal::Result
         other => panic!("expected WindowFull, got {other:?}"),
     }
     // An acknowledgement frees a slot at once.
-    journal.acknowledge("a")?;
+    journal.acknowledge("a", Some("tab"))?;
     fresh(&journal, Operation::new("c", add_light("3")).session("tab"));
     Ok(())
 }
@@ -427,7 +427,7 @@ fn calls_on_the_wrong_state_or_unknown_ids_are_refused() -> opjournal::Result<()
         "{err:?}"
     );
     let err = refused(&env, &journal, "running", || {
-        journal.acknowledge("running").map(drop)
+        journal.acknowledge("running", Some("tab")).map(drop)
     });
     assert!(
         matches!(err.kind(), ErrorKind::InvalidState { .. }),
@@ -441,7 +441,7 @@ fn calls_on_the_wrong_state_or_unknown_ids_are_refused() -> opjournal::Result<()
         "{err:?}"
     );
     for call in [
-        Box::new(|| journal.acknowledge("nope").map(drop))
+        Box::new(|| journal.acknowledge("nope", Some("tab")).map(drop))
             as Box<dyn Fn() -> opjournal::Result<()>>,
         Box::new(|| journal.delivered("nope").map(drop)),
         Box::new(|| journal.resolve("nope", Resolution::not_applied()).map(drop)),
@@ -453,9 +453,9 @@ fn calls_on_the_wrong_state_or_unknown_ids_are_refused() -> opjournal::Result<()
         );
     }
     // Acknowledging twice is idempotent and the second one writes nothing.
-    journal.acknowledge("done")?;
+    journal.acknowledge("done", Some("tab"))?;
     let before = env.bytes();
-    journal.acknowledge("done")?;
+    journal.acknowledge("done", Some("tab"))?;
     assert!(env.bytes() == before);
     Ok(())
 }
@@ -491,4 +491,65 @@ fn messages_name_the_values_and_the_next_step() {
         .submit(Operation::new("", add_light("x")))
         .expect_err("invalid");
     assert!(err.to_string().contains("must not be empty"), "{err}");
+}
+
+#[test]
+fn acknowledging_another_sessions_result_is_refused_and_writes_nothing() -> opjournal::Result<()> {
+    let env = Env::new();
+    let mut editor = FakeEditor::at(0);
+    let journal = env.open();
+    run_op(&journal, &mut editor, op("mine"), "x")?;
+    journal.delivered("mine")?;
+    journal.flush()?;
+    for caller in [Some("other-tab"), None] {
+        let err = refused(&env, &journal, "mine", || {
+            journal.acknowledge("mine", caller).map(drop)
+        });
+        match err.kind() {
+            ErrorKind::NotOwner {
+                operation_id,
+                owner,
+                caller: got,
+            } => {
+                assert_eq!(
+                    (operation_id.as_str(), owner.as_str(), got.as_deref()),
+                    ("mine", "tab", caller)
+                );
+            }
+            other => panic!("expected NotOwner, got {other:?}"),
+        }
+        let message = err.to_string();
+        assert!(
+            message.contains("`mine`") && message.contains("session `tab`"),
+            "the message names the operation and its owner: {message}"
+        );
+    }
+    // The result is still waiting for its owner, who may acknowledge it.
+    assert_eq!(journal.undelivered("tab")?.len(), 1);
+    let acked = journal.acknowledge("mine", Some("tab"))?;
+    assert_eq!(acked.delivery, Some(opjournal::DeliveryState::Acknowledged));
+    assert!(journal.undelivered("tab")?.is_empty());
+    Ok(())
+}
+
+#[test]
+fn an_operation_without_a_session_may_be_acknowledged_by_any_caller() -> opjournal::Result<()> {
+    let env = Env::new();
+    let mut editor = FakeEditor::at(0);
+    let journal = env.open();
+    for (id, caller) in [("anon-1", None), ("anon-2", Some("some-tab"))] {
+        run_op(
+            &journal,
+            &mut editor,
+            Operation::new(id, add_light(id)).scope("scene"),
+            "x",
+        )?;
+        let acked = journal.acknowledge(id, caller)?;
+        assert_eq!(
+            acked.delivery,
+            Some(opjournal::DeliveryState::Acknowledged),
+            "{id} acknowledged by {caller:?}"
+        );
+    }
+    Ok(())
 }

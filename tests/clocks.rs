@@ -88,7 +88,7 @@ fn ack_timeout_expires_exactly_at_its_deadline_and_a_late_ack_is_recorded() -> o
     assert_eq!(journal.compact()?.ack_expired, 1);
     assert_eq!(delivery(&journal, "a"), Some(DeliveryState::AckExpired));
     // The client finally acknowledges: harmless, and recorded as late.
-    let r = journal.acknowledge("a")?;
+    let r = journal.acknowledge("a", Some("tab"))?;
     assert_eq!(r.delivery, Some(DeliveryState::Acknowledged));
     // History shows committed events; acknowledgements commit lazily (flush commits now).
     journal.flush()?;
@@ -239,13 +239,13 @@ fn redelivery_is_due_exactly_at_its_time() -> opjournal::Result<()> {
     assert!(journal.due_redeliveries(10)?.is_empty());
     at(&env, next, 0);
     assert_eq!(journal.due_redeliveries(10)?.len(), 1);
-    journal.acknowledge("a")?;
+    journal.acknowledge("a", Some("tab"))?;
     assert!(journal.due_redeliveries(10)?.is_empty());
     Ok(())
 }
 
 #[test]
-fn retry_budget_is_exhausted_exactly_after_the_last_wait_and_the_result_stays()
+fn retry_budget_is_exhausted_when_its_last_delivery_is_recorded_and_the_result_stays()
 -> opjournal::Result<()> {
     let env = Env::new();
     let mut editor = FakeEditor::at(0);
@@ -256,28 +256,47 @@ fn retry_budget_is_exhausted_exactly_after_the_last_wait_and_the_result_stays()
     };
     let journal = env.builder().retry_policy(policy).open(&env.path)?;
     run_op(&journal, &mut editor, op("a"), "x")?;
-    let mut last = None;
-    for n in 1..=3 {
+    for n in 1..=2 {
         let r = journal.delivered("a")?;
         assert_eq!(r.delivery_count, n);
-        last = r.next_delivery_at;
-        env.clock.set(last.expect("next"));
+        assert_eq!(r.delivery, Some(DeliveryState::Delivered));
+        env.clock.set(r.next_delivery_at.expect("next push"));
     }
-    let exhaust_at = last.expect("last wait");
-    // The last wait is the full backoff of attempt 3: 4 s.
-    at(&env, exhaust_at, -1);
-    assert_eq!(delivery(&journal, "a"), Some(DeliveryState::Delivered));
-    at(&env, exhaust_at, 0);
+    // The third delivery is the last the budget permits: the receipt it answers already
+    // says the budget is spent, and nothing is scheduled after it.
+    let last = journal.delivered("a")?;
+    assert_eq!(last.delivery_count, 3);
+    assert_eq!(last.delivery, Some(DeliveryState::Exhausted), "{last:?}");
+    assert_eq!(last.next_delivery_at, None);
     assert_eq!(delivery(&journal, "a"), Some(DeliveryState::Exhausted));
+    assert!(journal.undelivered("tab")?.is_empty(), "not pushed again");
     assert!(journal.due_redeliveries(10)?.is_empty(), "no more pushes");
-    at(&env, exhaust_at, 1);
+    // The event is recorded when the clock is next applied (here: by compaction).
+    env.advance(Duration::from_millis(1));
+    journal.flush()?;
     assert_eq!(journal.compact()?.exhausted, 1);
+    let kinds: Vec<&str> = journal
+        .history("a")?
+        .iter()
+        .map(|e| e.kind.name())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "submitted",
+            "completed",
+            "delivered",
+            "delivered",
+            "delivered",
+            "exhausted"
+        ]
+    );
     // Still retrievable, by lookup and by a resubmit.
     assert_eq!(journal.result("a")?.map(|r| r.bytes), Some(b"x".to_vec()));
     assert!(matches!(journal.submit(op("a"))?, Admission::Replay(_)));
     // And the acknowledgement may still arrive.
     assert_eq!(
-        journal.acknowledge("a")?.delivery,
+        journal.acknowledge("a", Some("tab"))?.delivery,
         Some(DeliveryState::Acknowledged)
     );
     Ok(())
@@ -485,7 +504,7 @@ fn background_compaction_never_fails_a_foreground_call_or_shows_half_a_batch()
             "x",
         )?;
         if i % 2 == 0 {
-            journal.acknowledge(&id)?;
+            journal.acknowledge(&id, None)?;
         }
         env.advance(Duration::from_secs(30));
     }
@@ -537,7 +556,7 @@ fn deliveries_and_acks_cost_no_commit_of_their_own_and_ride_the_next_one() -> op
     let events = journal.event_count()?;
     let r = journal.delivered("a")?;
     assert_eq!(r.delivery_count, 1);
-    let r = journal.acknowledge("a")?;
+    let r = journal.acknowledge("a", Some("tab"))?;
     assert_eq!(r.delivery, Some(DeliveryState::Acknowledged));
     // Visible to this handle's reads at once...
     assert_eq!(delivery(&journal, "a"), Some(DeliveryState::Acknowledged));
@@ -567,7 +586,7 @@ fn pending_acks_are_committed_when_the_journal_closes() -> opjournal::Result<()>
     {
         let journal = env.open();
         run_op(&journal, &mut editor, op("a"), "x")?;
-        journal.acknowledge("a")?;
+        journal.acknowledge("a", Some("tab"))?;
     }
     let journal = env.open();
     assert_eq!(delivery(&journal, "a"), Some(DeliveryState::Acknowledged));
@@ -575,7 +594,7 @@ fn pending_acks_are_committed_when_the_journal_closes() -> opjournal::Result<()>
 }
 
 #[test]
-fn deliveries_after_the_last_attempt_do_not_postpone_exhaustion() -> opjournal::Result<()> {
+fn deliveries_after_the_last_attempt_keep_the_budget_spent() -> opjournal::Result<()> {
     let env = Env::new();
     let mut editor = FakeEditor::at(0);
     let policy = RetryPolicy {
@@ -586,14 +605,17 @@ fn deliveries_after_the_last_attempt_do_not_postpone_exhaustion() -> opjournal::
     let journal = env.builder().retry_policy(policy).open(&env.path)?;
     run_op(&journal, &mut editor, op("a"), "x")?;
     journal.delivered("a")?;
-    let last = journal.delivered("a")?.next_delivery_at.expect("last wait");
-    // The client keeps asking (replays) faster than the last backoff.
-    for _ in 0..5 {
+    let last = journal.delivered("a")?;
+    assert_eq!(last.delivery, Some(DeliveryState::Exhausted));
+    // The client keeps asking (replays, each recorded as a delivery): still spent, and
+    // nothing is scheduled.
+    for n in 3..=7 {
         env.advance(Duration::from_millis(300));
         let r = journal.delivered("a")?;
-        assert_eq!(r.next_delivery_at, Some(last));
+        assert_eq!(r.delivery_count, n);
+        assert_eq!(r.delivery, Some(DeliveryState::Exhausted), "{r:?}");
+        assert_eq!(r.next_delivery_at, None);
     }
-    at(&env, last, 0);
     assert_eq!(delivery(&journal, "a"), Some(DeliveryState::Exhausted));
     // An exhausted result is not pushed on reconnect; it is still there when asked for.
     assert!(journal.undelivered("tab")?.is_empty());

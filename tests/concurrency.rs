@@ -72,7 +72,7 @@ fn concurrent_independent_lifecycles_share_commits_and_all_land() -> opjournal::
                         panic!("fresh expected");
                     };
                     journal.complete(&claim, Outcome::applied(1, Vec::new()))?;
-                    journal.acknowledge(&id)?;
+                    journal.acknowledge(&id, Some(&format!("s{t}")))?;
                 }
                 Ok(())
             })

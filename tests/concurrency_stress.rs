@@ -107,7 +107,7 @@ fn worker(sh: &Shared, seed: u64, iters: u64) {
                 continue;
             }
             1 => {
-                let r = sh.journal.acknowledge(&id);
+                let r = sh.journal.acknowledge(&id, Some(&format!("tab-{}", i % 4)));
                 check_refusal(sh, "acknowledge", &id, r.map(drop));
                 continue;
             }

@@ -45,7 +45,7 @@ fn lazy_acknowledgement_is_committed_with_the_time_it_was_made() -> opjournal::R
     let j = file_journal(dir.path(), &clock)?;
     finished(&j, "op-1")?;
     clock.advance(Duration::from_secs(1));
-    let acked = j.acknowledge("op-1")?;
+    let acked = j.acknowledge("op-1", Some("tab-1"))?;
     let t1 = Timestamp::from_millis(T0 + 1_000);
     assert_eq!(acked.acknowledged_at, Some(t1));
     // Past the ack deadline, a write commits the pending acknowledgement.
@@ -224,7 +224,7 @@ fn a_delivery_after_the_budget_is_spent_keeps_it_spent_while_the_last_is_pending
     for _ in 0..3 {
         j.delivered("op-1")?;
     }
-    // The third delivery spent the budget; one full backoff later it is exhausted.
+    // The third delivery spent the budget: it is exhausted from then on.
     clock.advance(Duration::from_secs(1));
     let seen = j.lookup("op-1")?.expect("recorded");
     assert_eq!(seen.delivery, Some(DeliveryState::Exhausted));

@@ -124,7 +124,7 @@ fn boundary_4_reload_after_delivery_gets_a_recognizable_duplicate() -> opjournal
     assert_eq!(replay.receipt.delivery_count, 1);
     let second = journal.delivered("op_7f3")?;
     assert_eq!(second.delivery_count, 2);
-    let acked = journal.acknowledge("op_7f3")?;
+    let acked = journal.acknowledge("op_7f3", Some("tab-1"))?;
     assert_eq!(acked.delivery, Some(DeliveryState::Acknowledged));
     assert_eq!(editor.applications("op_7f3"), 1);
     assert!(journal.undelivered("tab-1")?.is_empty());
@@ -225,7 +225,7 @@ fn boundary_6_repeated_reconnects_keep_queue_traffic_and_file_bounded() -> opjou
         run_op(&journal, &mut editor, o.clone(), "light")?;
         journal.delivered(&id)?;
         if round % 3 != 0 {
-            journal.acknowledge(&id)?;
+            journal.acknowledge(&id, Some("agent"))?;
         }
         // The agent reconnects: re-asks a recent id and pulls what it has not acknowledged.
         let old = round.saturating_sub(5);

@@ -102,7 +102,7 @@ fn build_fixture(path: &Path) -> opjournal::Result<()> {
     };
     run_op(&journal, &mut editor, op("acked"), "a")?;
     journal.delivered("acked")?;
-    journal.acknowledge("acked")?;
+    journal.acknowledge("acked", Some("tab-1"))?;
     run_op(&journal, &mut editor, op("delivered"), "b")?;
     journal.delivered("delivered")?;
     let c = fresh(&journal, op("failed"));

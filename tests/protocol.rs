@@ -1,27 +1,16 @@
 //! The example session in `docs/protocol.md` is what the editor service answers: the
 //! test plays the documented requests over a real socket against the service that
-//! `opjournal demo` and `examples/editor.rs` run, and compares every documented reply.
+//! `opjournal demo`, `opjournal serve` and `examples/editor.rs` run, and compares every
+//! documented reply.
+#![cfg(feature = "service")]
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
 use opjournal::Journal;
+use opjournal::service::{Edit, JournalOpener, Service, ServiceConfig};
 use serde_json::Value;
-
-#[path = "../src/cli/demo/protocol.rs"]
-#[allow(dead_code, reason = "only the messages are needed here")]
-mod protocol;
-
-#[path = "../src/cli/demo/document.rs"]
-#[allow(dead_code, reason = "only the document file is needed here")]
-mod document;
-
-#[path = "../src/cli/demo/service.rs"]
-#[allow(dead_code, reason = "the demo's fault injection is not needed here")]
-mod service;
-
-use service::{JournalOpener, Service, ServiceConfig};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -73,15 +62,9 @@ fn documented_session_is_what_the_editor_service_answers() -> TestResult {
     let dir = tempfile::tempdir()?;
     let journal = dir.path().join("editor.opj");
     let open: JournalOpener = Box::new(move || Journal::open(&journal));
-    let service = Service::start(
-        TcpListener::bind(("127.0.0.1", 0))?,
-        open,
-        ServiceConfig {
-            document: dir.path().join("editor.scene.json"),
-            push_budget: 8,
-            notes: Box::new(|note| eprintln!("editor: {note}")),
-        },
-    )?;
+    let mut cfg = ServiceConfig::new(dir.path().join("editor.scene.json"));
+    cfg.notes = Box::new(|note| eprintln!("editor: {note}"));
+    let service = Service::start(TcpListener::bind(("127.0.0.1", 0))?, open, cfg)?;
     let session = documented_session();
     assert!(session.len() > 10, "no session found in docs/protocol.md");
     let mut conn = connect(service.addr())?;
@@ -110,7 +93,7 @@ fn documented_session_is_what_the_editor_service_answers() -> TestResult {
     assert_eq!(
         doc.effects(
             "op_7f3",
-            &protocol::Edit::Add {
+            &Edit::Add {
                 object: "light".into(),
                 beside: "door".into()
             }

@@ -119,7 +119,7 @@ fn month_long_session_plateaus_and_answers_every_old_id_by_its_age() -> opjourna
         if rng.below(100) < 12 {
             never_acked += 1;
         } else {
-            journal.acknowledge(&format!("op-{i}"))?;
+            journal.acknowledge(&format!("op-{i}"), Some(&format!("tab-{session}")))?;
         }
         issued.insert(
             i,

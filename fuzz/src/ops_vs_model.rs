@@ -551,7 +551,17 @@ impl Session {
                 None => return Ok(()),
             },
             Op::Delivered { id } => Call::Delivered(IDS[usize::from(*id) % IDS.len()].into()),
-            Op::Acknowledge { id } => Call::Acknowledge(IDS[usize::from(*id) % IDS.len()].into()),
+            Op::Acknowledge { id } => {
+                let name = IDS[usize::from(*id) % IDS.len()];
+                // The higher bits pick the caller: mostly the owner, sometimes a caller
+                // without a session or another session (refused as not the owner).
+                let session = match (usize::from(*id) / IDS.len()) % 4 {
+                    0 => None,
+                    1 => Some(SESSIONS[usize::from(*id) % SESSIONS.len()].to_string()),
+                    _ => self.model.session_of(name),
+                };
+                Call::Acknowledge(name.into(), session)
+            }
             Op::AdvanceRevision { scope, delta } => {
                 let scope = SCOPES[usize::from(*scope) % SCOPES.len()].to_string();
                 let current = self.model.scope_revision(&scope);
@@ -652,7 +662,11 @@ impl Session {
                     j.advance_revision(scope, rev).map(|_| ()),
                 )
             }
-            Op::Acknowledge { .. } => ("acknowledge", j.acknowledge(id).map(|_| ())),
+            Op::Acknowledge { .. } => (
+                "acknowledge",
+                j.acknowledge(id, self.model.session_of(id).as_deref())
+                    .map(|_| ()),
+            ),
             Op::Delivered { .. } => ("delivered", j.delivered(id).map(|_| ())),
             Op::Compact => ("compact", j.compact().map(|_| ())),
             // Reads and other writes: the model does not know which state the failed call
@@ -797,7 +811,7 @@ impl Session {
                 }
                 Some(true)
             }
-            Call::Delivered(_) | Call::Acknowledge(_) => Some(durable),
+            Call::Delivered(_) | Call::Acknowledge(..) => Some(durable),
             Call::AdvanceRevision(..) | Call::Flush => Some(true),
             Call::Compact => durable.then_some(true),
             Call::Lookup(_) => None,

@@ -54,7 +54,7 @@ pub fn write_session(path: &Path) -> opjournal::Result<()> {
                     )?;
                     j.delivered(claim.operation_id())?;
                     if n == 0 {
-                        j.acknowledge("op_0")?;
+                        j.acknowledge("op_0", Some("tab-1"))?;
                     }
                 }
                 1 => {
@@ -119,7 +119,7 @@ pub fn write_aged(path: &Path) -> opjournal::Result<()> {
         clock.advance(Duration::from_millis(500));
         j.delivered(&format!("aged_{n}"))?;
         if n == 1 {
-            j.acknowledge("aged_1")?;
+            j.acknowledge("aged_1", Some("s"))?;
         }
         clock.advance(Duration::from_secs(70));
         j.compact()?;

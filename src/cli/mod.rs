@@ -15,6 +15,7 @@ mod failure;
 mod format;
 mod output;
 mod progress;
+mod serve;
 
 use format::TimeArg;
 
@@ -132,6 +133,29 @@ Examples:
         /// always left for inspection).
         #[arg(long)]
         keep: bool,
+    },
+
+    /// Run the reference editor service on a loopback port, over the journal (docs/protocol.md).
+    /// The first line on stdout is `listening on 127.0.0.1:PORT`; it runs until stopped.
+    #[command(after_help = "\
+Examples:
+  opjournal serve --journal project.opj
+  opjournal serve --journal project.opj --port 7878 --max-connections 64 --idle-timeout 1min
+
+The document is kept beside the journal (project.scene.json and project.scene.log).")]
+    Serve {
+        /// The journal file (created if missing).
+        #[arg(long)]
+        journal: PathBuf,
+        /// The port on 127.0.0.1 (0: one chosen by the system, printed at start).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        /// Connections served at once; the next one is answered `too_many_connections`.
+        #[arg(long, value_name = "N", default_value_t = 256)]
+        max_connections: usize,
+        /// Close a connection that sends no request for this long (`30s`, `5min`).
+        #[arg(long, value_name = "DURATION", default_value = "5min", value_parser = humantime::parse_duration)]
+        idle_timeout: std::time::Duration,
     },
 }
 
@@ -332,12 +356,29 @@ pub(crate) fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
-    if let Command::Demo { journal, keep } = cli.command {
-        return demo::run(&demo::DemoArgs {
+    match cli.command {
+        Command::Demo { journal, keep } => {
+            return demo::run(&demo::DemoArgs {
+                journal,
+                keep,
+                json: cli.json,
+            });
+        }
+        Command::Serve {
             journal,
-            keep,
-            json: cli.json,
-        });
+            port,
+            max_connections,
+            idle_timeout,
+        } => {
+            return serve::run(&serve::ServeArgs {
+                journal,
+                port,
+                max_connections,
+                idle_timeout,
+                json: cli.json,
+            });
+        }
+        _ => {}
     }
     commands::run(cli)
 }

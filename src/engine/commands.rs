@@ -583,16 +583,32 @@ fn done_or_refuse<'r>(rec: &'r ReceiptRecord, action: &'static str) -> Result<&'
 
 /// A lazily durable write: a delivery attempt or an acknowledgement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum LazyKind {
+pub(crate) enum LazyKind<'a> {
     Delivered,
-    Acknowledged,
+    /// An acknowledgement by the caller's session (`None`: the caller named none).
+    Acknowledged {
+        session: Option<&'a str>,
+    },
+}
+
+/// Only the session an operation was submitted with may acknowledge its result; an
+/// operation submitted without a session may be acknowledged by any caller.
+fn check_owner(rec: &ReceiptRecord, caller: Option<&str>) -> Result<()> {
+    match &rec.session {
+        Some(owner) if caller != Some(owner.as_str()) => Err(Error::new(ErrorKind::NotOwner {
+            operation_id: rec.operation_id.clone(),
+            owner: owner.clone(),
+            caller: caller.map(str::to_string),
+        })),
+        _ => Ok(()),
+    }
 }
 
 /// The event a lazy write records on the effective record `rec`, decided at `at`, or
 /// `None` when there is nothing to record (already acknowledged).
 pub(crate) fn lazy_event(
     rec: &ReceiptRecord,
-    kind: LazyKind,
+    kind: LazyKind<'_>,
     at: Timestamp,
     cfg: &Config,
 ) -> Result<Option<EventKind>> {
@@ -607,17 +623,19 @@ pub(crate) fn lazy_event(
                 }));
             }
             let count = d.delivery.count.saturating_add(1);
-            // Once the last attempt is recorded, further deliveries (replays a client asked
-            // for) do not postpone the exhaustion.
+            // The last permitted delivery spends the budget: its exhaustion is due at once
+            // (reads show `Exhausted` from now on, and compaction records the event), so a
+            // service stops pushing exactly when the journal says so. Further deliveries
+            // (replays a client asked for) change nothing.
             let (next_due, final_attempt) = if matches!(
                 d.delivery.state,
                 DeliveryState::Pending | DeliveryState::Delivered
             ) && !d.delivery.final_attempt
             {
-                let cap = backoff(cfg, count);
                 if count >= cfg.retry.attempts {
-                    (at.saturating_add(cap), true)
+                    (at, true)
                 } else {
+                    let cap = backoff(cfg, count);
                     (
                         at.saturating_add(jitter(&rec.operation_id, rec.epoch, count, cap)),
                         false,
@@ -632,7 +650,8 @@ pub(crate) fn lazy_event(
                 final_attempt,
             }))
         }
-        LazyKind::Acknowledged => {
+        LazyKind::Acknowledged { session } => {
+            check_owner(rec, session)?;
             let d = done_or_refuse(rec, "acknowledge")?;
             if d.delivery.state == DeliveryState::Acknowledged {
                 return Ok(None);

@@ -66,15 +66,24 @@ pub(crate) fn view(rec: &ReceiptRecord) -> Option<Receipt> {
             } else {
                 r.result_size = Some(d.result.len);
             }
-            r.delivery = Some(d.delivery.state.into());
+            let pushing = matches!(
+                d.delivery.state,
+                DeliveryState::Pending | DeliveryState::Delivered
+            );
+            // The budget is spent once its last delivery is recorded: the receipt says
+            // `Exhausted` from that moment (the journal records the event when the clock
+            // is next applied; a journal written by an older build may hold the event
+            // back by one backoff).
+            let state = if pushing && d.delivery.final_attempt {
+                DeliveryState::Exhausted
+            } else {
+                d.delivery.state
+            };
+            r.delivery = Some(state.into());
             r.delivery_count = d.delivery.count;
             r.completed_at = Some(d.completed_at);
             r.acknowledged_at = d.delivery.acknowledged_at;
-            if matches!(
-                d.delivery.state,
-                DeliveryState::Pending | DeliveryState::Delivered
-            ) && d.retired_at.is_none()
-            {
+            if pushing && !d.delivery.final_attempt && d.retired_at.is_none() {
                 r.next_delivery_at = Some(d.delivery.next_due);
             }
             r.ack_deadline = Some(d.deadlines.ack);

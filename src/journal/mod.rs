@@ -303,17 +303,45 @@ impl Journal {
         })
     }
 
-    /// Records the client's acknowledgement. Idempotent; an acknowledgement after expiry
-    /// is accepted and recorded as late. Durable lazily, like [`Journal::delivered`].
+    /// Records the client's acknowledgement, made by `session` (the caller's session, or
+    /// `None` for a caller that has none). Idempotent; an acknowledgement after expiry is
+    /// accepted and recorded as late. Durable lazily, like [`Journal::delivered`].
+    ///
+    /// Only the owner acknowledges: an operation submitted with a session may be
+    /// acknowledged only with `Some(that session)`, since an acknowledgement stops the
+    /// result being pushed to its owner. An operation submitted without a session may be
+    /// acknowledged by any caller.
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not terminal);
-    /// storage errors as for [`Journal::submit`].
-    pub fn acknowledge(&self, operation_id: &str) -> Result<Receipt> {
+    /// [`ErrorKind::NotOwner`] (another session's result), [`ErrorKind::UnknownOperation`],
+    /// [`ErrorKind::InvalidState`] (not terminal): all write nothing. Storage errors as for
+    /// [`Journal::submit`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use opjournal::{Admission, ErrorKind, Intent, Journal, Operation, Outcome};
+    /// use serde_json::json;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let journal = Journal::open(dir.path().join("project.opj"))?;
+    /// let intent = Intent::from_json("scene.add_light", &json!({"near": "door"}))?;
+    /// let op = Operation::new("op_7f3", intent).session("tab-1");
+    /// let Admission::Fresh(claim) = journal.submit(op)? else { unreachable!() };
+    /// journal.complete(&claim, Outcome::applied(1, b"light-1".to_vec()))?;
+    ///
+    /// // Another tab may not acknowledge tab-1's result ...
+    /// let err = journal.acknowledge("op_7f3", Some("tab-2")).unwrap_err();
+    /// assert!(matches!(err.kind(), ErrorKind::NotOwner { .. }), "{err}");
+    /// // ... tab-1 may.
+    /// journal.acknowledge("op_7f3", Some("tab-1"))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn acknowledge(&self, operation_id: &str, session: Option<&str>) -> Result<Receipt> {
         self.guard("acknowledge", || {
             self.inner
-                .lazy_write(operation_id, engine::LazyKind::Acknowledged)
+                .lazy_write(operation_id, engine::LazyKind::Acknowledged { session })
         })
     }
 

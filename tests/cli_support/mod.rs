@@ -137,7 +137,8 @@ pub fn sample() -> Sample {
     j.complete(&c, Outcome::applied(185, b"renamed".to_vec()))
         .expect("complete op_ack");
     j.delivered("op_ack").expect("delivered op_ack");
-    j.acknowledge("op_ack").expect("acknowledge op_ack");
+    j.acknowledge("op_ack", Some("tab-1"))
+        .expect("acknowledge op_ack");
     j.flush().expect("flush");
     s.advance(MIN);
     let c = fresh(
@@ -214,7 +215,8 @@ pub fn many(n: usize) -> (Sample, Vec<Written>) {
                 j.delivered(&id).expect("delivered");
             }
             if i % 4 == 0 {
-                j.acknowledge(&id).expect("acknowledge");
+                j.acknowledge(&id, Some(&format!("tab-{}", i % 3)))
+                    .expect("acknowledge");
             }
             j.flush().expect("flush");
             written.push(Written {

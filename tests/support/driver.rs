@@ -335,7 +335,14 @@ impl Workload {
             }
             65..=70 => {
                 let id = self.delivery_target();
-                self.call(journal, Call::Acknowledge(id))
+                // Mostly the owner; sometimes a caller without a session, or another
+                // session (refused unless the operation has no session).
+                let session = match self.rng.below(10) {
+                    0 => None,
+                    1 => Some(self.rng.pick(&self.sessions).clone()),
+                    _ => self.model.session_of(&id),
+                };
+                self.call(journal, Call::Acknowledge(id, session))
             }
             71..=73 => {
                 let scope = self.rng.pick(&self.scopes).clone();
@@ -520,7 +527,12 @@ impl Workload {
                 "advance_revision",
                 journal.advance_revision(&scope, rev).map(|_| ()),
             ),
-            1 => ("acknowledge", journal.acknowledge(&id).map(|_| ())),
+            1 => (
+                "acknowledge",
+                journal
+                    .acknowledge(&id, self.model.session_of(&id).as_deref())
+                    .map(|_| ()),
+            ),
             2 => ("delivered", journal.delivered(&id).map(|_| ())),
             _ => ("compact", journal.compact().map(|_| ())),
         };
@@ -662,7 +674,7 @@ impl Workload {
                 }
                 Ok(Stepped::Ok { durable: true })
             }
-            Call::Delivered(_) | Call::Acknowledge(_) => Ok(Stepped::Ok { durable }),
+            Call::Delivered(_) | Call::Acknowledge(..) => Ok(Stepped::Ok { durable }),
             Call::AdvanceRevision(..) | Call::Flush => Ok(Stepped::Ok { durable: true }),
             Call::Compact if durable => Ok(Stepped::Ok { durable }),
             Call::Lookup(_) | Call::Compact => Ok(Stepped::Local),
@@ -767,7 +779,7 @@ fn describe(call: &Call) -> String {
         ),
         Call::Resolve(id, r) => format!("resolve `{id}` {r:?}"),
         Call::Delivered(id) => format!("delivered `{id}`"),
-        Call::Acknowledge(id) => format!("acknowledge `{id}`"),
+        Call::Acknowledge(id, session) => format!("acknowledge `{id}` as {session:?}"),
         Call::AdvanceRevision(s, r) => format!("advance `{s}` to {r}"),
         Call::Compact => "compact".into(),
         Call::Flush => "flush".into(),

@@ -14,6 +14,12 @@
 //!   durable calls (`delivered`, `acknowledge`: they ride along with the next commit) and a
 //!   call that failed with an I/O error may or may not have landed, in order. After a reopen the
 //!   journal must equal one of those states exactly — never a mix.
+//!
+//! Two delivery rules the model states on its own, since a service relies on them:
+//! - only the session an operation was submitted with acknowledges it (`NotOwner`
+//!   otherwise; an operation without a session may be acknowledged by any caller);
+//! - the retry budget is spent the moment its last delivery is recorded: the receipt of
+//!   that `delivered` call already says `Exhausted`, and nothing is pushed after it.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -273,6 +279,8 @@ pub enum ErrView {
     InvalidState,
     /// `UnknownOperation`.
     UnknownOperation,
+    /// `NotOwner`: another session's result.
+    NotOwner,
     /// Anything the model does not predict: I/O, poisoned, corrupt, storage.
     Failure(String),
 }
@@ -303,6 +311,7 @@ impl ErrView {
             }
             ErrorKind::InvalidState { .. } => ErrView::InvalidState,
             ErrorKind::UnknownOperation { .. } => ErrView::UnknownOperation,
+            ErrorKind::NotOwner { .. } => ErrView::NotOwner,
             other => ErrView::Failure(format!("{other:?}: {e}")),
         }
     }
@@ -622,15 +631,20 @@ impl MOp {
                 } else {
                     v.result_size = Some(d.result.bytes.len() as u64);
                 }
-                v.delivery = Some(d.delivery);
+                let pushing = matches!(
+                    d.delivery,
+                    DeliveryState::Pending | DeliveryState::Delivered
+                );
+                // The budget is spent when its last delivery is recorded.
+                v.delivery = Some(if pushing && d.final_attempt {
+                    DeliveryState::Exhausted
+                } else {
+                    d.delivery
+                });
                 v.delivery_count = d.count;
                 v.completed_at = Some(d.completed_at);
                 v.acknowledged_at = d.acknowledged_at;
-                if matches!(
-                    d.delivery,
-                    DeliveryState::Pending | DeliveryState::Delivered
-                ) && !d.retired
-                {
+                if pushing && !d.final_attempt && !d.retired {
                     v.next_delivery_at = Some(d.next_due);
                 }
                 v.ack_deadline = Some(d.ack);
@@ -1044,6 +1058,11 @@ impl Model {
         Ok(lease_until)
     }
 
+    /// The session `id` was submitted with, if the model knows the id.
+    pub fn session_of(&self, id: &str) -> Option<String> {
+        self.ops.get(id).and_then(|r| r.session.clone())
+    }
+
     fn known(&mut self, id: &str, now: u64) -> Result<MOp, ErrView> {
         self.ids.insert(id.to_string());
         match self.eff(id, now) {
@@ -1098,12 +1117,12 @@ impl Model {
             d.delivery,
             DeliveryState::Pending | DeliveryState::Delivered
         ) {
-            // Once the last attempt is recorded, further deliveries (replays a client
-            // asked for) do not postpone the exhaustion.
+            // The last permitted delivery spends the budget: exhausted as of now. Further
+            // deliveries (replays a client asked for) change nothing.
             if !d.final_attempt {
                 let cap = backoff(&self.cfg.retry, count);
                 if count >= self.cfg.retry.attempts {
-                    d.next_due = plus(now, cap);
+                    d.next_due = now;
                     d.final_attempt = true;
                 } else {
                     // Unknown epoch: the due time is unknown too (views then skip it).
@@ -1118,10 +1137,16 @@ impl Model {
         Ok(view)
     }
 
-    /// `acknowledge`.
-    pub fn acknowledge(&mut self, id: &str) -> Expect<ReceiptView> {
+    /// `acknowledge` by `session`: only the session an operation was submitted with
+    /// acknowledges it (any caller, for an operation submitted without one).
+    pub fn acknowledge(&mut self, id: &str, session: Option<&str>) -> Expect<ReceiptView> {
         let now = self.now();
         let mut rec = self.known(id, now)?;
+        if let Some(owner) = &rec.session
+            && session != Some(owner.as_str())
+        {
+            return Err(ErrView::NotOwner);
+        }
         let MState::Done(d) = &mut rec.state else {
             return Err(ErrView::InvalidState);
         };
@@ -1429,7 +1454,7 @@ impl Model {
     /// [`StepResult::Failed`] (the caller decides what the outcome may be).
     pub fn step(&mut self, journal: &Journal, call: &Call) -> Result<StepResult, String> {
         let before = self.clone();
-        let lazy = matches!(call, Call::Delivered(_) | Call::Acknowledge(_));
+        let lazy = matches!(call, Call::Delivered(_) | Call::Acknowledge(..));
         macro_rules! compare {
             ($expected:expr, $actual:expr, $same:expr) => {{
                 let expected = $expected;
@@ -1567,12 +1592,12 @@ impl Model {
                     refused,
                 })
             }
-            Call::Acknowledge(id) => {
+            Call::Acknowledge(id, session) => {
                 let actual = journal
-                    .acknowledge(id)
+                    .acknowledge(id, session.as_deref())
                     .map(|r| ReceiptView::of(&r))
                     .map_err(|e| ErrView::of(&e));
-                let expected = self.acknowledge(id);
+                let expected = self.acknowledge(id, session.as_deref());
                 let (refused, _) =
                     compare!(expected, actual, |e: &ReceiptView, a: &ReceiptView| e
                         .admits(a));
@@ -1696,8 +1721,8 @@ pub enum Call {
     Resolve(String, ResolutionSpec),
     /// `delivered`.
     Delivered(String),
-    /// `acknowledge`.
-    Acknowledge(String),
+    /// `acknowledge` by a session (`None`: a caller without one).
+    Acknowledge(String, Option<String>),
     /// `advance_revision`.
     AdvanceRevision(String, u64),
     /// `compact`.

@@ -70,7 +70,7 @@ fn file_of(command: &Command) -> Option<&Path> {
         Command::Compact(a) => &a.file,
         Command::Resolve(a) => &a.file,
         Command::Export(a) => &a.file,
-        Command::Demo { .. } => return None,
+        Command::Demo { .. } | Command::Serve { .. } => return None,
     })
 }
 
@@ -128,7 +128,7 @@ fn dispatch(command: &Command, out: &mut Out) -> Run {
         Command::Resolve(a) => resolve::run(a, out),
         Command::Export(a) => export::run(a, out),
         // Dispatched in `cli::main`, before the panic hook.
-        Command::Demo { .. } => Ok(Outcome::Clean),
+        Command::Demo { .. } | Command::Serve { .. } => Ok(Outcome::Clean),
     }
 }
 

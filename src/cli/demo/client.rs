@@ -4,9 +4,55 @@
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::protocol::{Edit, Reply, Request, ResultMsg, StatusMsg};
+use opjournal::service::{Edit, Reply, Request, ResultMsg, StatusMsg};
+
+/// The backoff of docs/protocol.md's retry rule: a delay drawn uniformly from `[0, cap]`
+/// ("full jitter"); the cap starts at 10 ms, doubles after each `scope_busy` up to 1 s, and
+/// halves after each applied operation (it is kept across operations, so a client that
+/// contends for a busy document keeps its distance).
+pub(crate) struct Backoff {
+    cap: Duration,
+    state: u64,
+}
+
+impl Backoff {
+    pub(crate) const FIRST: Duration = Duration::from_millis(10);
+    pub(crate) const MAX: Duration = Duration::from_secs(1);
+
+    pub(crate) fn new(salt: &str) -> Backoff {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let mut state = nanos | 1;
+        for b in salt.bytes() {
+            state = (state ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        Backoff {
+            cap: Self::FIRST,
+            state: state | 1,
+        }
+    }
+
+    /// After an applied operation: the cap halves (down to the first one).
+    pub(crate) fn succeeded(&mut self) {
+        self.cap = (self.cap / 2).max(Self::FIRST);
+    }
+
+    /// The next delay; the cap doubles after each.
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        // xorshift64*
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        let r = self.state.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        let cap_us = self.cap.as_micros() as u64;
+        let delay = Duration::from_micros(r % (cap_us + 1));
+        self.cap = (self.cap * 2).min(Self::MAX);
+        delay
+    }
+}
 
 /// Why the client could not talk to the service.
 #[derive(Debug, thiserror::Error)]
@@ -224,6 +270,18 @@ impl Client {
             Reply::Rejected { id, reason } => {
                 format!("{id} was rejected before any change: {reason}; nothing changed")
             }
+            Reply::Released {
+                id,
+                reason,
+                retry: true,
+            } => format!(
+                "{id} was not applied: {reason}; the id is free again, retry it after a backoff"
+            ),
+            Reply::Released {
+                id,
+                reason,
+                retry: false,
+            } => format!("{id} was not applied: {reason}; retrying the same edit will not help"),
             Reply::Acked { id, late: false } => format!("{id} acknowledged"),
             Reply::Acked { id, late: true } => {
                 format!("{id} acknowledged late (after its acknowledgement had expired); recorded")
@@ -238,6 +296,7 @@ impl Client {
                 let about = id.as_deref().map_or_else(String::new, |i| format!("{i}: "));
                 format!("{about}refused ({kind}): {message}")
             }
+            other => format!("a message this client does not know, ignored: {other:?}"),
         }
     }
 
@@ -348,4 +407,41 @@ fn history_words(history: &[String]) -> String {
         .map(|(w, n)| if n > 1 { format!("{w} x{n}") } else { w })
         .collect();
     words.join(" -> ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_delays_stay_under_a_cap_that_doubles_to_a_second_and_halves_after_success() {
+        let mut b = Backoff::new("op_1");
+        let mut cap = Backoff::FIRST;
+        for _ in 0..12 {
+            let d = b.next_delay();
+            assert!(d <= cap, "{d:?} above the cap {cap:?}");
+            cap = (cap * 2).min(Backoff::MAX);
+        }
+        assert_eq!(b.cap, Backoff::MAX);
+        b.succeeded();
+        assert_eq!(b.cap, Backoff::MAX / 2);
+        for _ in 0..20 {
+            b.succeeded();
+        }
+        assert_eq!(b.cap, Backoff::FIRST);
+        // Full jitter: the delays are spread over the whole cap, not all at its end.
+        let mut b = Backoff::new("op_2");
+        b.cap = Backoff::MAX;
+        let delays: Vec<Duration> = (0..64)
+            .map(|_| {
+                b.cap = Backoff::MAX;
+                b.next_delay()
+            })
+            .collect();
+        assert!(delays.iter().any(|d| *d < Backoff::MAX / 4), "{delays:?}");
+        assert!(
+            delays.iter().any(|d| *d > Backoff::MAX * 3 / 4),
+            "{delays:?}"
+        );
+    }
 }

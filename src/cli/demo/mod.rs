@@ -7,10 +7,7 @@
 //! `--json` prints the session as JSON Lines instead.
 
 mod client;
-mod document;
-mod protocol;
 mod script;
-mod service;
 mod transcript;
 
 use std::path::{Path, PathBuf};
@@ -36,7 +33,7 @@ pub(crate) fn run(args: &DemoArgs) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("error: {}", service::chain(&e));
+            eprintln!("error: {}", opjournal::service::chain(&e));
             ExitCode::from(2)
         }
     }
@@ -51,7 +48,9 @@ fn session(args: &DemoArgs, out: &mut Transcript) -> Result<bool, DemoError> {
     conclude(&paths, &report, &problems, out);
     if !args.keep {
         // The journal stays for inspection; the document was only the editor's.
-        let _ = std::fs::remove_file(&paths.document);
+        for p in paths.document_files() {
+            let _ = std::fs::remove_file(p);
+        }
     }
     for p in &problems {
         eprintln!("problem: {p}");
@@ -73,13 +72,16 @@ fn paths(args: &DemoArgs) -> Result<Paths, DemoError> {
             dir.keep().join("demo.opj")
         }
     };
-    let document = journal.with_extension("scene.json");
-    for p in [&journal, &document] {
+    let paths = Paths {
+        document: journal.with_extension("scene.json"),
+        journal,
+    };
+    for p in std::iter::once(paths.journal.clone()).chain(paths.document_files()) {
         if p.exists() {
-            return Err(DemoError::Exists { path: p.clone() });
+            return Err(DemoError::Exists { path: p });
         }
     }
-    Ok(Paths { journal, document })
+    Ok(paths)
 }
 
 /// What went against expectations.
@@ -95,12 +97,7 @@ fn problems(report: &Report) -> Vec<String> {
     }
     // Every operation's edit is in the document exactly once.
     for op in &report.ops {
-        let n = report
-            .document
-            .history
-            .iter()
-            .filter(|a| &a.op == op)
-            .count();
+        let n = report.document.times_applied(op);
         if n != 1 {
             out.push(format!(
                 "{op} landed {n} time(s) in the document, expected once"
@@ -159,7 +156,7 @@ fn conclude(paths: &Paths, report: &Report, problems: &[String], out: &mut Trans
         out.summary(serde_json::json!({
             "ok": problems.is_empty(),
             "problems": problems,
-            "document": {"revision": doc.revision, "objects": doc.objects},
+            "document": {"revision": doc.revision(), "objects": doc.objects()},
             "operations": report.ops,
             "storm": report.storm,
             "journal": {
@@ -175,14 +172,14 @@ fn conclude(paths: &Paths, report: &Report, problems: &[String], out: &mut Trans
     }
     out.text(&format!(
         "\nfinal document, revision {}: {}",
-        doc.revision,
+        doc.revision(),
         doc.describe()
     ));
     if problems.is_empty() {
         out.text(&format!(
             "every edit landed exactly once: {} operations, {} effects, none applied twice; every repeated result was marked as a replay",
             report.ops.len(),
-            doc.history.len()
+            doc.edits_applied()
         ));
     } else {
         out.text(&format!(

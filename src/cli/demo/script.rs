@@ -3,7 +3,7 @@
 //! §5, plus a reused id, a crash while an edit runs, and a result that ages out.
 //!
 //! The client closes its socket at the exact moment without telling the service; the
-//! service's [`Pauses`](super::service::Pauses) hold an operation at a given step so that
+//! service's [`Pauses`](opjournal::service::Pauses) hold an operation at a given step so that
 //! moment is reproducible. A manual clock skips the waits (acknowledgement timeout,
 //! retention) so the whole session takes a few seconds, with the journal's default
 //! durations.
@@ -13,15 +13,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use opjournal::service::{
+    Document, Edit, JournalOpener, Reply, Request, ResultMsg, SCOPE, Service, ServiceConfig,
+    ServiceError, Stage, StatusMsg, Verdict, describe_reconciled,
+};
 use opjournal::{Clock, Journal, ManualClock, RetryPolicy, SystemClock};
 use serde::Serialize;
 
-use super::client::{Client, ClientError, submit_request};
-use super::document::Document;
-use super::protocol::{Edit, Reply, Request, ResultMsg, StatusMsg};
-use super::service::{
-    JournalOpener, Service, ServiceConfig, ServiceError, Stage, Verdict, describe_reconciled,
-};
+use super::client::{Backoff, Client, ClientError, submit_request};
 use super::transcript::{Row, Transcript, Who};
 
 /// The client session.
@@ -87,6 +86,17 @@ pub(crate) struct Paths {
     pub document: PathBuf,
 }
 
+impl Paths {
+    /// The editor's files: the document snapshot, its edit log, its temporary file.
+    pub(crate) fn document_files(&self) -> [PathBuf; 3] {
+        [
+            self.document.clone(),
+            self.document.with_extension("log"),
+            self.document.with_extension("tmp"),
+        ]
+    }
+}
+
 /// What the reconnect storm left behind: the numbers that must stay bounded.
 #[derive(Clone, Debug, Default, Serialize)]
 pub(crate) struct Storm {
@@ -124,6 +134,8 @@ pub(crate) struct Report {
 struct Session<'t> {
     svc: Service,
     client: Client,
+    /// The retry rule's backoff, kept across operations.
+    backoff: Backoff,
     clock: ManualClock,
     out: &'t mut Transcript,
     notes: Arc<Mutex<Vec<String>>>,
@@ -150,15 +162,12 @@ pub(crate) fn run(paths: &Paths, out: &mut Transcript) -> Result<Report, DemoErr
     };
     let notes = Arc::new(Mutex::new(Vec::new()));
     let sink = notes.clone();
-    let cfg = ServiceConfig {
-        document: paths.document.clone(),
-        push_budget: retry.attempts,
-        notes: Box::new(move |note| {
-            sink.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(note)
-        }),
-    };
+    let mut cfg = ServiceConfig::new(paths.document.clone());
+    cfg.notes = Box::new(move |note| {
+        sink.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(note)
+    });
     let listener = TcpListener::bind(("127.0.0.1", 0)).map_err(|source| DemoError::Io {
         what: "listen on a loopback port".into(),
         source,
@@ -168,6 +177,7 @@ pub(crate) fn run(paths: &Paths, out: &mut Transcript) -> Result<Report, DemoErr
     let mut s = Session {
         svc,
         client,
+        backoff: Backoff::new(SESSION),
         clock,
         out,
         notes,
@@ -315,11 +325,56 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Submits a new operation and waits for its result.
+    /// Submits a new operation and waits for its result, following the retry rule of
+    /// docs/protocol.md: after `scope_busy`, back off (full jitter), say `hello` to learn
+    /// the revision, and submit the same id again if it did not move; after `stale_base`
+    /// (or a moved revision), submit the edit again with a new id on the new revision.
     fn run_op(&mut self, id: &str, edit: &Edit) -> Result<ResultMsg, DemoError> {
-        self.submit(id, edit)?;
-        self.expect_accepted(id)?;
-        self.expect_result(id, false)
+        let base_id = id.to_string();
+        let mut id = base_id.clone();
+        for attempt in 1..=20 {
+            self.submit(&id, edit)?;
+            let before = self.client.revision;
+            let moved = match self.recv(false)? {
+                Reply::Accepted { id: got, .. } if got == id => {
+                    self.backoff.succeeded();
+                    return self.expect_result(&id, false);
+                }
+                Reply::Error { kind, .. } if kind == "scope_busy" => {
+                    let delay = self.backoff.next_delay();
+                    self.say(
+                        Who::Client,
+                        format!(
+                            "waits {} ms (backoff with jitter), then asks for the revision",
+                            delay.as_millis()
+                        ),
+                    );
+                    std::thread::sleep(delay);
+                    self.connect(false)?;
+                    self.client.revision != before
+                }
+                Reply::Error { kind, .. } if kind == "stale_base" => {
+                    self.say(
+                        Who::Client,
+                        "says hello again to learn the document's revision",
+                    );
+                    self.connect(false)?;
+                    true
+                }
+                other => return Err(unexpected(format!("{id} accepted"), &other)),
+            };
+            if moved {
+                id = format!("{base_id}-r{attempt}");
+                self.say(
+                    Who::Client,
+                    format!("the document moved: submits the edit again as {id}"),
+                );
+            }
+        }
+        Err(DemoError::Unexpected {
+            expected: format!("{id} accepted within 20 attempts"),
+            got: "refusals only".into(),
+        })
     }
 
     fn ack(&mut self, id: &str) -> Result<(), DemoError> {
@@ -379,9 +434,8 @@ impl Session<'_> {
         self.say(
             Who::Editor,
             format!(
-                "listening on {addr}; {} is at revision {}: {}",
-                super::service::SCOPE,
-                doc.revision,
+                "listening on {addr}; {SCOPE} is at revision {}: {}",
+                doc.revision(),
                 doc.describe()
             ),
         );
@@ -491,7 +545,7 @@ impl Session<'_> {
         self.submit("op_3", &edit)?;
         self.expect_accepted("op_3")?;
         self.svc.pauses().wait_held(WAIT)?;
-        let rev = self.svc.document().revision;
+        let rev = self.svc.document().revision();
         self.say(
             Who::Editor,
             format!(
@@ -786,7 +840,7 @@ impl Session<'_> {
         self.submit("op_8", &edit)?;
         self.expect_accepted("op_8")?;
         self.svc.pauses().wait_held(WAIT)?;
-        let rev = self.svc.document().revision;
+        let rev = self.svc.document().revision();
         self.say(
             Who::Editor,
             format!(
@@ -799,7 +853,7 @@ impl Session<'_> {
             Who::Editor,
             format!(
                 "editor restarted: document reloaded at revision {}; journal reopened, {} operation(s) in doubt",
-                doc.revision,
+                doc.revision(),
                 reconciled.len()
             ),
         );

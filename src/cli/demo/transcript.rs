@@ -8,7 +8,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use super::protocol::Reply;
+use opjournal::service::Reply;
 
 /// Who a line is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

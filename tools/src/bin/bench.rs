@@ -922,7 +922,7 @@ impl Conn<'_> {
                 j.complete(&claim, outcome)?;
                 times.complete = t1.elapsed();
                 let t2 = Instant::now();
-                j.acknowledge(id)?;
+                j.acknowledge(id, Some(session))?;
                 times.ack = t2.elapsed();
             }
             Conn::Sql(db) => {

@@ -1,8 +1,10 @@
 //! The editor's wire protocol (`docs/protocol.md`): JSON Lines over TCP, one object per
-//! line, its `type` saying which message it is. Shared by the service and the demo client.
+//! line, its `type` saying which message it is. Shared by the service and any Rust client
+//! (the demo's); clients in other languages follow `docs/protocol.md`.
 
-use opjournal::{Intent, Timestamp};
 use serde::{Deserialize, Serialize};
+
+use crate::{Intent, Timestamp};
 
 /// An edit of the scene: what a client asks the editor to do.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,7 +34,12 @@ pub enum Edit {
 impl Edit {
     /// The journal intent: the edit's name and its arguments, hashed canonically. The same
     /// operation id with a different edit is refused (`IntentMismatch`).
-    pub fn intent(&self) -> opjournal::Result<Intent> {
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) only if the intent's name
+    /// were invalid (the three names used here are valid).
+    pub fn intent(&self) -> crate::Result<Intent> {
         let (name, args) = match self {
             Edit::Add { object, beside } => (
                 "scene.add",
@@ -59,9 +66,11 @@ impl Edit {
 /// What a client sends.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Request {
-    /// Names the client session; first on every connection. Answered by `welcome`, then
-    /// the session's results that were never acknowledged are pushed again.
+    /// Names the client session; first on every connection, and again whenever the client
+    /// wants to learn the document's revision. Answered by `welcome`, then the session's
+    /// results that were never acknowledged are pushed again (within their retry budget).
     Hello {
         /// The session (an agent run, a browser tab): stable across reconnects.
         session: String,
@@ -75,7 +84,8 @@ pub enum Request {
         /// What to do.
         edit: Edit,
     },
-    /// The client has seen the result of `id`.
+    /// The client has seen the result of `id`. Only the session that submitted `id` may
+    /// acknowledge it (`not_owner` otherwise).
     Ack {
         /// The operation id.
         id: String,
@@ -87,9 +97,11 @@ pub enum Request {
     },
 }
 
-/// What the service sends: answers to requests, and pushed results.
+/// What the service sends: answers to requests, and pushed results. Types may be added
+/// later: a client ignores one it does not know.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Reply {
     /// The answer to `hello`; `pushing` results follow at once.
     Welcome {
@@ -111,7 +123,8 @@ pub enum Reply {
     },
     /// An operation's outcome (answer or push).
     Result(ResultMsg),
-    /// The operation is running: the request attached to it and applied nothing.
+    /// The operation is running: the request attached to it and applied nothing. Its final
+    /// answer (`result`, `rejected` or `released`) follows on this connection too.
     Running {
         /// The operation id.
         id: String,
@@ -147,6 +160,17 @@ pub enum Reply {
         /// Why.
         reason: String,
     },
+    /// The editor could not apply the edit and changed nothing: the operation was released
+    /// in the journal, so the id is free again.
+    Released {
+        /// The operation id.
+        id: String,
+        /// What went wrong.
+        reason: String,
+        /// `true`: the fault may be passing (the document could not be saved); retry the same
+        /// id after a backoff. `false`: retrying the same edit will fail the same way.
+        retry: bool,
+    },
     /// The acknowledgement is recorded.
     Acked {
         /// The operation id.
@@ -156,12 +180,14 @@ pub enum Reply {
     },
     /// The answer to `status`.
     Status(StatusMsg),
-    /// The request was refused; nothing was applied.
+    /// The request was refused; nothing was applied. Also sent, without a request, just
+    /// before the service closes a connection (`too_many_connections`, `idle_timeout`).
     Error {
         /// The operation id, when the request named one.
         id: Option<String>,
-        /// `intent_mismatch`, `stale_base`, `scope_busy`, `window_full`, `bad_request`,
-        /// `unavailable` or `internal`.
+        /// `intent_mismatch`, `stale_base`, `scope_busy`, `window_full`, `not_owner`,
+        /// `bad_request`, `too_many_connections`, `idle_timeout`, `unavailable` or
+        /// `internal` (`docs/protocol.md` says what a client does with each).
         kind: String,
         /// What went wrong, and what to do.
         message: String,
@@ -197,7 +223,8 @@ pub struct StatusMsg {
     pub state: String,
     /// The revision it produced.
     pub revision: Option<u64>,
-    /// `pending`, `delivered`, `acknowledged`, `exhausted` or `ack_expired`.
+    /// `pending`, `delivered`, `acknowledged`, `exhausted` (the retry budget is spent: no
+    /// more pushes) or `ack_expired`.
     pub delivery: Option<String>,
     /// How many times the result was delivered.
     pub deliveries: u32,
