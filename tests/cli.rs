@@ -45,7 +45,7 @@ fn stats_prints_counts_by_status_and_delivery_and_the_oldest_unacked() {
         golden(&s, &["stats", p]),
         "\
 journal         JOURNAL
-format          version 1, created 2100-01-01 00:00:00 UTC (10 min ago)
+format          version 2, created 2100-01-01 00:00:00 UTC (10 min ago)
 now             2100-01-01 00:10:01 UTC (clocks applied as of this time)
 file size       SIZE
 
@@ -575,11 +575,13 @@ fn files_that_are_not_journals_exit_2_saying_so() -> TestResult {
     Ok(())
 }
 
+/// A format record as a newer build might write it (this build's layout, a higher version).
 #[derive(serde::Serialize)]
-struct FormatRecordV2 {
+struct NewerFormatRecord {
     format_version: u32,
     created_at: u64,
     created_by: String,
+    upgraded: Option<(u32, u64)>,
 }
 
 #[test]
@@ -590,23 +592,31 @@ fn a_newer_format_exits_2_naming_both_versions() -> TestResult {
         let txn = db.begin_write()?;
         {
             let mut meta = txn.open_table(redb::TableDefinition::<&str, &[u8]>::new("meta"))?;
-            let record = FormatRecordV2 {
-                format_version: 2,
+            let record = NewerFormatRecord {
+                format_version: 3,
                 created_at: T0.as_millis(),
                 created_by: "opjournal 9.0.0".into(),
+                upgraded: None,
             };
             let bytes = opjournal::codec::encode(opjournal::codec::RecordKind::Meta, &record);
             meta.insert("format", bytes.as_slice())?;
         }
         txn.commit()?;
     }
-    for cmd in ["stats", "ls", "verify", "compact"] {
+    let before = std::fs::read(&s.path)?;
+    for cmd in [
+        "stats", "ls", "log", "export", "verify", "compact", "repair",
+    ] {
         assert_fails(
             &[cmd, path_str(&s.path)],
-            "has journal format version 2, but this opjournal 0.1.0 reads version 1",
+            "has journal format version 3, but this opjournal 0.1.0 reads version 2",
             "written by a newer opjournal",
         );
     }
+    assert!(
+        std::fs::read(&s.path)? == before,
+        "a command changed a newer build's file"
+    );
     Ok(())
 }
 

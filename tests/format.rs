@@ -118,7 +118,9 @@ fn build_fixture(path: &Path) -> opjournal::Result<()> {
 }
 
 /// Checks the states [`build_fixture`] leaves, through `lookup`.
-fn fixture_states(lookup: impl Fn(&str) -> opjournal::Result<Option<opjournal::Receipt>>) -> opjournal::Result<()> {
+fn fixture_states(
+    lookup: impl Fn(&str) -> opjournal::Result<Option<opjournal::Receipt>>,
+) -> opjournal::Result<()> {
     let acked = lookup("acked")?.expect("acked");
     assert_eq!(acked.status, ExecutionStatus::Applied);
     assert_eq!(acked.delivery, Some(DeliveryState::Acknowledged));
@@ -199,7 +201,10 @@ fn a_format_1_journal_is_read_as_it_is_by_read_only_commands() -> opjournal::Res
     let report = opjournal::check::verify_inspected(&insp, &mut |_, _| {})?;
     assert!(report.is_clean(), "{:?}", report.findings);
     drop(insp);
-    assert!(env.bytes() == before, "a read-only command changed the file");
+    assert!(
+        env.bytes() == before,
+        "a read-only command changed the file"
+    );
     assert!(!opjournal::FileLog::path_for(&env.path).exists());
     Ok(())
 }
@@ -226,7 +231,10 @@ fn a_read_only_format_1_journal_is_not_opened_for_writing_and_stays_unchanged() 
     perms.set_readonly(true);
     std::fs::set_permissions(&env.path, perms).expect("chmod");
     let before = env.bytes();
-    let err = env.builder().open(&env.path).expect_err("read-only format 1 file");
+    let err = env
+        .builder()
+        .open(&env.path)
+        .expect_err("read-only format 1 file");
     assert!(
         matches!(err.kind(), ErrorKind::InvalidInput { .. }),
         "{err:?}"

@@ -12,11 +12,13 @@ use crate::config::Config;
 use crate::engine::{self, Ctx};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::file::{check_format, check_redb_magic};
+use crate::index::{self, Layered, Layers, Table, View, WriteTables, guarded};
 use crate::journal::open::{absorb_log, prepare};
 use crate::log::FileLog;
-use crate::index::{self, Layered, Layers, Table, View, WriteTables, guarded};
 use crate::record::IntentDigest;
-use crate::record::{CheckpointRecord, Event, EventKind, ExecRecord, FormatRecord, ReceiptRecord, StateRecord};
+use crate::record::{
+    CheckpointRecord, Event, EventKind, ExecRecord, FormatRecord, ReceiptRecord, StateRecord,
+};
 // ---------------------------------------------------------------------------------------
 // Repair.
 // ---------------------------------------------------------------------------------------
