@@ -131,10 +131,20 @@ impl std::fmt::Display for FrameError {
     }
 }
 
-fn config() -> impl bincode::config::Config {
+/// Format 1's payload encoding: fixed-width integers (a length is 8 bytes).
+fn config_v1() -> impl bincode::config::Config {
     bincode::config::standard()
         .with_little_endian()
         .with_fixed_int_encoding()
+        .with_limit::<DECODE_LIMIT>()
+}
+
+/// This format's payload encoding: variable-width integers (a value below 251 is one
+/// byte), which makes records about a third smaller than format 1's.
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard()
+        .with_little_endian()
+        .with_variable_int_encoding()
         .with_limit::<DECODE_LIMIT>()
 }
 
@@ -240,14 +250,15 @@ pub fn encode_payload<T: Serialize>(value: &T) -> Vec<u8> {
     }
 }
 
-/// Decodes a bincode payload that must be consumed entirely.
+/// Decodes a bincode payload written with format `version`'s encoding, which must be
+/// consumed entirely.
 ///
 /// # Errors
 ///
 /// [`FrameError::Decode`] when the payload does not decode, exceeds the decode limit, or
 /// has trailing bytes.
-pub fn decode_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, FrameError> {
-    let (value, used) = decode_prefix(payload)?;
+pub fn decode_payload<T: DeserializeOwned>(version: u8, payload: &[u8]) -> Result<T, FrameError> {
+    let (value, used) = decode_prefix(version, payload)?;
     if used != payload.len() {
         return Err(FrameError::Decode(format!(
             "{} trailing bytes after the record",
@@ -257,14 +268,22 @@ pub fn decode_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, FrameErr
     Ok(value)
 }
 
-/// Decodes a bincode value at the start of `payload`, returning it and the bytes used.
+/// Decodes a bincode value (format `version`'s encoding) at the start of `payload`,
+/// returning it and the bytes used.
 ///
 /// # Errors
 ///
 /// [`FrameError::Decode`] when the value does not decode or exceeds the decode limit.
-pub fn decode_prefix<T: DeserializeOwned>(payload: &[u8]) -> Result<(T, usize), FrameError> {
-    bincode::serde::decode_from_slice(payload, config())
-        .map_err(|e| FrameError::Decode(e.to_string()))
+pub fn decode_prefix<T: DeserializeOwned>(
+    version: u8,
+    payload: &[u8],
+) -> Result<(T, usize), FrameError> {
+    let decoded = if version == 1 {
+        bincode::serde::decode_from_slice(payload, config_v1())
+    } else {
+        bincode::serde::decode_from_slice(payload, config())
+    };
+    decoded.map_err(|e| FrameError::Decode(e.to_string()))
 }
 
 /// Decodes a framed record of `kind`.
@@ -273,5 +292,6 @@ pub fn decode_prefix<T: DeserializeOwned>(payload: &[u8]) -> Result<(T, usize), 
 ///
 /// Any [`FrameError`] of [`unframe`] or [`decode_payload`].
 pub fn decode<T: DeserializeOwned>(kind: RecordKind, bytes: &[u8]) -> Result<T, FrameError> {
-    decode_payload(unframe(kind, bytes)?)
+    let (version, payload) = unframe_versioned(kind, bytes)?;
+    decode_payload(version, payload)
 }

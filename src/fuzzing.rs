@@ -30,8 +30,9 @@ pub fn decode_every_record(bytes: &[u8]) -> Result<u32, String> {
         codec::decode::<CheckpointRecord>(RecordKind::Meta, b)
     })?;
     // Results: header plus raw payload, keyed by the seq they carry.
-    if let Ok(payload) = codec::unframe(RecordKind::Result, bytes)
-        && let Ok((header, used)) = codec::decode_prefix::<crate::record::ResultHeader>(payload)
+    if let Ok((version, payload)) = codec::unframe_versioned(RecordKind::Result, bytes)
+        && let Ok((header, used)) =
+            codec::decode_prefix::<crate::record::ResultHeader>(version, payload)
     {
         let (h2, body) = index::decode_result(header.completed_seq, bytes)
             .map_err(|e| format!("result decoded by prefix but not as a record: {e}"))?;
@@ -67,9 +68,10 @@ pub fn decode_every_record(bytes: &[u8]) -> Result<u32, String> {
 
 /// The payload bytes of a result record that decoded.
 fn body_again(bytes: &[u8]) -> Result<Vec<u8>, String> {
-    let payload = codec::unframe(RecordKind::Result, bytes).map_err(|e| e.to_string())?;
-    let (_, used) =
-        codec::decode_prefix::<crate::record::ResultHeader>(payload).map_err(|e| e.to_string())?;
+    let (version, payload) =
+        codec::unframe_versioned(RecordKind::Result, bytes).map_err(|e| e.to_string())?;
+    let (_, used) = codec::decode_prefix::<crate::record::ResultHeader>(version, payload)
+        .map_err(|e| e.to_string())?;
     Ok(payload[used..].to_vec())
 }
 

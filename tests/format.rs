@@ -269,12 +269,12 @@ fn write_meta_only(path: &Path, format_version: u32, envelope: u8) {
         let mut meta = txn
             .open_table(redb::TableDefinition::<&str, &[u8]>::new("meta"))
             .expect("meta");
-        // FormatRecord per docs/format.md: u32 version, u64 created_at, string
-        // created_by (u64 length, bytes), then (format 2) an absent upgrade (0).
-        let mut payload = Vec::new();
-        payload.extend_from_slice(&format_version.to_le_bytes());
+        // FormatRecord per docs/format.md, with format 2's variable-width integers: the
+        // version (one byte below 251), created_at (253, then 8 bytes), created_by (its
+        // length in one byte, then the bytes), then an absent upgrade (0).
+        let mut payload = vec![u8::try_from(format_version).expect("small version"), 253];
         payload.extend_from_slice(&common::T0.as_millis().to_le_bytes());
-        payload.extend_from_slice(&(4u64).to_le_bytes());
+        payload.push(4);
         payload.extend_from_slice(b"test");
         payload.push(0);
         let mut framed = codec::frame(RecordKind::Meta, &payload);

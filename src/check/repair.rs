@@ -534,9 +534,11 @@ pub(crate) fn repair_db(
                 }
             }
             for (key, raw, e) in misplaced {
-                let seq = codec::unframe(RecordKind::Result, &raw)
+                let seq = codec::unframe_versioned(RecordKind::Result, &raw)
                     .ok()
-                    .and_then(|p| codec::decode_prefix::<crate::record::ResultHeader>(p).ok())
+                    .and_then(|(v, p)| {
+                        codec::decode_prefix::<crate::record::ResultHeader>(v, p).ok()
+                    })
                     .map(|(h, _)| h.completed_seq);
                 if let Some(seq) = seq
                     && results.get(seq)?.is_none()

@@ -55,8 +55,9 @@ pub(crate) fn salvage(
                 }
             }
             RecordKind::Result => {
-                if let Ok(payload) = codec::unframe(kind, frame)
-                    && let Ok((h, _)) = codec::decode_prefix::<crate::record::ResultHeader>(payload)
+                if let Ok((version, payload)) = codec::unframe_versioned(kind, frame)
+                    && let Ok((h, _)) =
+                        codec::decode_prefix::<crate::record::ResultHeader>(version, payload)
                 {
                     results
                         .entry(h.completed_seq)

@@ -97,8 +97,8 @@ fn corrupt(table: &str, key: impl std::fmt::Display, e: impl std::fmt::Display) 
 /// An event record of this format or of format 1, without checking where it was found.
 pub(crate) fn decode_event_frame(bytes: &[u8]) -> std::result::Result<Event, codec::FrameError> {
     match codec::unframe_versioned(RecordKind::Event, bytes)? {
-        (1, payload) => codec::decode_payload(payload).map(Event::from_v1),
-        (_, payload) => codec::decode_payload(payload),
+        (1, payload) => codec::decode_payload(1, payload).map(Event::from_v1),
+        (v, payload) => codec::decode_payload(v, payload),
     }
 }
 
@@ -107,8 +107,8 @@ pub(crate) fn decode_receipt_frame(
     bytes: &[u8],
 ) -> std::result::Result<ReceiptRecord, codec::FrameError> {
     match codec::unframe_versioned(RecordKind::Receipt, bytes)? {
-        (1, payload) => codec::decode_payload(payload).map(ReceiptRecord::from_v1),
-        (_, payload) => codec::decode_payload(payload),
+        (1, payload) => codec::decode_payload(1, payload).map(ReceiptRecord::from_v1),
+        (v, payload) => codec::decode_payload(v, payload),
     }
 }
 
@@ -151,10 +151,10 @@ pub(crate) fn decode_scope(key: &str, bytes: &[u8]) -> Result<ScopeRecord> {
 
 /// Decodes a `results` value into its header and payload.
 pub(crate) fn decode_result(key: u64, bytes: &[u8]) -> Result<(ResultHeader, Vec<u8>)> {
-    let payload =
-        codec::unframe(RecordKind::Result, bytes).map_err(|e| corrupt("results", key, e))?;
+    let (version, payload) = codec::unframe_versioned(RecordKind::Result, bytes)
+        .map_err(|e| corrupt("results", key, e))?;
     let (header, used): (ResultHeader, usize) =
-        codec::decode_prefix(payload).map_err(|e| corrupt("results", key, e))?;
+        codec::decode_prefix(version, payload).map_err(|e| corrupt("results", key, e))?;
     if header.completed_seq != key {
         return Err(corrupt(
             "results",
@@ -189,12 +189,12 @@ pub(crate) fn decode_format(bytes: &[u8]) -> Result<FormatRecord> {
         })
     };
     match codec::unframe_versioned(RecordKind::Meta, bytes) {
-        Ok((1, payload)) => codec::decode_payload::<crate::record::FormatRecordV1>(payload)
+        Ok((1, payload)) => codec::decode_payload::<crate::record::FormatRecordV1>(1, payload)
             .map(FormatRecord::from)
             .map_err(|e| corrupt("meta", "format", e)),
-        Ok((_, payload)) => {
+        Ok((v, payload)) => {
             let f: FormatRecord =
-                codec::decode_payload(payload).map_err(|e| corrupt("meta", "format", e))?;
+                codec::decode_payload(v, payload).map_err(|e| corrupt("meta", "format", e))?;
             if f.format_version > u32::from(codec::FORMAT_VERSION) {
                 return Err(unsupported(f.format_version));
             }
