@@ -131,6 +131,8 @@ impl std::fmt::Display for FrameError {
     }
 }
 
+impl std::error::Error for FrameError {}
+
 fn config() -> impl bincode::config::Config {
     bincode::config::standard()
         .with_little_endian()

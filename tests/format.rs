@@ -328,7 +328,7 @@ fn repair_refuses_foreign_and_newer_files_without_writing_a_backup() {
     let env = Env::new();
     write_meta_only(&env.path, 2);
     let before = env.bytes();
-    let err = opjournal::check::repair(&env.path, &Default::default(), &mut |_, _| {})
+    let err = opjournal::repair(&env.path, &Default::default(), &mut |_, _| {})
         .expect_err("newer format");
     assert!(
         matches!(err.kind(), ErrorKind::UnsupportedFormat { .. }),
@@ -336,8 +336,8 @@ fn repair_refuses_foreign_and_newer_files_without_writing_a_backup() {
     );
     let other = env.dir.path().join("other.redb");
     write_foreign_redb(&other);
-    let err = opjournal::check::repair(&other, &Default::default(), &mut |_, _| {})
-        .expect_err("foreign redb");
+    let err =
+        opjournal::repair(&other, &Default::default(), &mut |_, _| {}).expect_err("foreign redb");
     assert!(
         matches!(err.kind(), ErrorKind::NotAJournal { .. }),
         "{err:?}"
