@@ -9,7 +9,7 @@ use crate::config::{Config, RetryPolicy, ScopeLock, Sharing};
 use crate::error::Result;
 use crate::journal::Journal;
 
-/// Configures and opens a [`Journal`]. Every setting has a default (DESIGN.md §6).
+/// Configures and opens a [`Journal`]. Every setting has a default, listed with its setter.
 ///
 /// Durations apply to transitions made after the journal is opened with them: deadlines
 /// are computed when an operation changes state and stored with it.
@@ -144,6 +144,7 @@ impl JournalBuilder {
     /// - [`ErrorKind::UnsupportedFormat`](crate::ErrorKind::UnsupportedFormat) for a newer format;
     /// - [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt) or [`ErrorKind::Io`](crate::ErrorKind::Io).
     pub fn open(self, path: impl AsRef<Path>) -> Result<Journal> {
+        let _span = crate::trace_span!(DEBUG, "open", path = %path.as_ref().display());
         self.config.validate()?;
         Journal::open_with(path.as_ref(), self.config)
     }
@@ -155,6 +156,7 @@ impl JournalBuilder {
     ///
     /// As [`JournalBuilder::open`].
     pub fn open_backend(self, backend: impl redb::StorageBackend, label: &str) -> Result<Journal> {
+        let _span = crate::trace_span!(DEBUG, "open", path = %label);
         self.config.validate()?;
         Journal::open_backend_with(backend, label, self.config)
     }

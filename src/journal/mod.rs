@@ -183,17 +183,30 @@ impl Journal {
         self.inner.now()
     }
 
-    /// Submits an operation. Lookup by operation id comes first; checks for fresh work
-    /// follow (DESIGN.md §4). A `Fresh` admission is durable before this returns.
+    /// Submits an operation. Lookup by operation id comes first (a known id is answered
+    /// `InProgress`, `Replay`, `Expired` or `InDoubt`); the scope, revision and session
+    /// window checks apply only to fresh work. A `Fresh` admission is durable before this
+    /// returns.
     ///
     /// # Errors
     ///
-    /// Refusals that write nothing: [`ErrorKind::InvalidInput`] (bad id, scope or session),
+    /// Refusals that write nothing: [`ErrorKind::InvalidInput`] (bad id, scope or session,
+    /// or an intent built from a `jcs-sha256:` digest, which this file format cannot record),
     /// [`ErrorKind::IntentMismatch`] (the id is recorded with another intent),
     /// [`ErrorKind::StaleBase`], [`ErrorKind::ScopeBusy`], [`ErrorKind::WindowFull`].
     /// Storage errors: [`ErrorKind::Corrupt`], [`ErrorKind::Io`], [`ErrorKind::Poisoned`].
     pub fn submit(&self, op: Operation) -> Result<Admission> {
+        let _span = crate::trace_span!(DEBUG, "submit", operation_id = %op.id);
         self.guard("submit", || {
+            if op.intent.recorded_hash().is_none() {
+                return Err(Error::invalid(
+                    "intent hash",
+                    &op.intent.hash().to_string(),
+                    "this journal's file format records `sha256:` (legacy) intent hashes: build \
+                     the intent from its arguments (`Intent::from_json`, `Intent::from_bytes`), or \
+                     pass a `sha256:` hash to `Intent::from_digest`",
+                ));
+            }
             engine::validate_operation(&op)?;
             // Fast path: a known id is answered from a read snapshot without the writer.
             {
@@ -219,6 +232,7 @@ impl Journal {
     /// [`ErrorKind::ResultTooLarge`], [`ErrorKind::InvalidInput`] (asset list); all write
     /// nothing, and the claim stays usable. Storage errors as for [`Journal::submit`].
     pub fn complete(&self, claim: &Claim, outcome: Outcome) -> Result<Receipt> {
+        let _span = crate::trace_span!(DEBUG, "complete", operation_id = %claim.operation_id);
         self.guard("complete", || {
             let claim = claim.clone();
             self.inner
@@ -233,6 +247,7 @@ impl Journal {
     ///
     /// [`ErrorKind::StaleClaim`]; storage errors as for [`Journal::submit`].
     pub fn release(&self, claim: &Claim) -> Result<()> {
+        let _span = crate::trace_span!(DEBUG, "release", operation_id = %claim.operation_id);
         self.guard("release", || {
             let claim = claim.clone();
             self.inner.write(move |ctx| engine::release(ctx, &claim))
@@ -257,6 +272,7 @@ impl Journal {
     ///
     /// As [`Journal::extend_lease`], and [`ErrorKind::InvalidInput`] for a zero duration.
     pub fn extend_lease_by(&self, claim: &Claim, by: Duration) -> Result<Claim> {
+        let _span = crate::trace_span!(DEBUG, "extend_lease", operation_id = %claim.operation_id);
         self.guard("extend_lease_by", || {
             if by.is_zero() {
                 return Err(Error::invalid(
@@ -282,6 +298,7 @@ impl Journal {
     /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not in doubt),
     /// [`ErrorKind::ResultTooLarge`]; storage errors as for [`Journal::submit`].
     pub fn resolve(&self, operation_id: &str, resolution: Resolution) -> Result<Option<Receipt>> {
+        let _span = crate::trace_span!(DEBUG, "resolve", operation_id = %operation_id);
         self.guard("resolve", || {
             let id = operation_id.to_string();
             self.inner
@@ -298,6 +315,7 @@ impl Journal {
     /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not terminal, or
     /// retired); storage errors as for [`Journal::submit`].
     pub fn delivered(&self, operation_id: &str) -> Result<Receipt> {
+        let _span = crate::trace_span!(DEBUG, "delivered", operation_id = %operation_id);
         self.guard("delivered", || {
             self.inner
                 .lazy_write(operation_id, engine::LazyKind::Delivered)
@@ -312,6 +330,7 @@ impl Journal {
     /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not terminal);
     /// storage errors as for [`Journal::submit`].
     pub fn acknowledge(&self, operation_id: &str) -> Result<Receipt> {
+        let _span = crate::trace_span!(DEBUG, "acknowledge", operation_id = %operation_id);
         self.guard("acknowledge", || {
             self.inner
                 .lazy_write(operation_id, engine::LazyKind::Acknowledged)
@@ -327,6 +346,7 @@ impl Journal {
     /// [`ErrorKind::RevisionNotForward`] for an older revision, [`ErrorKind::InvalidInput`]
     /// for a bad scope; storage errors as for [`Journal::submit`].
     pub fn advance_revision(&self, scope: &str, revision: u64) -> Result<u64> {
+        let _span = crate::trace_span!(DEBUG, "advance_revision", scope = %scope, revision);
         self.guard("advance_revision", || {
             let scope = scope.to_string();
             self.inner
@@ -340,6 +360,7 @@ impl Journal {
     ///
     /// Storage errors; [`ErrorKind::Poisoned`].
     pub fn flush(&self) -> Result<()> {
+        let _span = crate::trace_span!(DEBUG, "flush");
         self.guard("flush", || self.inner.flush())
     }
 
@@ -350,6 +371,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn lookup(&self, operation_id: &str) -> Result<Option<Receipt>> {
+        let _span = crate::trace_span!(DEBUG, "lookup", operation_id = %operation_id);
         self.guard("lookup", || {
             let (snap, now) = self.inner.read_pending(Some(operation_id))?;
             snap.lookup(operation_id, now)
@@ -362,6 +384,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn result(&self, operation_id: &str) -> Result<Option<OpResult>> {
+        let _span = crate::trace_span!(DEBUG, "result", operation_id = %operation_id);
         self.guard("result", || {
             let (snap, now) = self.inner.read_pending(Some(operation_id))?;
             match snap.effective(operation_id, now)? {
@@ -377,6 +400,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn history(&self, operation_id: &str) -> Result<Vec<Event>> {
+        let _span = crate::trace_span!(DEBUG, "history", operation_id = %operation_id);
         self.guard("history", || {
             // Pending deliveries and acknowledgements become events when committed.
             self.inner.flush()?;
@@ -400,6 +424,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn undelivered(&self, session: &str) -> Result<Vec<Replay>> {
+        let _span = crate::trace_span!(DEBUG, "undelivered", session = %session);
         self.guard("undelivered", || {
             let (snap, now) = self.inner.read_pending(None)?;
             let mut out = Vec::new();
@@ -425,6 +450,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn due_redeliveries(&self, limit: usize) -> Result<Vec<Replay>> {
+        let _span = crate::trace_span!(DEBUG, "due_redeliveries", limit);
         self.guard("due_redeliveries", || {
             let (snap, now) = self.inner.read_pending(None)?;
             let mut out = Vec::new();
@@ -471,6 +497,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn in_doubt(&self) -> Result<Vec<Receipt>> {
+        let _span = crate::trace_span!(DEBUG, "in_doubt");
         self.guard("in_doubt", || {
             let (snap, now) = self.inner.read()?;
             let mut ids: Vec<String> = Vec::new();
@@ -503,6 +530,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn scope_revision(&self, scope: &str) -> Result<u64> {
+        let _span = crate::trace_span!(DEBUG, "scope_revision", scope = %scope);
         self.guard("scope_revision", || {
             let (snap, _) = self.inner.read()?;
             snap.tables.scope_revision(scope)
@@ -515,6 +543,7 @@ impl Journal {
     ///
     /// Storage errors; [`ErrorKind::Poisoned`].
     pub fn compact(&self) -> Result<CompactionReport> {
+        let _span = crate::trace_span!(DEBUG, "compact");
         self.guard("compact", || crate::journal::compactor::run(&self.inner))
     }
 
@@ -545,6 +574,7 @@ impl Journal {
     /// # Ok::<(), opjournal::Error>(())
     /// ```
     pub fn reclaim_space(&mut self) -> Result<(u64, u64)> {
+        let _span = crate::trace_span!(DEBUG, "reclaim_space");
         self.flush()?;
         let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
         let before = size(&self.inner.path);
@@ -568,7 +598,9 @@ impl Journal {
     }
 
     /// Starts a background thread that runs [`Journal::compact`] (and makes lazy writes
-    /// durable) every `interval`. Dropping the handle stops and joins it.
+    /// durable) every `interval`. Dropping the handle stops and joins it, so keep it; failed
+    /// passes are counted and kept on the handle ([`CompactorHandle::last_error`]).
+    #[must_use = "the compactor stops when its handle is dropped: keep the handle while it should run"]
     pub fn spawn_compactor(&self, interval: Duration) -> CompactorHandle {
         CompactorHandle::spawn(
             Arc::downgrade(&self.inner),
@@ -585,6 +617,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn stats(&self) -> Result<crate::Stats> {
+        let _span = crate::trace_span!(DEBUG, "stats");
         self.guard("stats", || {
             // Counts come from committed receipts: commit pending acknowledgements first.
             self.inner.flush()?;
@@ -608,6 +641,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Io`].
     pub fn event_count(&self) -> Result<u64> {
+        let _span = crate::trace_span!(DEBUG, "event_count");
         self.guard("event_count", || {
             let (snap, _) = self.inner.read()?;
             Ok(snap.tables.events_t()?.len()?)

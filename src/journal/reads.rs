@@ -156,7 +156,7 @@ pub(crate) struct LazyEntry {
     pub(crate) kind: EventKind,
 }
 
-/// Deliveries and acknowledgements are durable lazily (DESIGN.md §7): they wait here and
+/// Deliveries and acknowledgements are durable lazily: they wait here and
 /// ride along with the next commit (any state change, a compactor pass, `flush`, closing,
 /// or 256 entries / 200 ms of further lazy writes). A crash loses at most these, which
 /// only causes a recognizable redelivery. Reads apply them, so callers see their own.
