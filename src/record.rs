@@ -357,15 +357,16 @@ mod convert {
     use crate::intent::IntentHash;
     use crate::types as api;
 
+    /// Format 1 stores 32 digest bytes without their scheme: they are the legacy scheme's.
     impl From<Digest> for IntentHash {
         fn from(d: Digest) -> IntentHash {
-            IntentHash(d.0)
+            IntentHash::new(crate::intent::HashScheme::LegacyV1, d.0)
         }
     }
 
     impl From<IntentHash> for Digest {
         fn from(h: IntentHash) -> Digest {
-            Digest(h.0)
+            Digest(*h.as_bytes())
         }
     }
 

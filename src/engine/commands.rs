@@ -342,7 +342,7 @@ impl Ctx<'_, '_> {
     }
 }
 
-/// `submit`, in a write transaction (DESIGN.md §4).
+/// `submit`, in a write transaction: lookup by id first, then the checks for fresh work.
 pub(crate) fn submit(ctx: &mut Ctx<'_, '_>, op: &Operation) -> Result<Admission> {
     let eff = effective_of(&*ctx.t, &op.id, ctx.now)?;
     if let Some(answer) = answer_known(&*ctx.t, eff.as_ref(), op)? {
@@ -363,7 +363,7 @@ pub(crate) fn submit(ctx: &mut Ctx<'_, '_>, op: &Operation) -> Result<Admission>
         EventKind::Submitted {
             attempt,
             intent_name: op.intent.name().to_string(),
-            intent_hash: op.intent.hash().into(),
+            intent_hash: op.intent.recorded_hash().unwrap_or(op.intent.hash()).into(),
             scope: op.scope.clone(),
             session: op.session.clone(),
             base_revision: op.base_revision,

@@ -21,9 +21,9 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use opjournal::{
-    Admission, Claim, DeliveryState, ErrorKind, ExecutionStatus, InDoubtCause, Intent, IntentHash,
-    Journal, JournalBuilder, ManualClock, OpResult, Operation, Outcome, Receipt, Resolution,
-    RetryPolicy, ScopeLock, Sharing, Timestamp,
+    Admission, Claim, DeliveryState, ErrorKind, ExecutionStatus, HashScheme, InDoubtCause, Intent,
+    IntentHash, Journal, JournalBuilder, ManualClock, OpResult, Operation, Outcome, Receipt,
+    Resolution, RetryPolicy, ScopeLock, Sharing, Timestamp,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -830,7 +830,12 @@ impl Model {
         if let Some(s) = &op.session {
             self.sessions.insert(s.clone());
         }
-        let hash = op.intent().hash();
+        // Format 1 records the legacy hash (its files store no scheme), and a recorded hash
+        // is compared under its own scheme.
+        let hash = op
+            .intent()
+            .hash_as(HashScheme::LegacyV1)
+            .expect("the model's intents are built from their arguments");
         for name in [Some(&op.id), op.scope.as_ref(), op.session.as_ref()]
             .into_iter()
             .flatten()
@@ -844,7 +849,7 @@ impl Model {
         if let Some(rec) = self.eff(&op.id, now)
             && !rec.is_vacant()
         {
-            if rec.intent_hash != hash && rec.intent_hash != IntentHash([0; 32]) {
+            if rec.intent_hash != hash && *rec.intent_hash.as_bytes() != [0; 32] {
                 return Err(ErrView::IntentMismatch);
             }
             let view = rec.view().ok_or(ErrView::InvalidState)?;

@@ -513,7 +513,7 @@ impl Shared {
             let applied = doc.applied(&id).filter(|a| {
                 a.edit
                     .intent()
-                    .is_ok_and(|intent| intent.hash() == r.intent_hash)
+                    .is_ok_and(|intent| r.intent_hash.matches(&intent))
             });
             let resolution = match applied {
                 Some(a) => Resolution::Completed(
