@@ -98,18 +98,25 @@ pub enum ExecuteError<E> {
         release: Error,
     },
     /// The closure produced an outcome (its effect may have happened) that could not be
-    /// recorded. A refusal ([`ResultTooLarge`](crate::ErrorKind::ResultTooLarge),
-    /// [`RevisionNotForward`](crate::ErrorKind::RevisionNotForward)) leaves the claim
-    /// usable: correct the outcome and call [`Journal::complete`] with `claim`. Otherwise
-    /// the operation becomes `InDoubt` when its lease expires, for [`Journal::resolve`].
-    Unrecorded {
-        /// The claim, still current unless the operation was resolved meanwhile.
-        claim: Claim,
-        /// The outcome that was not recorded.
-        outcome: Outcome,
-        /// Why recording it failed.
-        error: Error,
-    },
+    /// recorded; see [`Unrecorded`].
+    Unrecorded(Box<Unrecorded>),
+}
+
+/// An outcome [`Journal::execute`] could not record ([`ExecuteError::Unrecorded`]).
+///
+/// A refusal ([`ResultTooLarge`](crate::ErrorKind::ResultTooLarge),
+/// [`RevisionNotForward`](crate::ErrorKind::RevisionNotForward)) leaves the claim usable:
+/// correct the outcome and call [`Journal::complete`] with `claim`. Otherwise the
+/// operation becomes `InDoubt` when its lease expires, for [`Journal::resolve`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Unrecorded {
+    /// The claim, still current unless the operation was resolved meanwhile.
+    pub claim: Claim,
+    /// The outcome that was not recorded.
+    pub outcome: Outcome,
+    /// Why recording it failed.
+    pub error: Error,
 }
 
 impl<E> From<Error> for ExecuteError<E> {
@@ -129,11 +136,11 @@ impl<E> fmt::Display for ExecuteError<E> {
                 "the operation was rejected before any effect, but releasing its claim failed; \
                  it will be in doubt when its lease expires",
             ),
-            ExecuteError::Unrecorded { claim, .. } => write!(
+            ExecuteError::Unrecorded(u) => write!(
                 f,
                 "the outcome of operation `{}` could not be recorded; complete the claim again \
                  or resolve the operation once it is in doubt",
-                claim.operation_id()
+                u.claim.operation_id()
             ),
         }
     }
@@ -145,7 +152,7 @@ impl<E: std::error::Error + 'static> std::error::Error for ExecuteError<E> {
             ExecuteError::Journal(e) => Some(e),
             ExecuteError::NotApplied(e) => Some(e),
             ExecuteError::ReleaseFailed { release, .. } => Some(release),
-            ExecuteError::Unrecorded { error, .. } => Some(error),
+            ExecuteError::Unrecorded(u) => Some(&u.error),
         }
     }
 }
@@ -251,11 +258,11 @@ impl Journal {
         };
         match self.complete(&claim, outcome.clone()) {
             Ok(receipt) => Ok(Executed::Fresh(receipt, outcome.result)),
-            Err(error) => Err(ExecuteError::Unrecorded {
+            Err(error) => Err(ExecuteError::Unrecorded(Box::new(Unrecorded {
                 claim,
                 outcome,
                 error,
-            }),
+            }))),
         }
     }
 }

@@ -134,7 +134,7 @@ pub use config::{
 };
 pub use engine::stats::{OldestUnacked, Stats};
 pub use error::{Error, ErrorKind, Result};
-pub use execute::{ExecuteError, Executed, Failure};
+pub use execute::{ExecuteError, Executed, Failure, Unrecorded};
 pub use inspect::{Access, Inspector};
 pub use intent::{HashScheme, Intent, IntentHash, canonical_json};
 pub use journal::{CompactionReport, CompactorHandle, Journal, JournalBuilder};

@@ -140,9 +140,10 @@ fn known_ids_in_progress_or_in_doubt_are_answered_without_running() -> opjournal
 fn an_aged_out_result_is_answered_expired_without_running() -> opjournal::Result<()> {
     let env = Env::new();
     let journal = env.open();
-    journal
+    let first = journal
         .execute(op("op_1"), |_| applied(1))
         .expect("applied");
+    assert!(matches!(first, Executed::Fresh(..)), "{first:?}");
     env.advance(Duration::from_secs(8 * 24 * 3600));
     let expired = journal
         .execute(op("op_1"), |_| -> Result<Outcome, Failure<String>> {
@@ -165,9 +166,10 @@ fn a_refused_submit_does_not_run_the_closure() -> opjournal::Result<()> {
         panic!("fresh");
     };
     let err = journal
-        .execute(op("op_2"), |_| -> Result<Outcome, Failure<std::io::Error>> {
-            panic!("must not run")
-        })
+        .execute(
+            op("op_2"),
+            |_| -> Result<Outcome, Failure<std::io::Error>> { panic!("must not run") },
+        )
         .expect_err("the scope is busy");
     match &err {
         ExecuteError::Journal(e) => {
@@ -189,14 +191,15 @@ fn an_outcome_the_journal_refuses_comes_back_with_its_claim_to_complete_again()
     let err = journal
         .execute(op("op_1").base_revision(5), |_| applied(3))
         .expect_err("revision 3 does not move the scope forward");
-    let ExecuteError::Unrecorded {
+    let ExecuteError::Unrecorded(unrecorded) = err else {
+        panic!("expected an unrecorded outcome, got {err:?}");
+    };
+    let opjournal::Unrecorded {
         claim,
         outcome,
         error,
-    } = err
-    else {
-        panic!("expected an unrecorded outcome, got {err:?}");
-    };
+        ..
+    } = *unrecorded;
     assert!(
         matches!(error.kind(), ErrorKind::RevisionNotForward { .. }),
         "{error:?}"
