@@ -400,7 +400,8 @@ impl Intent {
 /// use serde_json::json;
 ///
 /// let text = opjournal::canonical_json(&json!({"b": [1.0, 1e21, "é\n"], "a": null}));
-/// assert_eq!(text, br#"{"a":null,"b":[1,1e+21,"é\n"]}"#);
+/// assert_eq!(String::from_utf8(text)?, r#"{"a":null,"b":[1,1e+21,"é\n"]}"#);
+/// # Ok::<(), std::string::FromUtf8Error>(())
 /// ```
 pub fn canonical_json(value: &serde_json::Value) -> Vec<u8> {
     let mut out = Vec::new();

@@ -124,7 +124,7 @@ impl JournalBuilder {
         self
     }
 
-    /// The clock (default [`SystemClock`]). Use [`ManualClock`](crate::ManualClock) in tests.
+    /// The clock (default [`SystemClock`](crate::SystemClock)). Use [`ManualClock`](crate::ManualClock) in tests.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.config.clock = Arc::new(clock);
         self

@@ -553,7 +553,7 @@ impl Journal {
     /// file size in bytes before and after (0 for a custom backend).
     ///
     /// It needs the handle to itself (`&mut self`, and no running background compactor),
-    /// and with [`Sharing::LiveReaders`] no read transaction open in another process (such
+    /// and with [`Sharing::LiveReaders`](crate::Sharing::LiveReaders) no read transaction open in another process (such
     /// as `opjournal ls`): retry when the reader is done. It is slow on a large file and
     /// makes lazily committed acknowledgements durable first.
     ///
