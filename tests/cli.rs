@@ -715,7 +715,11 @@ fn usage_errors_exit_2_and_help_exits_0() {
     assert_eq!(code(&o), 0);
     let o = run(&["--version"]);
     assert_eq!(code(&o), 0);
-    assert!(stdout(&o).starts_with("opjournal 0.1.0 ("), "{}", stdout(&o));
+    assert!(
+        stdout(&o).starts_with("opjournal 0.1.0 ("),
+        "{}",
+        stdout(&o)
+    );
 }
 
 #[test]

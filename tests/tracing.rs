@@ -35,7 +35,11 @@ impl Subscriber for Recorder {
         let mut fields = Fields::default();
         span.record(&mut fields);
         let mut seen = self.seen.lock().expect("lock");
-        seen.push(format!("span {} {}", span.metadata().name(), fields.0.join(" ")));
+        seen.push(format!(
+            "span {} {}",
+            span.metadata().name(),
+            fields.0.join(" ")
+        ));
         let mut next = self.next.lock().expect("lock");
         *next += 1;
         Id::from_u64(*next)
@@ -60,7 +64,8 @@ fn journal_calls_open_spans_with_their_operation_id_and_compaction_reports_its_c
     tracing::subscriber::with_default(recorder, || -> opjournal::Result<()> {
         let env = Env::new();
         let journal = env.open();
-        let Admission::Fresh(claim) = journal.submit(Operation::new("op_7f3", add_light("door")))?
+        let Admission::Fresh(claim) =
+            journal.submit(Operation::new("op_7f3", add_light("door")))?
         else {
             panic!("fresh");
         };
@@ -77,8 +82,9 @@ fn journal_calls_open_spans_with_their_operation_id_and_compaction_reports_its_c
     assert!(has("span acknowledge operation_id=op_7f3"), "{seen:#?}");
     assert!(has("span compact"), "{seen:#?}");
     assert!(
-        seen.iter()
-            .any(|s| s.starts_with("event") && s.contains("message=compaction pass") && s.contains("lease_expired=0")),
+        seen.iter().any(|s| s.starts_with("event")
+            && s.contains("message=compaction pass")
+            && s.contains("lease_expired=0")),
         "{seen:#?}"
     );
     Ok(())
