@@ -92,7 +92,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     drop(requests);
     service.await?;
 
-    let lights = tokio::task::spawn_blocking(move || {
+    let stats = tokio::task::spawn_blocking(move || {
         let stats = journal.stats();
         drop(compactor);
         stats
@@ -100,7 +100,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .await??;
     println!(
         "{} operation(s) recorded, {} applied: the edit landed once",
-        lights.operations, lights.applied
+        stats.operations, stats.applied
     );
     Ok(())
 }
