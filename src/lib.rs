@@ -114,7 +114,6 @@ mod intent;
 mod journal;
 mod record;
 mod trace;
-#[allow(unused_imports)]
 pub(crate) use trace::{trace_event, trace_span};
 mod types;
 mod validate;
