@@ -53,17 +53,37 @@ pub(crate) fn duration_ms(d: Duration) -> u64 {
 
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // humantime only formats up to year 9999; beyond that print the raw number.
-        if self.0 < 253_402_300_800_000 {
-            write!(
-                f,
-                "{}",
-                humantime::format_rfc3339_millis(self.to_system_time())
-            )
-        } else {
-            write!(f, "{}ms", self.0)
+        // RFC 3339 up to the end of year 9999; beyond that the raw number.
+        if self.0 >= 253_402_300_800_000 {
+            return write!(f, "{}ms", self.0);
         }
+        let ms = self.0 % 1000;
+        let secs = self.0 / 1000;
+        let (days, rem) = (secs / 86_400, secs % 86_400);
+        let (y, m, d) = civil_from_days(days);
+        write!(
+            f,
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
+            rem / 3600,
+            rem % 3600 / 60,
+            rem % 60
+        )
     }
+}
+
+/// The proleptic Gregorian date `days` days after 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`, for non-negative day counts).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
 }
 
 /// A source of wall-clock time for the journal.
@@ -134,5 +154,25 @@ impl Clock for ManualClock {
 impl<C: Clock + ?Sized> Clock for Arc<C> {
     fn now(&self) -> Timestamp {
         (**self).now()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Timestamp;
+
+    #[test]
+    fn timestamps_display_as_rfc3339_with_milliseconds_up_to_year_9999() {
+        let cases = [
+            (0, "1970-01-01T00:00:00.000Z"),
+            (951_782_400_000, "2000-02-29T00:00:00.000Z"),
+            (1_796_048_223_045, "2026-11-30T14:17:03.045Z"),
+            (4_107_542_399_999, "2100-02-28T23:59:59.999Z"),
+            (253_402_300_799_999, "9999-12-31T23:59:59.999Z"),
+            (253_402_300_800_000, "253402300800000ms"),
+        ];
+        for (ms, want) in cases {
+            assert_eq!(Timestamp(ms).to_string(), want, "{ms}");
+        }
     }
 }

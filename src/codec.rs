@@ -131,6 +131,8 @@ impl std::fmt::Display for FrameError {
     }
 }
 
+impl std::error::Error for FrameError {}
+
 /// Format 1's payload encoding: fixed-width integers (a length is 8 bytes).
 fn config_v1() -> impl bincode::config::Config {
     bincode::config::standard()

@@ -233,6 +233,78 @@ impl Error {
         )
     }
 
+    /// Whether the same call, unchanged, may succeed later: something else must finish
+    /// first, and nothing about the request itself is wrong.
+    ///
+    /// True for:
+    /// - [`ErrorKind::ScopeBusy`]: once the holder completes, is released, or its lease
+    ///   expires;
+    /// - [`ErrorKind::WindowFull`]: once the session acknowledges a result, or the oldest
+    ///   acknowledgement expires (at `frees_at`);
+    /// - [`ErrorKind::Locked`]: once the other handle closes the journal;
+    /// - [`ErrorKind::Storage`] when the storage engine reports a transaction in progress
+    ///   or the database already open (such as
+    ///   [`Journal::reclaim_space`](crate::Journal::reclaim_space) beside a reader).
+    ///
+    /// False for every other kind: refusals of the input (`InvalidInput`,
+    /// `ResultTooLarge`, `IntentMismatch`, `StaleBase`: resubmit against the current
+    /// revision, which is a new request, `StaleClaim`, `LeaseExpired`,
+    /// `RevisionNotForward`, `InvalidState`, `UnknownOperation`), damage (`Corrupt`,
+    /// `NotAJournal`), `UnsupportedFormat`, and the errors that need a new handle
+    /// (`Poisoned`: reopen the journal, which recovers the last durable state; `Closed`)
+    /// or a look at the cause (`Io`). Kinds added later are classified here too.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use opjournal::{Intent, Journal, Operation, Outcome};
+    /// # let dir = tempfile::tempdir()?;
+    /// let journal = Journal::open(dir.path().join("project.opj"))?;
+    /// let intent = Intent::from_json("scene.add_light", &serde_json::json!({}))?;
+    /// let first = journal.submit(Operation::new("op_1", intent.clone()).scope("scene/main"))?;
+    /// // Another operation in the same scope waits for the first one to finish.
+    /// let err = journal
+    ///     .submit(Operation::new("op_2", intent).scope("scene/main"))
+    ///     .expect_err("the scope is busy");
+    /// assert!(err.is_retryable(), "{err}");
+    /// # drop(first);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_retryable(&self) -> bool {
+        match self.kind() {
+            ErrorKind::ScopeBusy { .. }
+            | ErrorKind::WindowFull { .. }
+            | ErrorKind::Locked { .. } => true,
+            ErrorKind::Storage => self
+                .inner
+                .source
+                .as_ref()
+                .and_then(|s| s.downcast_ref::<redb::Error>())
+                .is_some_and(|e| {
+                    matches!(
+                        e,
+                        redb::Error::TransactionInProgress | redb::Error::DatabaseAlreadyOpen
+                    )
+                }),
+            ErrorKind::InvalidInput { .. }
+            | ErrorKind::ResultTooLarge { .. }
+            | ErrorKind::IntentMismatch { .. }
+            | ErrorKind::StaleBase { .. }
+            | ErrorKind::StaleClaim { .. }
+            | ErrorKind::LeaseExpired { .. }
+            | ErrorKind::RevisionNotForward { .. }
+            | ErrorKind::InvalidState { .. }
+            | ErrorKind::UnknownOperation { .. }
+            | ErrorKind::NotOwner { .. }
+            | ErrorKind::Corrupt { .. }
+            | ErrorKind::NotAJournal { .. }
+            | ErrorKind::UnsupportedFormat { .. }
+            | ErrorKind::Poisoned
+            | ErrorKind::Io
+            | ErrorKind::Closed => false,
+        }
+    }
+
     pub(crate) fn invalid(what: &'static str, value: &str, reason: impl Into<String>) -> Self {
         Error::new(ErrorKind::InvalidInput {
             what,
@@ -471,9 +543,9 @@ impl From<redb::Error> for Error {
             redb::Error::Corrupted(detail) => {
                 Error::corrupt("(redb)", "(page)", format!("storage engine: {detail}"))
             }
-            redb::Error::DatabaseAlreadyOpen => Error::new(ErrorKind::Locked {
-                path: PathBuf::new(),
-            }),
+            // Without the path at hand this is no `Locked` (which names the file): opening a
+            // journal goes through `index::file::open_error`, which names it. The cause
+            // stays reachable, and `is_retryable` recognizes it.
             // The journal always opens its tables with the same types: a table whose stored
             // definition differs is damage (found by fuzzing), which `repair` salvages.
             redb::Error::TableTypeMismatch { table, key, value } => Error::corrupt(
@@ -512,5 +584,177 @@ from_redb!(
 impl From<std::io::Error> for Error {
     fn from(err: std::io::Error) -> Self {
         Error::io(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::intent::{HashScheme, IntentHash};
+
+    /// One error of every kind, with whether the same call may succeed later.
+    fn every_kind() -> Vec<(Error, bool)> {
+        let hash = IntentHash::new(HashScheme::JcsV2, [1; 32]);
+        let kinds = vec![
+            (Error::invalid("scope", "", "it is empty"), false),
+            (
+                Error::new(ErrorKind::ResultTooLarge { size: 2, limit: 1 }),
+                false,
+            ),
+            (
+                Error::new(ErrorKind::IntentMismatch {
+                    operation_id: "op".into(),
+                    recorded: hash,
+                    submitted: hash,
+                }),
+                false,
+            ),
+            (
+                Error::new(ErrorKind::StaleBase {
+                    scope: "s".into(),
+                    base: 1,
+                    current: 2,
+                }),
+                false,
+            ),
+            (
+                Error::new(ErrorKind::ScopeBusy {
+                    scope: "s".into(),
+                    holder: "op".into(),
+                }),
+                true,
+            ),
+            (
+                Error::new(ErrorKind::WindowFull {
+                    session: "tab".into(),
+                    limit: 1,
+                    oldest: "op".into(),
+                    frees_at: Timestamp(0),
+                }),
+                true,
+            ),
+            (
+                Error::new(ErrorKind::StaleClaim {
+                    operation_id: "op".into(),
+                    claim_epoch: 1,
+                    state: "released".into(),
+                }),
+                false,
+            ),
+            (
+                Error::new(ErrorKind::LeaseExpired {
+                    operation_id: "op".into(),
+                    expired_at: Timestamp(0),
+                }),
+                false,
+            ),
+            (
+                Error::new(ErrorKind::RevisionNotForward {
+                    scope: "s".into(),
+                    revision: 1,
+                    current: 1,
+                }),
+                false,
+            ),
+            (
+                Error::new(ErrorKind::InvalidState {
+                    operation_id: "op".into(),
+                    action: "deliver",
+                    state: "running".into(),
+                }),
+                false,
+            ),
+            (
+                Error::new(ErrorKind::UnknownOperation {
+                    operation_id: "op".into(),
+                }),
+                false,
+            ),
+            (
+                Error::new(ErrorKind::NotOwner {
+                    operation_id: "op".into(),
+                    owner: "tab-1".into(),
+                    caller: Some("tab-2".into()),
+                }),
+                false,
+            ),
+            (Error::corrupt("events", 1, "bad crc"), false),
+            (
+                Error::new(ErrorKind::NotAJournal {
+                    path: "x.opj".into(),
+                    detail: "empty".into(),
+                }),
+                false,
+            ),
+            (
+                Error::new(ErrorKind::Locked {
+                    path: "x.opj".into(),
+                }),
+                true,
+            ),
+            (
+                Error::new(ErrorKind::UnsupportedFormat {
+                    found: 9,
+                    supported: 1,
+                }),
+                false,
+            ),
+            (Error::new(ErrorKind::Poisoned), false),
+            (Error::io(std::io::Error::other("disk")), false),
+            (Error::new(ErrorKind::Closed), false),
+            (Error::from(redb::Error::TransactionInProgress), true),
+            (
+                Error::with_source(ErrorKind::Storage, redb::Error::ValueTooLarge(1)),
+                false,
+            ),
+        ];
+        // Keep this list complete: a kind missing from it fails the match below.
+        for (e, _) in &kinds {
+            match e.kind() {
+                ErrorKind::InvalidInput { .. }
+                | ErrorKind::ResultTooLarge { .. }
+                | ErrorKind::IntentMismatch { .. }
+                | ErrorKind::StaleBase { .. }
+                | ErrorKind::ScopeBusy { .. }
+                | ErrorKind::WindowFull { .. }
+                | ErrorKind::StaleClaim { .. }
+                | ErrorKind::LeaseExpired { .. }
+                | ErrorKind::RevisionNotForward { .. }
+                | ErrorKind::InvalidState { .. }
+                | ErrorKind::UnknownOperation { .. }
+                | ErrorKind::NotOwner { .. }
+                | ErrorKind::Corrupt { .. }
+                | ErrorKind::NotAJournal { .. }
+                | ErrorKind::Locked { .. }
+                | ErrorKind::UnsupportedFormat { .. }
+                | ErrorKind::Poisoned
+                | ErrorKind::Io
+                | ErrorKind::Closed
+                | ErrorKind::Storage => {}
+            }
+        }
+        kinds
+    }
+
+    #[test]
+    fn exactly_scope_busy_window_full_locked_and_engine_contention_are_retryable() {
+        let kinds = every_kind();
+        let distinct: std::collections::BTreeSet<String> = kinds
+            .iter()
+            .map(|(e, _)| format!("{:?}", std::mem::discriminant(e.kind())))
+            .collect();
+        assert_eq!(distinct.len(), 20, "every kind is listed");
+        for (err, retryable) in kinds {
+            assert_eq!(err.is_retryable(), retryable, "{err:?}");
+        }
+    }
+
+    #[test]
+    fn an_engine_lock_error_without_a_path_claims_no_path() {
+        let err = Error::from(redb::DatabaseError::DatabaseAlreadyOpen);
+        assert!(!matches!(err.kind(), ErrorKind::Locked { .. }), "{err:?}");
+        assert!(!err.to_string().contains("``"), "{err}");
+        assert!(err.is_retryable(), "{err:?}");
+        assert!(std::error::Error::source(&err).is_some(), "{err:?}");
     }
 }

@@ -278,6 +278,8 @@ pub(crate) struct IntentDigest {
 impl IntentDigest {
     /// The scheme of format 1's hashes (and of every hash `repair` could not recover).
     pub(crate) const LEGACY: u8 = 1;
+    /// RFC 8785 (JCS) canonical JSON, the scheme of new hashes since format 2.
+    pub(crate) const JCS: u8 = 2;
 
     /// A format 1 digest: computed under the first scheme.
     pub(crate) fn legacy(d: Digest) -> IntentDigest {
@@ -560,20 +562,29 @@ pub(crate) struct ResultHeader {
 
 mod convert {
     use super::*;
-    use crate::intent::IntentHash;
+    use crate::intent::{HashScheme, IntentHash};
     use crate::types as api;
 
+    /// The scheme byte names the scheme: 1 is the first (legacy) one, which format 1
+    /// stored implicitly; 2 is RFC 8785 (JCS).
     impl From<IntentDigest> for IntentHash {
         fn from(d: IntentDigest) -> IntentHash {
-            IntentHash(d.bytes)
+            let scheme = match d.scheme {
+                IntentDigest::LEGACY => HashScheme::LegacyV1,
+                _ => HashScheme::JcsV2,
+            };
+            IntentHash::new(scheme, d.bytes)
         }
     }
 
     impl From<IntentHash> for IntentDigest {
         fn from(h: IntentHash) -> IntentDigest {
             IntentDigest {
-                scheme: IntentDigest::LEGACY,
-                bytes: h.0,
+                scheme: match h.scheme() {
+                    HashScheme::LegacyV1 => IntentDigest::LEGACY,
+                    HashScheme::JcsV2 => IntentDigest::JCS,
+                },
+                bytes: *h.as_bytes(),
             }
         }
     }

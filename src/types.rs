@@ -100,6 +100,43 @@ pub struct OpResult {
     pub changed_assets: Vec<String>,
 }
 
+impl OpResult {
+    /// The payload decoded as JSON into `T` (the counterpart of [`Outcome::applied_json`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) if the payload is not
+    /// JSON, or not JSON of `T`'s shape.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use opjournal::Outcome;
+    /// use serde::Deserialize;
+    /// use serde_json::json;
+    ///
+    /// #[derive(Deserialize)]
+    /// struct Added { light: String }
+    ///
+    /// let outcome = Outcome::applied_json(184, &json!({"light": "light-1"}))?;
+    /// # let result = opjournal::OpResult { bytes: br#"{"light":"light-1"}"#.to_vec(), changed_assets: vec![] };
+    /// // ... later, from a receipt's result or a replay:
+    /// let added: Added = result.json()?;
+    /// assert_eq!(added.light, "light-1");
+    /// # let _ = outcome;
+    /// # Ok::<(), opjournal::Error>(())
+    /// ```
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> crate::Result<T> {
+        serde_json::from_slice(&self.bytes).map_err(|e| {
+            crate::Error::invalid(
+                "result",
+                &String::from_utf8_lossy(&self.bytes),
+                format!("it does not decode as JSON of the requested type: {e}"),
+            )
+        })
+    }
+}
+
 /// How a claimed operation ended, with its result, as passed to
 /// [`Journal::complete`](crate::Journal::complete).
 ///
@@ -131,6 +168,41 @@ impl Outcome {
                 changed_assets: Vec::new(),
             },
         }
+    }
+
+    /// The effect happened and produced revision `result_revision`; the result payload is
+    /// `result` serialized as JSON (read it back with [`OpResult::json`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) if `result` does not
+    /// serialize to JSON (a map with non-string keys, a failing `Serialize` impl).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use opjournal::Outcome;
+    /// use serde::Serialize;
+    ///
+    /// #[derive(Serialize)]
+    /// struct Added { light: &'static str }
+    ///
+    /// let outcome = Outcome::applied_json(184, &Added { light: "light-1" })?;
+    /// # let _ = outcome;
+    /// # Ok::<(), opjournal::Error>(())
+    /// ```
+    pub fn applied_json<T: Serialize + ?Sized>(
+        result_revision: u64,
+        result: &T,
+    ) -> crate::Result<Self> {
+        let bytes = serde_json::to_vec(result).map_err(|e| {
+            crate::Error::invalid(
+                "result",
+                &format!("revision {result_revision}"),
+                format!("it does not serialize to JSON: {e}"),
+            )
+        })?;
+        Ok(Outcome::applied(result_revision, bytes))
     }
 
     /// The operation failed (possibly after its effect started). Recorded and replayed like
@@ -401,7 +473,7 @@ pub struct Replay {
 }
 
 /// What [`Journal::submit`](crate::Journal::submit) answers. Lookup by operation id comes
-/// first; scope, revision and window checks apply only to fresh work (DESIGN.md §4).
+/// first; scope, revision and window checks apply only to fresh work.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 #[must_use]

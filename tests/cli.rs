@@ -1,4 +1,4 @@
-//! The `opjournal` CLI (issue 4) on real journals built through the library: golden human
+//! The `opjournal` CLI on real journals built through the library: golden human
 //! output, the JSON Lines envelope, read-only commands leaving the file's bytes unchanged,
 //! exit codes and error messages, writes through the library's API, and reading beside a
 //! live writer in another process.
@@ -181,20 +181,31 @@ fn show_explains_in_doubt_failed_running_and_released_operations() {
 }
 
 #[test]
-fn show_of_an_unknown_id_exits_2_naming_it() {
+fn show_of_an_unknown_id_has_nothing_to_show_and_exits_1_naming_it() {
     let s = sample();
     let o = run(&["show", path_str(&s.path), "op_nope"]);
-    assert_eq!(code(&o), 2);
+    assert_eq!(
+        code(&o),
+        1,
+        "nothing to show is an answer, not a failure to run"
+    );
     assert!(stdout(&o).is_empty());
     let err = stderr(&o);
     assert!(
-        err.starts_with("error: no operation `op_nope` is recorded in"),
+        err.starts_with("no operation `op_nope` is recorded in"),
         "{err}"
     );
     assert!(
         err.contains("hint: list the operations with `opjournal ls"),
         "{err}"
     );
+    // In JSON mode the summary says so.
+    let lines = json_lines(&run(&["--json", "show", path_str(&s.path), "op_nope"]));
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let (kind, summary) = &lines[0];
+    assert_eq!(kind, "summary");
+    assert_eq!(summary["ok"], false, "{summary}");
+    assert_eq!(summary["found"], false, "{summary}");
 }
 
 // ---- filters ----
@@ -231,6 +242,12 @@ fn ls_filters_by_status_delivery_scope_session_intent_and_time() {
         ls(&["--until", "2100-01-01T00:01:30Z"]),
         ["op_doubt", "op_7f3"]
     );
+    // An offset is honored: the same instant two hours east, and a bare date is midnight UTC.
+    assert_eq!(
+        ls(&["--until", "2100-01-01T02:01:30+02:00"]),
+        ["op_doubt", "op_7f3"]
+    );
+    assert_eq!(ls(&["--until", "2100-01-01"]), Vec::<String>::new());
     assert_eq!(ls(&["--sort", "id", "--limit", "2"]), ["op_long", "op_run"]);
     let o = run(&["ls", p, "--scope", "nowhere"]);
     assert_eq!(stdout(&o), "no operation matches (of 6)\n");
@@ -329,6 +346,12 @@ fn json_output_of_every_command_uses_the_documented_envelope_and_ends_with_a_sum
         assert_eq!(summary["file"], p, "{summary}");
         assert_eq!(summary["ok"], true, "{summary}");
         assert!(summary["elapsed_ms"].is_number(), "{summary}");
+        // Milliseconds with at most three decimals: no float noise.
+        let ms = summary["elapsed_ms"].to_string();
+        assert!(
+            ms.split_once('.').is_none_or(|(_, frac)| frac.len() <= 3),
+            "{ms}"
+        );
         assert_eq!(
             lines.iter().filter(|(t, _)| t == "summary").count(),
             1,
@@ -702,7 +725,11 @@ fn usage_errors_exit_2_and_help_exits_0() {
     assert_eq!(code(&o), 0);
     let o = run(&["--version"]);
     assert_eq!(code(&o), 0);
-    assert_eq!(stdout(&o), "opjournal 0.1.0\n");
+    assert!(
+        stdout(&o).starts_with("opjournal 0.1.0 ("),
+        "{}",
+        stdout(&o)
+    );
 }
 
 #[test]
@@ -1196,4 +1223,73 @@ fn log_follow_prints_events_committed_after_it_started() -> TestResult {
     assert_eq!(v["data"]["detail"]["revision"], 9);
     assert!(v["data"]["seq"].as_u64() > Some(17), "{v}");
     Ok(())
+}
+
+// ---- version, completions, manual page, local time ----
+
+#[test]
+fn version_names_the_journal_format_it_reads_and_writes() {
+    let o = run(&["--version"]);
+    assert_eq!(code(&o), 0);
+    assert_eq!(
+        stdout(&o).trim(),
+        format!(
+            "opjournal {} (journal format {})",
+            env!("CARGO_PKG_VERSION"),
+            opjournal::FORMAT_VERSION
+        )
+    );
+}
+
+const SUBCOMMANDS: [&str; 9] = [
+    "stats", "ls", "show", "log", "verify", "repair", "compact", "resolve", "export",
+];
+
+#[test]
+fn completions_name_every_subcommand_for_each_shell() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let o = run(&["completions", shell]);
+        assert_eq!(code(&o), 0, "{shell}: {}", stderr(&o));
+        let script = stdout(&o);
+        for sub in SUBCOMMANDS {
+            assert!(script.contains(sub), "{shell} completions lack `{sub}`");
+        }
+    }
+    let o = run(&["completions", "tcsh"]);
+    assert_eq!(code(&o), 2, "an unknown shell is a usage error");
+}
+
+#[test]
+fn the_manual_page_is_roff_naming_every_subcommand() {
+    let o = run(&["man"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let page = stdout(&o);
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH opjournal"),
+        "{page}"
+    );
+    for sub in SUBCOMMANDS {
+        assert!(page.contains(sub), "the manual page lacks `{sub}`");
+    }
+    assert!(
+        page.contains("journal format"),
+        "the version is in the page"
+    );
+}
+
+#[test]
+fn local_prints_times_in_the_system_time_zone() {
+    let s = sample();
+    let p = path_str(&s.path);
+    let o = opjournal(&["--local", "show", p, "op_7f3"])
+        .env("TZ", "XST-2")
+        .output()
+        .expect("runs");
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("+02:00"), "{text}");
+    assert!(!text.contains(" UTC"), "{text}");
+    // Without --local, UTC.
+    let utc = run(&["show", p, "op_7f3"]);
+    assert!(stdout(&utc).contains(" UTC"), "{}", stdout(&utc));
 }

@@ -198,7 +198,7 @@ fn a_format_1_journal_is_read_as_it_is_by_read_only_commands() -> opjournal::Res
     assert_ne!(running.in_doubt_cause, Some(InDoubtCause::Reopened));
     let stats = insp.stats()?;
     assert_eq!((stats.format_version, stats.upgraded_from), (1, None));
-    let report = opjournal::check::verify_inspected(&insp, &mut |_, _| {})?;
+    let report = opjournal::verify_inspected(&insp, &mut |_, _| {})?;
     assert!(report.is_clean(), "{:?}", report.findings);
     drop(insp);
     assert!(
@@ -433,7 +433,7 @@ fn repair_refuses_foreign_and_newer_files_without_writing_a_backup() {
     let env = Env::new();
     write_meta_only(&env.path, 3, 3);
     let before = env.bytes();
-    let err = opjournal::check::repair(&env.path, &Default::default(), &mut |_, _| {})
+    let err = opjournal::repair(&env.path, &Default::default(), &mut |_, _| {})
         .expect_err("newer format");
     assert!(
         matches!(err.kind(), ErrorKind::UnsupportedFormat { .. }),
@@ -441,8 +441,8 @@ fn repair_refuses_foreign_and_newer_files_without_writing_a_backup() {
     );
     let other = env.dir.path().join("other.redb");
     write_foreign_redb(&other);
-    let err = opjournal::check::repair(&other, &Default::default(), &mut |_, _| {})
-        .expect_err("foreign redb");
+    let err =
+        opjournal::repair(&other, &Default::default(), &mut |_, _| {}).expect_err("foreign redb");
     assert!(
         matches!(err.kind(), ErrorKind::NotAJournal { .. }),
         "{err:?}"

@@ -262,7 +262,7 @@ fn seed_journals_are_clean_and_pass_the_open_file_checks() {
         std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("write {name}: {e}"));
         let insp = opjournal::Inspector::open(&path)
             .unwrap_or_else(|e| panic!("seed {name} does not open: {e:?}"));
-        let report = opjournal::check::verify_inspected(&insp, &mut |_, _| {})
+        let report = opjournal::verify_inspected(&insp, &mut |_, _| {})
             .unwrap_or_else(|e| panic!("seed {name} does not verify: {e:?}"));
         assert!(report.is_clean(), "seed {name} is not clean: {report:?}");
         drop(insp);

@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use opjournal::check::{RepairOptions, repair};
 use opjournal::{ErrorKind, Inspector, Intent, Journal, canonical_json};
+use opjournal::{RepairOptions, repair};
 
 fn regression(target: &str, name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -68,7 +68,7 @@ fn repair_handles_files_that_make_the_storage_engine_panic() {
                 let insp = Inspector::open(&path).unwrap_or_else(|e| {
                     panic!("{name}: the repaired journal does not open: {e:?}")
                 });
-                let verified = opjournal::check::verify_inspected(&insp, &mut |_, _| {})
+                let verified = opjournal::verify_inspected(&insp, &mut |_, _| {})
                     .unwrap_or_else(|e| panic!("{name}: verify fails after repair: {e:?}"));
                 assert!(
                     verified.findings.is_empty(),
@@ -117,7 +117,8 @@ fn an_intent_rebuilt_from_its_canonical_text_has_the_same_hash() {
         let reparsed: serde_json::Value =
             serde_json::from_slice(&canonical).expect("canonical text is JSON");
         assert_eq!(
-            reparsed, value,
+            canonical_json(&reparsed),
+            canonical,
             "{text}: the canonical text parses to another value"
         );
         let a = Intent::from_json("scene.edit", &value).expect("valid name");
@@ -192,7 +193,7 @@ fn repair_quarantines_an_event_recorded_out_of_time_order_so_verify_is_clean() {
         "the out-of-order event was not quarantined: {report:?}"
     );
     let insp = Inspector::open(&path).expect("the repaired journal opens");
-    let verified = opjournal::check::verify_inspected(&insp, &mut |_, _| {}).expect("verify runs");
+    let verified = opjournal::verify_inspected(&insp, &mut |_, _| {}).expect("verify runs");
     assert!(
         verified.findings.is_empty(),
         "verify finds problems after repair: {:?}",
@@ -217,8 +218,7 @@ fn repair_survives_a_storage_engine_panic_while_closing_the_repaired_file() {
         Ok(Ok(report)) => {
             let insp = Inspector::open(&path)
                 .unwrap_or_else(|e| panic!("the repaired journal does not open: {e:?}"));
-            let verified =
-                opjournal::check::verify_inspected(&insp, &mut |_, _| {}).expect("verify runs");
+            let verified = opjournal::verify_inspected(&insp, &mut |_, _| {}).expect("verify runs");
             assert!(
                 verified.findings.is_empty(),
                 "verify finds problems after repair {report:?}: {:?}",

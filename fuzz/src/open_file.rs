@@ -13,8 +13,8 @@
 
 use std::path::Path;
 
-use opjournal::check::{RepairOptions, repair};
 use opjournal::{Admission, ErrorKind, Inspector, Intent, Journal, ManualClock, Operation};
+use opjournal::{RepairOptions, repair};
 
 /// Receipts and events visited per file, so one input cannot take long.
 const MAX_ITEMS: usize = 256;
@@ -82,10 +82,7 @@ pub fn inspect_everything(path: &Path) -> bool {
         let _ = expect_typed("result", insp.result(id));
         let _ = expect_typed("history", insp.history(id));
     }
-    let _ = expect_typed(
-        "verify",
-        opjournal::check::verify_inspected(&insp, &mut |_, _| {}),
-    );
+    let _ = expect_typed("verify", opjournal::verify_inspected(&insp, &mut |_, _| {}));
     true
 }
 
@@ -139,7 +136,7 @@ fn check_file(bytes: &[u8]) {
     if expect_typed("repair", repair(&path, &options, &mut |_, _| {})).is_some() {
         let insp = Inspector::open(&path)
             .unwrap_or_else(|e| panic!("a repaired journal does not open: {e:?}"));
-        let report = opjournal::check::verify_inspected(&insp, &mut |_, _| {})
+        let report = opjournal::verify_inspected(&insp, &mut |_, _| {})
             .unwrap_or_else(|e| panic!("verify fails on a repaired journal: {e:?}"));
         assert!(
             report.findings.is_empty(),
@@ -156,7 +153,7 @@ fn check_file(bytes: &[u8]) {
         drop(j);
         let insp = Inspector::open(&path)
             .unwrap_or_else(|e| panic!("a repaired, reopened journal does not open: {e:?}"));
-        let report = opjournal::check::verify_inspected(&insp, &mut |_, _| {})
+        let report = opjournal::verify_inspected(&insp, &mut |_, _| {})
             .unwrap_or_else(|e| panic!("verify fails on a repaired, reopened journal: {e:?}"));
         assert!(
             report.findings.is_empty(),

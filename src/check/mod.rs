@@ -7,5 +7,6 @@ mod salvage;
 mod verify;
 
 pub use repair::{LostOperation, RepairOptions, RepairReport, repair};
+#[cfg(feature = "internals")]
 pub(crate) use salvage::scan_frames;
 pub use verify::{Finding, Integrity, VerifyReport, verify, verify_inspected};

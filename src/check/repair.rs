@@ -17,7 +17,7 @@ use crate::journal::open::{absorb_log, prepare};
 use crate::log::FileLog;
 use crate::record::IntentDigest;
 use crate::record::{
-    CheckpointRecord, Event, EventKind, ExecRecord, FormatRecord, ReceiptRecord, StateRecord,
+    CheckpointRecord, EventKind, ExecRecord, FormatRecord, ReceiptRecord, StateRecord,
 };
 // ---------------------------------------------------------------------------------------
 // Repair.

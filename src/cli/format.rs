@@ -12,8 +12,29 @@ use serde_json::{Value, json};
 
 // ---- time ----
 
-/// `2026-11-30 14:10:23 UTC`.
+/// Whether times are printed in the local time zone (`--local`) instead of UTC. Set once,
+/// at start-up.
+static LOCAL_TIME: std::sync::OnceLock<jiff::tz::TimeZone> = std::sync::OnceLock::new();
+
+/// Prints times in the system's time zone from now on (`--local`).
+pub(crate) fn use_local_time() {
+    let _ = LOCAL_TIME.set(jiff::tz::TimeZone::system());
+}
+
+/// `t` in the `--local` time zone, as `strftime` with `fmt`; `None` without `--local` (or
+/// for a time jiff cannot hold).
+fn local(t: Timestamp, fmt: &str) -> Option<String> {
+    let tz = LOCAL_TIME.get()?;
+    let ms = i64::try_from(t.as_millis()).ok()?;
+    let at = jiff::Timestamp::from_millisecond(ms).ok()?;
+    Some(at.to_zoned_datetime(tz.clone()).strftime(fmt).to_string())
+}
+
+/// `2026-11-30 14:10:23 UTC` (or `2026-11-30 16:10:23 +02:00` with `--local`).
 pub(crate) fn utc(t: Timestamp) -> String {
+    if let Some(s) = local(t, "%Y-%m-%d %H:%M:%S %:z") {
+        return s;
+    }
     // Display is RFC 3339 with milliseconds (`2026-11-30T14:10:23.000Z`), or raw
     // milliseconds past year 9999.
     let s = t.to_string();
@@ -23,8 +44,12 @@ pub(crate) fn utc(t: Timestamp) -> String {
     }
 }
 
-/// `2026-11-30 14:10:23.123` (for the event log, where order within a second matters).
+/// `2026-11-30 14:10:23.123` (for the event log, where order within a second matters), in
+/// UTC, or in the local time zone with `--local`.
 pub(crate) fn utc_millis(t: Timestamp) -> String {
+    if let Some(s) = local(t, "%Y-%m-%d %H:%M:%S%.3f") {
+        return s;
+    }
     let s = t.to_string();
     match s.strip_suffix('Z') {
         Some(body) if body.len() == 23 => body.replacen('T', " ", 1),
@@ -64,8 +89,10 @@ pub(crate) fn when(t: Timestamp, now: Timestamp) -> String {
     format!("{} ({})", utc(t), relative(t, now))
 }
 
-/// A point in time given on the command line: RFC 3339 (`2026-11-30T14:00:00Z`), a date
-/// (`2026-11-30`, midnight UTC), or a duration before now (`90s`, `15min`, `2h`, `3days`).
+/// A point in time given on the command line: RFC 3339 with `Z` or an offset
+/// (`2026-11-30T14:00:00Z`, `2026-11-30T16:00:00+02:00`), a date and time without an offset
+/// (UTC), a date (`2026-11-30`, midnight UTC), or a duration before now (`90s`, `15min`,
+/// `2h`, `3days`, `1h30m`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum TimeArg {
     At(Timestamp),
@@ -77,27 +104,43 @@ impl std::str::FromStr for TimeArg {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let s = s.trim();
-        if let Ok(d) = humantime::parse_duration(s) {
+        if let Some(d) = parse_ago(s) {
             return Ok(TimeArg::Ago(d));
         }
-        let full = if s.len() == 10 {
-            format!("{s}T00:00:00Z")
+        let at = if let Ok(t) = s.parse::<jiff::Timestamp>() {
+            t
+        } else if let Ok(dt) = s.parse::<jiff::civil::DateTime>() {
+            dt.to_zoned_datetime(jiff::tz::TimeZone::UTC)
+                .map_err(|e| format!("`{s}`: {e}"))?
+                .timestamp()
+        } else if let Ok(date) = s.parse::<jiff::civil::Date>() {
+            date.to_zoned_datetime(jiff::tz::TimeZone::UTC)
+                .map_err(|e| format!("`{s}`: {e}"))?
+                .timestamp()
         } else {
-            s.to_string()
+            return Err(format!(
+                "`{s}` is neither a time (`2026-11-30T14:00:00Z`, `2026-11-30T16:00:00+02:00`, \
+                 `2026-11-30`) nor a duration before now (`15min`, `2h`, `3days`)"
+            ));
         };
-        let at = humantime::parse_rfc3339_weak(&full).map_err(|_| {
-            format!(
-                "`{s}` is neither a time (`2026-11-30T14:00:00Z`, `2026-11-30`) nor a duration before now (`15min`, `2h`, `3days`)"
-            )
-        })?;
-        let ms = at
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_err(|_| format!("`{s}` is before 1970"))?
-            .as_millis();
-        Ok(TimeArg::At(Timestamp(
-            u64::try_from(ms).unwrap_or(u64::MAX),
-        )))
+        let ms = u64::try_from(at.as_millisecond()).map_err(|_| format!("`{s}` is before 1970"))?;
+        Ok(TimeArg::At(Timestamp(ms)))
     }
+}
+
+/// A duration argument such as `30s`, `5min` or `1h 30m` (days are 24 hours).
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    parse_ago(s).ok_or_else(|| format!("`{s}` is not a duration such as `30s`, `5min` or `1h`"))
+}
+
+/// A non-negative duration such as `90s`, `15min`, `2h`, `3days` or `1h 30m` (days are 24
+/// hours).
+fn parse_ago(s: &str) -> Option<Duration> {
+    let span: jiff::Span = s.parse().ok()?;
+    let d = span
+        .to_duration(jiff::SpanRelativeTo::days_are_24_hours())
+        .ok()?;
+    Duration::try_from(d).ok()
 }
 
 impl TimeArg {
@@ -263,7 +306,7 @@ impl Preview {
     pub(crate) fn content(&self, bytes: &[u8]) -> String {
         match self.encoding {
             "utf8" => String::from_utf8_lossy(&bytes[..self.shown]).into_owned(),
-            _ => hex::encode(&bytes[..self.shown]),
+            _ => hex(&bytes[..self.shown]),
         }
     }
 
@@ -505,22 +548,13 @@ pub(crate) fn event_detail(ev: &Event) -> String {
 
 // ---- JSON shapes ----
 
-/// Replaces intent hashes (serialized by the library as 32 numbers) with their
-/// `sha256:<hex>` form, and PascalCase cause names with snake_case, anywhere in `v`.
+/// Replaces PascalCase cause names with snake_case, anywhere in `v`. (Intent hashes
+/// serialize as their text, `sha256:<hex>` or `jcs-sha256:<hex>`.)
 fn tidy(v: &mut Value) {
     match v {
         Value::Object(map) => {
             for (k, val) in map.iter_mut() {
-                if k == "intent_hash"
-                    && let Value::Array(items) = val
-                    && items.len() == 32
-                {
-                    let bytes: Vec<u8> = items
-                        .iter()
-                        .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()).unwrap_or(0))
-                        .collect();
-                    *val = Value::String(format!("sha256:{}", hex::encode(bytes)));
-                } else if (k == "cause" || k == "in_doubt_cause")
+                if (k == "cause" || k == "in_doubt_cause")
                     && let Value::String(s) = val
                 {
                     *s = snake(s);
@@ -532,6 +566,15 @@ fn tidy(v: &mut Value) {
         Value::Array(items) => items.iter_mut().for_each(tidy),
         _ => {}
     }
+}
+
+/// Lowercase hex digits of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
 }
 
 fn snake(s: &str) -> String {
@@ -608,6 +651,33 @@ mod tests {
         assert_eq!("2100-01-01".parse::<TimeArg>()?, TimeArg::At(T0));
         assert_eq!("2100-01-01T00:00:00Z".parse::<TimeArg>()?, TimeArg::At(T0));
         assert!("yesterday-ish".parse::<TimeArg>().is_err());
+        // Offsets are honored, not refused.
+        assert_eq!(
+            "2100-01-01T02:00:00+02:00".parse::<TimeArg>()?,
+            TimeArg::At(T0)
+        );
+        assert_eq!(
+            "2099-12-31T19:00:00-05:00".parse::<TimeArg>()?,
+            TimeArg::At(T0)
+        );
+        assert_eq!("2100-01-01T00:00:00".parse::<TimeArg>()?, TimeArg::At(T0));
+        assert_eq!(
+            "2100-01-01T00:00:00.250Z".parse::<TimeArg>()?,
+            TimeArg::At(Timestamp(T0.0 + 250))
+        );
+        for (text, secs) in [
+            ("90s", 90),
+            ("15min", 900),
+            ("3days", 259_200),
+            ("1h30m", 5_400),
+        ] {
+            assert_eq!(
+                text.parse::<TimeArg>()?,
+                TimeArg::Ago(Duration::from_secs(secs)),
+                "{text}"
+            );
+        }
+        assert!("1969-12-31".parse::<TimeArg>().is_err());
         assert_eq!(
             TimeArg::Ago(Duration::from_secs(1)).resolve(T0),
             Timestamp(T0.0 - 1000)

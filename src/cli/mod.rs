@@ -1,4 +1,4 @@
-//! The `opjournal` command-line tool (DESIGN.md §11): inspect, verify, repair and compact
+//! The `opjournal` command-line tool: inspect, verify, repair and compact
 //! journal files, also while an editor has them open.
 //!
 //! Results go to stdout as aligned tables, or as JSON Lines with `--json` (docs/cli.md);
@@ -7,7 +7,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::io::Write as _;
+use std::sync::LazyLock;
+
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 mod commands;
 pub(crate) mod demo;
@@ -27,10 +30,29 @@ Examples:
   opjournal --json log project.opj --follow
   opjournal verify project.opj && echo intact
 
+  opjournal completions bash > /etc/bash_completion.d/opjournal
+  opjournal man > opjournal.1
+
 Read-only commands (stats, ls, show, log, verify, export) never modify the file and work
 while an editor has it open (with the library's default `Sharing::LiveReaders`).
-Exit status: 0 clean, 1 problems found (verify, repair --dry-run), 2 could not run.
+Exit status: 0 clean; 1 the command ran and found problems (verify, repair --dry-run, a
+damaged result) or nothing to show (show of an unknown id); 2 could not run.
 JSON Lines output is documented in docs/cli.md.";
+
+/// `opjournal 0.1.0 (journal format 1)`: the package version and the file format version
+/// this build reads and writes.
+static VERSION: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{} (journal format {})",
+        env!("CARGO_PKG_VERSION"),
+        opjournal::FORMAT_VERSION
+    )
+});
+
+/// The command-line interface as clap sees it, with the version naming the file format.
+pub(crate) fn command() -> clap::Command {
+    Cli::command().version(VERSION.as_str())
+}
 
 /// Inspect, verify, repair and compact opjournal journal files.
 #[derive(Parser, Debug)]
@@ -45,6 +67,11 @@ pub(crate) struct Cli {
     /// `summary`) instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
+
+    /// Print times in the system's local time zone instead of UTC (JSON output keeps
+    /// milliseconds since the Unix epoch).
+    #[arg(long, global = true)]
+    pub local: bool,
 
     #[command(subcommand)]
     pub command: Command,
@@ -154,9 +181,24 @@ The document is kept beside the journal (project.scene.json and project.scene.lo
         #[arg(long, value_name = "N", default_value_t = 256)]
         max_connections: usize,
         /// Close a connection that sends no request for this long (`30s`, `5min`).
-        #[arg(long, value_name = "DURATION", default_value = "5min", value_parser = humantime::parse_duration)]
+        #[arg(long, value_name = "DURATION", default_value = "5min", value_parser = format::parse_duration)]
         idle_timeout: std::time::Duration,
     },
+
+    /// Print a shell completion script for bash, elvish, fish, powershell or zsh.
+    #[command(after_help = "\
+Examples:
+  opjournal completions bash > ~/.local/share/bash-completion/completions/opjournal
+  opjournal completions zsh > ~/.zfunc/_opjournal")]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+
+    /// Print the manual page (roff) on stdout.
+    #[command(after_help = "Example:\n  opjournal man > opjournal.1 && man ./opjournal.1")]
+    Man,
 }
 
 #[derive(Args, Debug)]
@@ -215,8 +257,9 @@ pub(crate) struct LsArgs {
     /// Only operations with this intent name.
     #[arg(long)]
     pub intent: Option<String>,
-    /// Only operations submitted at or after this time (`2026-11-30T14:00:00Z`,
-    /// `2026-11-30`) or this long ago (`15min`, `2h`, `3days`).
+    /// Only operations submitted at or after this time (RFC 3339 with `Z` or an offset:
+    /// `2026-11-30T14:00:00Z`, `2026-11-30T16:00:00+02:00`; a date, `2026-11-30`, is
+    /// midnight UTC) or this long ago (`15min`, `2h`, `3days`).
     #[arg(long, value_name = "TIME")]
     pub since: Option<TimeArg>,
     /// Only operations submitted before this time (same forms as --since).
@@ -348,7 +391,10 @@ pub(crate) struct ExportArgs {
 }
 
 pub(crate) fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let parsed = command()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             // Help and version go to stdout and exit 0; usage errors go to stderr, exit 2.
@@ -356,7 +402,23 @@ pub(crate) fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
+    if cli.local {
+        format::use_local_time();
+    }
     match cli.command {
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut command(), "opjournal", &mut out);
+            return print_generated(&out);
+        }
+        Command::Man => {
+            let mut out = Vec::new();
+            if let Err(e) = clap_mangen::Man::new(command()).render(&mut out) {
+                failure::CliError::new(format!("could not render the manual page: {e}")).print();
+                return ExitCode::from(2);
+            }
+            return print_generated(&out);
+        }
         Command::Demo { journal, keep } => {
             return demo::run(&demo::DemoArgs {
                 journal,
@@ -381,4 +443,17 @@ pub(crate) fn main() -> ExitCode {
         _ => {}
     }
     commands::run(cli)
+}
+
+/// Writes generated text (completions, the manual page) to stdout; a closed pipe is quiet.
+fn print_generated(bytes: &[u8]) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            failure::CliError::new(format!("could not write to stdout: {e}")).print();
+            ExitCode::from(2)
+        }
+    }
 }

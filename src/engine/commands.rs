@@ -318,9 +318,7 @@ impl Ctx<'_, '_> {
             self.t.delete_result(seq)?;
         }
         for e in index_entries(rec) {
-            match e {
-                e => self.t.remove_index(id, &e)?,
-            }
+            self.t.remove_index(id, &e)?;
         }
         self.t.delete_receipt(id)?;
         self.fired.purged += 1;
@@ -343,7 +341,7 @@ impl Ctx<'_, '_> {
     }
 }
 
-/// `submit`, in a write transaction (DESIGN.md §4).
+/// `submit`, in a write transaction: lookup by id first, then the checks for fresh work.
 pub(crate) fn submit(ctx: &mut Ctx<'_, '_>, op: &Operation) -> Result<Admission> {
     let eff = effective_of(&*ctx.t, &op.id, ctx.now)?;
     if let Some(answer) = answer_known(&*ctx.t, eff.as_ref(), op)? {

@@ -6,7 +6,7 @@ use super::clocks::effective;
 use crate::clock::Timestamp;
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::View;
-use crate::record::IntentDigest;
+use crate::intent::IntentHash;
 use crate::record::{DeliveryState, ExecRecord, OutcomeKind, ReceiptRecord};
 use crate::types::{Admission, ExecutionStatus, OpResult, Operation, Receipt, Replay};
 
@@ -156,12 +156,17 @@ pub(crate) fn answer_known<V: View>(
         return Ok(None);
     }
     // An all-zero hash means `repair` lost the intent: any intent is answered in doubt.
-    let submitted = IntentDigest::from(op.intent.hash());
-    if rec.intent_hash != submitted && !rec.intent_hash.is_lost() {
+    // The intent is hashed under the recorded hash's scheme, so a retry matches across a
+    // change of the current scheme (format 1 recorded the first scheme).
+    let recorded = IntentHash::from(rec.intent_hash);
+    if !recorded.matches(&op.intent) && !rec.intent_hash.is_lost() {
         return Err(Error::new(ErrorKind::IntentMismatch {
             operation_id: op.id.clone(),
-            recorded: rec.intent_hash.into(),
-            submitted: op.intent.hash(),
+            recorded,
+            submitted: op
+                .intent
+                .hash_as(recorded.scheme())
+                .unwrap_or(op.intent.hash()),
         }));
     }
     let Some(receipt) = view(rec) else {

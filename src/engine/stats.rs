@@ -9,6 +9,17 @@ use crate::index::{self, Events, Quarantine, Receipts, Results, Scopes, Timers, 
 use crate::record::{ExecRecord, ReceiptRecord};
 use crate::types::{DeliveryState, ExecutionStatus};
 
+/// The oldest terminal result still waiting for its acknowledgement (see
+/// [`Stats::oldest_unacked`]); serialized as `{"operation_id": ..., "completed_at": ...}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct OldestUnacked {
+    /// The operation id.
+    pub operation_id: String,
+    /// When its outcome was recorded.
+    pub completed_at: Timestamp,
+}
+
 /// A summary of a journal, with every clock applied as of `now`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
@@ -50,7 +61,7 @@ pub struct Stats {
     /// Delivery `AckExpired`.
     pub ack_expired: u64,
     /// The oldest terminal result still waiting for its acknowledgement.
-    pub oldest_unacked: Option<(String, Timestamp)>,
+    pub oldest_unacked: Option<OldestUnacked>,
     /// Events in the journal table.
     pub events: u64,
     /// Stored result payloads.
@@ -117,9 +128,14 @@ pub(crate) fn collect<V: View>(
         if r.delivery.is_some_and(|d| d.is_open())
             && r.status != ExecutionStatus::Retired
             && let Some(at) = r.completed_at
-            && s.oldest_unacked.as_ref().is_none_or(|(_, t)| at < *t)
+            && s.oldest_unacked
+                .as_ref()
+                .is_none_or(|o| at < o.completed_at)
         {
-            s.oldest_unacked = Some((r.operation_id.clone(), at));
+            s.oldest_unacked = Some(OldestUnacked {
+                operation_id: r.operation_id.clone(),
+                completed_at: at,
+            });
         }
     }
     s.events = v.count::<Events>()?;

@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::journal::Journal;
 use crate::log::LogStorage;
 
-/// Configures and opens a [`Journal`]. Every setting has a default (DESIGN.md §6).
+/// Configures and opens a [`Journal`]. Every setting has a default, listed with its setter.
 ///
 /// Durations apply to transitions made after the journal is opened with them: deadlines
 /// are computed when an operation changes state and stored with it.
@@ -136,7 +136,7 @@ impl JournalBuilder {
         self
     }
 
-    /// The clock (default [`SystemClock`]). Use [`ManualClock`](crate::ManualClock) in tests.
+    /// The clock (default [`SystemClock`](crate::SystemClock)). Use [`ManualClock`](crate::ManualClock) in tests.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.config.clock = Arc::new(clock);
         self
@@ -156,6 +156,7 @@ impl JournalBuilder {
     /// - [`ErrorKind::UnsupportedFormat`](crate::ErrorKind::UnsupportedFormat) for a newer format;
     /// - [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt) or [`ErrorKind::Io`](crate::ErrorKind::Io).
     pub fn open(self, path: impl AsRef<Path>) -> Result<Journal> {
+        let _span = crate::trace_span!(DEBUG, "open", path = %path.as_ref().display());
         self.config.validate()?;
         Journal::open_with(path.as_ref(), self.config)
     }
@@ -189,6 +190,7 @@ impl JournalBuilder {
         log: impl LogStorage,
         label: &str,
     ) -> Result<Journal> {
+        let _span = crate::trace_span!(DEBUG, "open", path = %label);
         self.config.validate()?;
         Journal::open_backends_with(backend, log, label, self.config)
     }

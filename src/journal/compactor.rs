@@ -39,7 +39,8 @@ fn ser_duration_ms<S: serde::Serializer>(
     d: &Duration,
     s: S,
 ) -> std::result::Result<S::Ok, S::Error> {
-    s.serialize_f64(d.as_secs_f64() * 1000.0)
+    // Whole microseconds as milliseconds: three decimals, no float noise.
+    s.serialize_f64(d.as_micros() as f64 / 1000.0)
 }
 
 impl CompactionReport {
@@ -117,15 +118,60 @@ pub(crate) fn run(inner: &Inner) -> Result<CompactionReport> {
         }
     }
     report.elapsed = start.elapsed();
+    crate::trace_event!(
+        DEBUG,
+        lease_expired = report.lease_expired,
+        exhausted = report.exhausted,
+        ack_expired = report.ack_expired,
+        retired = report.retired,
+        purged = report.purged,
+        revision_events_purged = report.revision_events_purged,
+        batches = report.batches,
+        elapsed_us = report.elapsed.as_micros() as u64,
+        "compaction pass"
+    );
     Ok(report)
 }
 
-/// A running background compactor. Dropping it stops the thread and waits for it; a
-/// batch in progress finishes first, so no work is lost.
+/// A running background compactor, from [`Journal::spawn_compactor`](crate::Journal::spawn_compactor).
+///
+/// Dropping it stops the thread and waits for it; a batch in progress finishes first, so
+/// no work is lost. Keep it for as long as the compactor should run.
+///
+/// A pass that fails is retried at the next interval; the failure is kept for the
+/// embedder: [`CompactorHandle::errors`] counts the failed passes and
+/// [`CompactorHandle::last_error`] returns the latest one. A poisoned or closed journal
+/// ends the thread ([`CompactorHandle::is_running`] turns false, and
+/// [`CompactorHandle::stop`] returns that error).
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+///
+/// # let dir = tempfile::tempdir()?;
+/// let journal = opjournal::Journal::open(dir.path().join("project.opj"))?;
+/// let compactor = journal.spawn_compactor(Duration::from_secs(1));
+/// // ... serve requests ...
+/// if let Some(err) = compactor.last_error() {
+///     eprintln!("compaction failed {} times, last: {err}", compactor.errors());
+/// }
+/// assert!(compactor.stop().is_none());
+/// # Ok::<(), opjournal::Error>(())
+/// ```
 #[derive(Debug)]
+#[must_use = "the compactor stops when its handle is dropped: keep the handle while it should run"]
 pub struct CompactorHandle {
     stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<Option<Error>>>,
+    failures: Arc<Mutex<Failures>>,
+}
+
+/// Failed passes of a background compactor.
+#[derive(Debug, Default)]
+struct Failures {
+    count: u64,
+    last: Option<Arc<Error>>,
 }
 
 impl CompactorHandle {
@@ -135,6 +181,8 @@ impl CompactorHandle {
         interval: Duration,
     ) -> CompactorHandle {
         let (tx, rx) = mpsc::channel::<()>();
+        let failures = Arc::new(Mutex::new(Failures::default()));
+        let record = failures.clone();
         let thread = std::thread::Builder::new()
             .name("opjournal-compactor".into())
             .spawn(move || {
@@ -155,10 +203,22 @@ impl CompactorHandle {
                     drop(inner);
                     drop(closed);
                     if let Err(e) = result {
+                        crate::trace_event!(WARN, error = %e, "background compaction pass failed");
                         // A poisoned or closed journal ends the thread; the error is kept
                         // for `stop`. Other errors are retried at the next interval.
-                        if matches!(e.kind(), ErrorKind::Poisoned | ErrorKind::Closed) {
-                            return Some(e);
+                        let fatal = matches!(e.kind(), ErrorKind::Poisoned | ErrorKind::Closed);
+                        let kept = if fatal {
+                            // These kinds carry no source: an equal copy for `last_error`.
+                            Arc::new(Error::new(e.kind().clone()))
+                        } else {
+                            Arc::new(e)
+                        };
+                        let mut f = record.lock().unwrap_or_else(|p| p.into_inner());
+                        f.count += 1;
+                        f.last = Some(kept.clone());
+                        drop(f);
+                        if fatal {
+                            return Some(Error::new(kept.kind().clone()));
                         }
                     }
                 }
@@ -167,13 +227,40 @@ impl CompactorHandle {
             Ok(t) => CompactorHandle {
                 stop: Some(tx),
                 thread: Some(t),
+                failures,
             },
             // Without a thread there is nothing to stop; `compact()` still works.
             Err(_) => CompactorHandle {
                 stop: None,
                 thread: None,
+                failures,
             },
         }
+    }
+
+    /// How many passes failed since the compactor started. Failed passes are retried at
+    /// the next interval.
+    pub fn errors(&self) -> u64 {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .count
+    }
+
+    /// The error of the latest failed pass, if any pass failed. It stays until a later
+    /// pass fails with another error.
+    pub fn last_error(&self) -> Option<Arc<Error>> {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .last
+            .clone()
+    }
+
+    /// Whether the compactor thread still runs: false after a poisoned or closed journal
+    /// ended it (see [`CompactorHandle::stop`]), or if the thread could not be started.
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
     /// Stops the compactor and waits for it. Returns the error that ended it early, if

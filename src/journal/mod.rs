@@ -182,8 +182,10 @@ impl Journal {
         self.inner.now()
     }
 
-    /// Submits an operation. Lookup by operation id comes first; checks for fresh work
-    /// follow (DESIGN.md §4). A `Fresh` admission is durable before this returns.
+    /// Submits an operation. Lookup by operation id comes first (a known id is answered
+    /// `InProgress`, `Replay`, `Expired` or `InDoubt`); the scope, revision and session
+    /// window checks apply only to fresh work. A `Fresh` admission is durable before this
+    /// returns.
     ///
     /// # Errors
     ///
@@ -192,6 +194,7 @@ impl Journal {
     /// [`ErrorKind::StaleBase`], [`ErrorKind::ScopeBusy`], [`ErrorKind::WindowFull`].
     /// Storage errors: [`ErrorKind::Corrupt`], [`ErrorKind::Io`], [`ErrorKind::Poisoned`].
     pub fn submit(&self, op: Operation) -> Result<Admission> {
+        let _span = crate::trace_span!(DEBUG, "submit", operation_id = %op.id);
         self.guard("submit", || {
             engine::validate_operation(&op)?;
             // Fast path: a known id is answered from a read snapshot without the writer.
@@ -218,6 +221,7 @@ impl Journal {
     /// [`ErrorKind::ResultTooLarge`], [`ErrorKind::InvalidInput`] (asset list); all write
     /// nothing, and the claim stays usable. Storage errors as for [`Journal::submit`].
     pub fn complete(&self, claim: &Claim, outcome: Outcome) -> Result<Receipt> {
+        let _span = crate::trace_span!(DEBUG, "complete", operation_id = %claim.operation_id);
         self.guard("complete", || {
             let claim = claim.clone();
             self.inner
@@ -232,6 +236,7 @@ impl Journal {
     ///
     /// [`ErrorKind::StaleClaim`]; storage errors as for [`Journal::submit`].
     pub fn release(&self, claim: &Claim) -> Result<()> {
+        let _span = crate::trace_span!(DEBUG, "release", operation_id = %claim.operation_id);
         self.guard("release", || {
             let claim = claim.clone();
             self.inner.write(move |ctx| engine::release(ctx, &claim))
@@ -256,6 +261,7 @@ impl Journal {
     ///
     /// As [`Journal::extend_lease`], and [`ErrorKind::InvalidInput`] for a zero duration.
     pub fn extend_lease_by(&self, claim: &Claim, by: Duration) -> Result<Claim> {
+        let _span = crate::trace_span!(DEBUG, "extend_lease", operation_id = %claim.operation_id);
         self.guard("extend_lease_by", || {
             if by.is_zero() {
                 return Err(Error::invalid(
@@ -281,6 +287,7 @@ impl Journal {
     /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not in doubt),
     /// [`ErrorKind::ResultTooLarge`]; storage errors as for [`Journal::submit`].
     pub fn resolve(&self, operation_id: &str, resolution: Resolution) -> Result<Option<Receipt>> {
+        let _span = crate::trace_span!(DEBUG, "resolve", operation_id = %operation_id);
         self.guard("resolve", || {
             let id = operation_id.to_string();
             self.inner
@@ -297,6 +304,7 @@ impl Journal {
     /// [`ErrorKind::UnknownOperation`], [`ErrorKind::InvalidState`] (not terminal, or
     /// retired); storage errors as for [`Journal::submit`].
     pub fn delivered(&self, operation_id: &str) -> Result<Receipt> {
+        let _span = crate::trace_span!(DEBUG, "delivered", operation_id = %operation_id);
         self.guard("delivered", || {
             self.inner
                 .lazy_write(operation_id, engine::LazyKind::Delivered)
@@ -339,6 +347,7 @@ impl Journal {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn acknowledge(&self, operation_id: &str, session: Option<&str>) -> Result<Receipt> {
+        let _span = crate::trace_span!(DEBUG, "acknowledge", operation_id = %operation_id);
         self.guard("acknowledge", || {
             self.inner
                 .lazy_write(operation_id, engine::LazyKind::Acknowledged { session })
@@ -354,6 +363,7 @@ impl Journal {
     /// [`ErrorKind::RevisionNotForward`] for an older revision, [`ErrorKind::InvalidInput`]
     /// for a bad scope; storage errors as for [`Journal::submit`].
     pub fn advance_revision(&self, scope: &str, revision: u64) -> Result<u64> {
+        let _span = crate::trace_span!(DEBUG, "advance_revision", scope = %scope, revision);
         self.guard("advance_revision", || {
             let scope = scope.to_string();
             self.inner
@@ -367,6 +377,7 @@ impl Journal {
     ///
     /// Storage errors; [`ErrorKind::Poisoned`].
     pub fn flush(&self) -> Result<()> {
+        let _span = crate::trace_span!(DEBUG, "flush");
         self.guard("flush", || self.inner.flush())
     }
 
@@ -377,6 +388,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn lookup(&self, operation_id: &str) -> Result<Option<Receipt>> {
+        let _span = crate::trace_span!(DEBUG, "lookup", operation_id = %operation_id);
         self.guard("lookup", || {
             self.inner.read_with(Some(operation_id), |snap, now| {
                 snap.lookup(operation_id, now)
@@ -390,6 +402,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn result(&self, operation_id: &str) -> Result<Option<OpResult>> {
+        let _span = crate::trace_span!(DEBUG, "result", operation_id = %operation_id);
         self.guard("result", || {
             self.inner.read_with(Some(operation_id), |snap, now| {
                 match snap.effective(operation_id, now)? {
@@ -410,6 +423,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn history(&self, operation_id: &str) -> Result<Vec<Event>> {
+        let _span = crate::trace_span!(DEBUG, "history", operation_id = %operation_id);
         self.guard("history", || {
             self.inner.read_with(None, |snap, _| {
                 let mut out = Vec::new();
@@ -432,6 +446,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn undelivered(&self, session: &str) -> Result<Vec<Replay>> {
+        let _span = crate::trace_span!(DEBUG, "undelivered", session = %session);
         self.guard("undelivered", || {
             self.inner.read_with(None, |snap, now| {
                 let mut out = Vec::new();
@@ -458,6 +473,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn due_redeliveries(&self, limit: usize) -> Result<Vec<Replay>> {
+        let _span = crate::trace_span!(DEBUG, "due_redeliveries", limit);
         self.guard("due_redeliveries", || {
             self.inner.read_with(None, |snap, now| {
                 let mut out = Vec::new();
@@ -506,6 +522,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn in_doubt(&self) -> Result<Vec<Receipt>> {
+        let _span = crate::trace_span!(DEBUG, "in_doubt");
         self.guard("in_doubt", || {
             self.inner.read_with(None, |snap, now| {
                 let mut ids: Vec<String> = Vec::new();
@@ -538,6 +555,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn scope_revision(&self, scope: &str) -> Result<u64> {
+        let _span = crate::trace_span!(DEBUG, "scope_revision", scope = %scope);
         self.guard("scope_revision", || {
             self.inner
                 .read_with(None, |snap, _| snap.tables.scope_revision(scope))
@@ -550,6 +568,7 @@ impl Journal {
     ///
     /// Storage errors; [`ErrorKind::Poisoned`].
     pub fn compact(&self) -> Result<CompactionReport> {
+        let _span = crate::trace_span!(DEBUG, "compact");
         self.guard("compact", || crate::journal::compactor::run(&self.inner))
     }
 
@@ -559,7 +578,7 @@ impl Journal {
     /// file size in bytes before and after (0 for a custom backend).
     ///
     /// It needs the handle to itself (`&mut self`, and no running background compactor),
-    /// and with [`Sharing::LiveReaders`] no read transaction open in another process (such
+    /// and with [`Sharing::LiveReaders`](crate::Sharing::LiveReaders) no read transaction open in another process (such
     /// as `opjournal ls`): retry when the reader is done. It is slow on a large file and
     /// makes lazily committed acknowledgements durable first.
     ///
@@ -580,6 +599,7 @@ impl Journal {
     /// # Ok::<(), opjournal::Error>(())
     /// ```
     pub fn reclaim_space(&mut self) -> Result<(u64, u64)> {
+        let _span = crate::trace_span!(DEBUG, "reclaim_space");
         self.flush()?;
         let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
         let before = size(&self.inner.path);
@@ -611,7 +631,9 @@ impl Journal {
     }
 
     /// Starts a background thread that runs [`Journal::compact`] (and makes lazy writes
-    /// durable) every `interval`. Dropping the handle stops and joins it.
+    /// durable) every `interval`. Dropping the handle stops and joins it, so keep it; failed
+    /// passes are counted and kept on the handle ([`CompactorHandle::last_error`]).
+    #[must_use = "the compactor stops when its handle is dropped: keep the handle while it should run"]
     pub fn spawn_compactor(&self, interval: Duration) -> CompactorHandle {
         CompactorHandle::spawn(
             Arc::downgrade(&self.inner),
@@ -628,6 +650,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn stats(&self) -> Result<crate::Stats> {
+        let _span = crate::trace_span!(DEBUG, "stats");
         self.guard("stats", || {
             let mut stats = self.inner.read_with(None, |snap, now| {
                 // Pending deliveries and acknowledgements count as they will be committed.
@@ -651,6 +674,7 @@ impl Journal {
     ///
     /// [`ErrorKind::Io`].
     pub fn event_count(&self) -> Result<u64> {
+        let _span = crate::trace_span!(DEBUG, "event_count");
         self.guard("event_count", || {
             self.inner
                 .read_with(None, |snap, _| snap.tables.count::<index::Events>())

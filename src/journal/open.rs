@@ -1,9 +1,11 @@
 //! Opening and creating a journal: the redb file made ready (created, or upgraded from
 //! format 1), then the log read back into the memtable.
 
-use std::path::Path;
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use redb::{Database, ReadableDatabase};
 
@@ -73,22 +75,19 @@ impl Journal {
                     "it does not name a file",
                 )
             })?;
-        let tmp = tempfile::Builder::new()
-            .prefix(&format!(".{name}.creating-"))
-            .tempfile_in(dir)
-            .map_err(Error::io)?
-            .into_temp_path();
+        let tmp = TempFile::create(dir, &name)?;
+        let tmp = &tmp.path;
         {
             let db = Self::redb_builder(cfg)
-                .create(&tmp)
-                .map_err(|e| open_error(&tmp, e))?;
-            prepare(&db, &tmp, cfg)?;
+                .create(tmp)
+                .map_err(|e| open_error(tmp, e))?;
+            prepare(&db, tmp, cfg)?;
         }
-        match std::fs::hard_link(&tmp, path) {
+        match std::fs::hard_link(tmp, path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
             // No hard links on this file system: rename, unless someone created it meanwhile.
-            Err(_) if !path.exists() => std::fs::rename(&tmp, path).map_err(Error::io)?,
+            Err(_) if !path.exists() => std::fs::rename(tmp, path).map_err(Error::io)?,
             Err(e) => return Err(Error::io(e)),
         }
         // Make the new name durable.
@@ -415,4 +414,44 @@ pub(crate) fn absorb_log(db: &Database, log: &dyn LogStorage) -> Result<(u64, Op
     }
     txn.commit()?;
     Ok((absorbed, damage))
+}
+
+/// A new, empty file with a unique name beside the journal, removed when dropped (after a
+/// successful link the journal keeps its own name for the same file).
+struct TempFile {
+    path: PathBuf,
+}
+
+impl TempFile {
+    /// Creates `.<name>.creating-<pid>-<counter>-<nanos>` in `dir`; the name is new (the file
+    /// is created with `create_new`), retried with the next counter if it is taken.
+    fn create(dir: &Path, name: &str) -> Result<TempFile> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let mut last = None;
+        for _ in 0..100 {
+            let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let path = dir.join(format!(
+                ".{name}.creating-{}-{n}-{nanos}",
+                std::process::id()
+            ));
+            match OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(_) => return Ok(TempFile { path }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(e) => return Err(Error::io(e)),
+            }
+        }
+        Err(Error::io(last.unwrap_or_else(|| {
+            std::io::Error::other("no unused temporary name beside the journal")
+        })))
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }

@@ -67,7 +67,7 @@ impl FileLog {
 }
 
 /// Syncs the directory holding `path`, so a file created or removed there stays so.
-pub(crate) fn sync_parent(path: &Path) -> io::Result<()> {
+fn sync_parent(path: &Path) -> io::Result<()> {
     #[cfg(unix)]
     {
         let dir = match path.parent() {

@@ -642,7 +642,7 @@ impl Shared {
                         kind: "idle_timeout".into(),
                         message: format!(
                             "no request for {}; closing the connection: reconnect and say `hello` to go on",
-                            humantime::format_duration(self.cfg.idle_timeout)
+                            human_duration(self.cfg.idle_timeout)
                         ),
                     });
                     break;
@@ -1223,7 +1223,7 @@ fn reconcile(journal: &Journal, doc: &Document, r: &Receipt) -> Result<Reconcile
     let applied = doc.applied(&id).filter(|a| {
         a.edit
             .intent()
-            .is_ok_and(|intent| intent.hash() == r.intent_hash)
+            .is_ok_and(|intent| r.intent_hash.matches(&intent))
     });
     let resolution = match applied {
         Some(a) => Resolution::Completed(
@@ -1315,5 +1315,19 @@ fn refusal(id: Option<String>, e: &ServiceError) -> Reply {
         id,
         kind: kind.into(),
         message: e.to_string(),
+    }
+}
+
+/// `d` in the largest whole unit that shows it exactly (`5min`, `30s`, `1500ms`).
+fn human_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms.is_multiple_of(3_600_000) && ms > 0 {
+        format!("{}h", ms / 3_600_000)
+    } else if ms.is_multiple_of(60_000) && ms > 0 {
+        format!("{}min", ms / 60_000)
+    } else if ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
     }
 }

@@ -28,7 +28,7 @@ pub fn verify_image(image: &[u8]) -> Result<(), String> {
     let path = dir.path().join("image.opj");
     std::fs::write(&path, image).map_err(|e| e.to_string())?;
     let insp = Inspector::open(&path).map_err(|e| format!("the inspector cannot open it: {e}"))?;
-    let report = opjournal::check::verify_inspected(&insp, &mut |_, _| {})
+    let report = opjournal::verify_inspected(&insp, &mut |_, _| {})
         .map_err(|e| format!("verify failed: {e}"))?;
     if !report.is_clean() {
         return Err(format!(

@@ -844,6 +844,8 @@ impl Model {
         if let Some(s) = &op.session {
             self.sessions.insert(s.clone());
         }
+        // The journal records the current scheme's hash (with its scheme), and a recorded
+        // hash is compared under its own scheme.
         let hash = op.intent().hash();
         for name in [Some(&op.id), op.scope.as_ref(), op.session.as_ref()]
             .into_iter()
@@ -858,7 +860,7 @@ impl Model {
         if let Some(rec) = self.eff(&op.id, now)
             && !rec.is_vacant()
         {
-            if rec.intent_hash != hash && rec.intent_hash != IntentHash([0; 32]) {
+            if rec.intent_hash != hash && *rec.intent_hash.as_bytes() != [0; 32] {
                 return Err(ErrView::IntentMismatch);
             }
             let view = rec.view().ok_or(ErrView::InvalidState)?;

@@ -82,10 +82,10 @@ pub(super) fn run(args: &CompactArgs, out: &mut Out) -> Run {
         ))?;
     } else {
         out.line(format!(
-            "compacted {} in {} ({:.1} ms): {} fired",
+            "compacted {} in {} ({} ms): {} fired",
             args.file.display(),
             count(u64::from(report.batches), "batch", "batches"),
-            report.elapsed.as_secs_f64() * 1000.0,
+            super::elapsed_ms(report.elapsed),
             count(report.total(), "transition", "transitions"),
         ))?;
     }

@@ -70,7 +70,10 @@ fn file_of(command: &Command) -> Option<&Path> {
         Command::Compact(a) => &a.file,
         Command::Resolve(a) => &a.file,
         Command::Export(a) => &a.file,
-        Command::Demo { .. } | Command::Serve { .. } => return None,
+        Command::Demo { .. }
+        | Command::Serve { .. }
+        | Command::Completions { .. }
+        | Command::Man => return None,
     })
 }
 
@@ -128,7 +131,10 @@ fn dispatch(command: &Command, out: &mut Out) -> Run {
         Command::Resolve(a) => resolve::run(a, out),
         Command::Export(a) => export::run(a, out),
         // Dispatched in `cli::main`, before the panic hook.
-        Command::Demo { .. } | Command::Serve { .. } => Ok(Outcome::Clean),
+        Command::Demo { .. }
+        | Command::Serve { .. }
+        | Command::Completions { .. }
+        | Command::Man => Ok(Outcome::Clean),
     }
 }
 
@@ -173,6 +179,11 @@ pub(crate) fn write_err(path: &Path) -> impl Fn(opjournal::Error) -> Failure + '
     move |e| Failure::Error(explain(&e, path, Mode::Write))
 }
 
+/// Milliseconds with three decimals (whole microseconds): no float noise in the output.
+pub(crate) fn elapsed_ms(d: std::time::Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
+}
+
 /// The final JSON line of every command: what ran, on which file, and its counts.
 pub(crate) struct Summary {
     command: &'static str,
@@ -203,7 +214,7 @@ impl Summary {
                 "file": self.file,
                 "access": self.access.map(access_name),
                 "ok": outcome == Outcome::Clean,
-                "elapsed_ms": self.started.elapsed().as_secs_f64() * 1000.0,
+                "elapsed_ms": elapsed_ms(self.started.elapsed()),
             });
             if let (Value::Object(d), Value::Object(c)) = (&mut data, counts) {
                 d.extend(c);

@@ -1,8 +1,8 @@
 //! `opjournal repair FILE`: backup, rebuild every index from the event journal, quarantine
 //! damaged records, report what was lost; salvage when the storage engine refuses the file.
 
-use opjournal::check::{RepairOptions, RepairReport};
 use opjournal::{ErrorKind, Inspector};
+use opjournal::{RepairOptions, RepairReport};
 use serde_json::{Value, json};
 
 use super::verify::{findings_table, intact_frames};
@@ -56,7 +56,7 @@ pub(super) fn run(args: &RepairArgs, out: &mut Out) -> Run {
     options.dry_run = args.dry_run;
     options.backup = !args.no_backup;
     let bar = Progress::bar("repairing", "events");
-    let report = opjournal::check::repair(file, &options, &mut |done, total| bar.set(done, total));
+    let report = opjournal::repair(file, &options, &mut |done, total| bar.set(done, total));
     drop(bar);
     let report = match report {
         Ok(r) => r,

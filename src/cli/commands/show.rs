@@ -1,11 +1,13 @@
 //! `opjournal show FILE ID`: one receipt, a preview of its result, its event history.
 
+use std::io::Write as _;
+
 use opjournal::{ErrorKind, Event, OpResult, Receipt, Timestamp};
 use serde_json::json;
 
 use super::{Outcome, Run, Summary, inspect, read_err};
 use crate::cli::ShowArgs;
-use crate::cli::failure::{CliError, Failure};
+use crate::cli::failure::Failure;
 use crate::cli::format::{
     PREVIEW_BYTES, PREVIEW_LINES, clean, count, delivery_sentence, event_detail, event_json,
     preview, receipt_json, size, status_sentence, utc, when,
@@ -21,16 +23,20 @@ pub(super) fn run(args: &ShowArgs, out: &mut Out) -> Run {
     let receipt = insp.lookup(&args.id).map_err(&err)?;
     let history = insp.history(&args.id).map_err(&err)?;
     if receipt.is_none() && history.is_empty() {
-        return Err(CliError::new(format!(
-            "no operation `{}` is recorded in `{}` (never submitted, or purged after its audit retention)",
+        // Nothing to show is an answer, not a failure to run: exit 1, like a search that
+        // found nothing, with the message on stderr (and a summary in JSON mode).
+        let file = args.file.display();
+        let _ = writeln!(
+            std::io::stderr(),
+            "no operation `{}` is recorded in `{file}` (never submitted, released, or purged \
+             after its audit retention)\nhint: list the operations with `opjournal ls {file}`",
             clean(&args.id),
-            args.file.display()
-        ))
-        .hint(format!(
-            "list the operations with `opjournal ls {}`",
-            args.file.display()
-        ))
-        .into());
+        );
+        return summary.write(
+            out,
+            Outcome::Problems,
+            json!({"events": 0, "live": false, "found": false, "result_damaged": null}),
+        );
     }
     // A damaged result does not hide the rest: it is reported, and the exit status says so.
     let (result, damaged) = match &receipt {
@@ -46,8 +52,12 @@ pub(super) fn run(args: &ShowArgs, out: &mut Out) -> Run {
     } else {
         Outcome::Clean
     };
-    let counts =
-        json!({"events": history.len(), "live": receipt.is_some(), "result_damaged": damaged});
+    let counts = json!({
+        "events": history.len(),
+        "live": receipt.is_some(),
+        "found": true,
+        "result_damaged": damaged,
+    });
     if out.json() {
         if let Some(r) = &receipt {
             out.record("receipt", &receipt_json(r))?;

@@ -14,16 +14,8 @@ pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
     summary.access(insp.access());
     let s = insp.stats().map_err(read_err(&args.file))?;
     if out.json() {
-        let mut data = serde_json::to_value(&s).unwrap_or(Value::Null);
-        if let Value::Object(map) = &mut data {
-            map.insert(
-                "oldest_unacked".into(),
-                match &s.oldest_unacked {
-                    Some((id, at)) => json!({"operation_id": id, "completed_at": at}),
-                    None => Value::Null,
-                },
-            );
-        }
+        // The library's `Stats` as it serializes (`oldest_unacked` is an object or null).
+        let data = serde_json::to_value(&s).unwrap_or(Value::Null);
         out.record("stats", &data)?;
         return summary.write(out, Outcome::Clean, json!({}));
     }
@@ -84,7 +76,11 @@ pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
         (
             "oldest unacked",
             match &s.oldest_unacked {
-                Some((id, at)) => format!("{}, completed {}", clean(id), when(*at, now)),
+                Some(o) => format!(
+                    "{}, completed {}",
+                    clean(&o.operation_id),
+                    when(o.completed_at, now)
+                ),
                 None => "none".into(),
             },
         ),

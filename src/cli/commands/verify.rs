@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use opjournal::check::{Finding, Integrity, VerifyReport};
 use opjournal::codec::{self, RecordKind};
 use opjournal::{ErrorKind, Inspector};
+use opjournal::{Finding, Integrity, VerifyReport};
 use serde_json::json;
 
 use super::{Outcome, Run, Summary, note, read_err};
@@ -79,7 +79,7 @@ pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
     }
     summary.access(insp.access());
     let bar = Progress::bar("verifying", "events");
-    let report = opjournal::check::verify_inspected(&insp, &mut |done, total| bar.set(done, total))
+    let report = opjournal::verify_inspected(&insp, &mut |done, total| bar.set(done, total))
         .map_err(read_err(&args.file))?;
     drop(bar);
     let outcome = if report.is_clean() {

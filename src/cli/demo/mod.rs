@@ -1,6 +1,8 @@
 //! `opjournal demo`: the main job. An editor service (embedding the journal) and an agent
 //! client talk over a real loopback socket; the client disconnects at every boundary of
-//! DESIGN.md §5, and every answer says in words what happened. The session ends with a
+//! the failure window (before acceptance, after acceptance, after the commit, after
+//! delivery, never acknowledging, reconnecting repeatedly), and every answer says in words
+//! what happened. The session ends with a
 //! table of what the client did, what the service answered and how many times each edit
 //! landed, and leaves the journal to inspect.
 //!

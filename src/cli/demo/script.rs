@@ -1,6 +1,6 @@
 //! The scripted session of `opjournal demo`: one agent client and one editor service over
-//! a real loopback socket, with the client disconnecting at every boundary of DESIGN.md
-//! §5, plus a reused id, a crash while an edit runs, and a result that ages out.
+//! a real loopback socket, with the client disconnecting at every boundary of the failure
+//! window, plus a reused id, a crash while an edit runs, and a result that ages out.
 //!
 //! The client closes its socket at the exact moment without telling the service; the
 //! service's [`Pauses`](opjournal::service::Pauses) hold an operation at a given step so that

@@ -39,7 +39,7 @@ impl Who {
 /// the operation's edit landed in the document.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub(crate) struct Row {
-    /// `1` to `6` for the boundaries of DESIGN.md §5, `+` for the other cases.
+    /// `1` to `6` for the six boundaries of the failure window, `+` for the other cases.
     pub key: String,
     pub boundary: String,
     pub op: String,

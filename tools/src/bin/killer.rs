@@ -334,7 +334,7 @@ fn reopenable(path: &Path) -> Result<(), String> {
     }
     drop(Journal::open(path).map_err(|e| format!("the journal cannot be opened again: {e}"))?);
     let v = Inspector::open(path)
-        .and_then(|i| opjournal::check::verify_inspected(&i, &mut |_, _| {}))
+        .and_then(|i| opjournal::verify_inspected(&i, &mut |_, _| {}))
         .map_err(|e| format!("verify: {e}"))?;
     if v.is_clean() {
         Ok(())
@@ -360,7 +360,7 @@ fn check_after_crash(
     }
     // Invariant 4 on the file exactly as the crash left it.
     let insp = Inspector::open(path).map_err(|e| format!("the file cannot be inspected: {e}"))?;
-    let v = opjournal::check::verify_inspected(&insp, &mut |_, _| {})
+    let v = opjournal::verify_inspected(&insp, &mut |_, _| {})
         .map_err(|e| format!("verify failed: {e}"))?;
     if !v.is_clean() {
         return Err(format!(
@@ -558,8 +558,8 @@ fn strace_run(args: &Args, exe: &Path, seed: u64, totals: &mut Totals) -> Result
             // The child checked every reopen itself; the file must verify and open.
             let insp = Inspector::open(&path).map_err(|e| format!("inspect: {e}"));
             insp.and_then(|i| {
-                let v = opjournal::check::verify_inspected(&i, &mut |_, _| {})
-                    .map_err(|e| e.to_string())?;
+                let v =
+                    opjournal::verify_inspected(&i, &mut |_, _| {}).map_err(|e| e.to_string())?;
                 if v.is_clean() {
                     Ok(())
                 } else {
