@@ -350,6 +350,17 @@ pub fn golden_records() -> Vec<(&'static str, Vec<u8>)> {
         ),
     ));
     out.push((
+        "meta.checkpoint",
+        codec::encode(
+            RecordKind::Meta,
+            &crate::record::CheckpointRecord {
+                journal_id: 0x0123_4567_89ab_cdef,
+                generation: 3,
+                next_lsn: 1_000,
+            },
+        ),
+    ));
+    out.push((
         "meta.format",
         codec::encode(
             RecordKind::Meta,
