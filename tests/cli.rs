@@ -102,7 +102,7 @@ fn show_prints_the_receipt_the_result_and_the_history() {
         "\
 operation     op_7f3
 attempt       1 (claim epoch 3)
-intent        scene.add_light  sha256:989d9932e9a922aaae75837a5e22f4014292f2efd021852ca922e587dce19633
+intent        scene.add_light  jcs-sha256:97f043e9562c21515be0825448c05795426d4d7b401482a2402b084854c97762
 status        applied at revision 184
 delivery      delivered 1 time, not acknowledged; next push due 2100-01-01 00:01:01 UTC (8 min ago)
 scope         scene/main (base revision 183)
@@ -369,7 +369,7 @@ fn json_receipts_and_events_carry_readable_hashes_names_and_millisecond_times() 
     assert_eq!(lines[0].0, "receipt");
     assert_eq!(
         receipt["intent_hash"],
-        "sha256:989d9932e9a922aaae75837a5e22f4014292f2efd021852ca922e587dce19633"
+        "jcs-sha256:97f043e9562c21515be0825448c05795426d4d7b401482a2402b084854c97762"
     );
     assert_eq!(receipt["status"], "applied");
     assert_eq!(receipt["delivery"], "delivered");
