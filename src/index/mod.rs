@@ -580,26 +580,50 @@ type WriteTable<'t, T> = redb::Table<
     <<T as Table>::V as tables::TableValue>::Redb,
 >;
 
+/// Writes one table's changes: deletions, then puts among the existing keys, then the puts
+/// past the table's last key (events, results, and any key that only grows) as one run
+/// through a cursor at the table's end. redb packs such a run into full leaves; inserted
+/// one by one, keys that only grow would leave every leaf half full (each split leaves a
+/// left half that no later key falls into), doubling the file.
 fn write_table<T: Table>(
     txn: &WriteTransaction,
     changes: &Memtable,
     remove: impl FnOnce(&mut WriteTable<'_, T>, &mut Vec<T::K>) -> Result<()>,
 ) -> Result<()> {
+    use redb::ReadableTable as _;
     let map = T::map(changes);
     if map.is_empty() {
         return Ok(());
     }
     let mut table = txn.open_table(T::def())?;
-    let mut deleted = Vec::new();
-    for (k, v) in map {
-        match v {
-            Some(v) => {
-                table.insert(k.borrow(), tables::TableValue::borrow(v))?;
-            }
-            None => deleted.push(k.clone()),
+    let mut deleted: Vec<T::K> = map
+        .iter()
+        .filter(|(_, v)| v.is_none())
+        .map(|(k, _)| k.clone())
+        .collect();
+    remove(&mut table, &mut deleted)?;
+    let last: Option<T::K> = table.last()?.map(|(k, _)| T::K::own(k.value()));
+    let puts = map.iter().filter_map(|(k, v)| v.as_ref().map(|v| (k, v)));
+    let mut run = Vec::new();
+    for (k, v) in puts {
+        if last.as_ref().is_some_and(|last| k <= last) {
+            table.insert(k.borrow(), tables::TableValue::borrow(v))?;
+        } else {
+            run.push((k, v));
         }
     }
-    remove(&mut table, &mut deleted)
+    if !run.is_empty() {
+        let mut cursor = table.upper_bound_mut(
+            std::ops::Bound::<<<T::K as TableKey>::Redb as redb::Value>::SelfType<'_>>::Unbounded,
+        )?;
+        for (k, v) in run {
+            cursor
+                .insert_before(k.borrow(), tables::TableValue::borrow(v))
+                .map_err(redb::Error::from)?;
+        }
+        cursor.close()?;
+    }
+    Ok(())
 }
 
 fn remove_each<T: Table>(table: &mut WriteTable<'_, T>, keys: &mut Vec<T::K>) -> Result<()> {
