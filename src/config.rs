@@ -74,6 +74,8 @@ pub const MAX_RESULT_BYTES_CEILING: u64 = 64 << 20;
 /// How much the log (or the memtable of changes not yet in redb) may grow before a
 /// checkpoint writes it into redb, by default: 4 MiB.
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 4 << 20;
+/// The replay cache's bound by default: 1 MiB, several hundred answers of a kilobyte.
+pub const DEFAULT_REPLAY_CACHE_BYTES: usize = 1 << 20;
 /// The storage engine's page cache bound by default: 1 GiB (redb's default).
 pub const DEFAULT_CACHE_BYTES: usize = 1 << 30;
 /// The page cache bound of read-only inspection ([`Inspector`](crate::Inspector), the
@@ -95,6 +97,7 @@ pub(crate) struct Config {
     pub compaction_batch: usize,
     pub quick_repair: bool,
     pub checkpoint_bytes: u64,
+    pub replay_cache_bytes: usize,
     pub cache_bytes: usize,
     pub clock: Arc<dyn Clock>,
 }
@@ -114,6 +117,7 @@ impl Default for Config {
             compaction_batch: 1000,
             quick_repair: true,
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
+            replay_cache_bytes: DEFAULT_REPLAY_CACHE_BYTES,
             cache_bytes: DEFAULT_CACHE_BYTES,
             clock: Arc::new(SystemClock),
         }
@@ -136,6 +140,7 @@ impl std::fmt::Debug for Config {
             .field("cache_bytes", &self.cache_bytes)
             .field("quick_repair", &self.quick_repair)
             .field("checkpoint_bytes", &self.checkpoint_bytes)
+            .field("replay_cache_bytes", &self.replay_cache_bytes)
             .finish_non_exhaustive()
     }
 }

@@ -398,7 +398,7 @@ impl Inspector {
                 for entry in t.all::<index::Receipts>()? {
                     let (k, v) = entry?;
                     let rec = index::decode_receipt(&k, &v)?;
-                    if let Some(r) = engine::effective(&rec, now).as_ref().and_then(engine::view)
+                    if let Some(r) = engine::effective(rec, now).as_ref().and_then(engine::view)
                         && !call_caller(&mut caller_panic, || f(r))?
                     {
                         break;

@@ -134,7 +134,7 @@ pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use config::{
     DEFAULT_MAX_RESULT_BYTES, MAX_RESULT_BYTES_CEILING, RetryPolicy, ScopeLock, Sharing,
 };
-pub use engine::stats::{OldestUnacked, Stats};
+pub use engine::stats::{OldestUnacked, ReplayCacheStats, Stats};
 pub use error::{Error, ErrorKind, Result};
 pub use execute::{ExecuteError, Executed, Failure, Unrecorded};
 pub use inspect::{Access, Inspector};

@@ -553,3 +553,71 @@ fn an_operation_without_a_session_may_be_acknowledged_by_any_caller() -> opjourn
     }
     Ok(())
 }
+
+#[test]
+fn replays_served_from_the_replay_cache_show_every_later_commit() -> opjournal::Result<()> {
+    let env = Env::new();
+    let mut editor = FakeEditor::at(0);
+    let journal = env.open();
+    let op = || {
+        Operation::new("op_c", add_light("c"))
+            .scope("scene/main")
+            .session("tab-1")
+    };
+    run_op(&journal, &mut editor, op(), "c")?;
+    let replay = |journal: &Journal| -> opjournal::Result<opjournal::Replay> {
+        match journal.submit(op())? {
+            Admission::Replay(r) => Ok(r),
+            other => panic!("expected a replay, got {other:?}"),
+        }
+    };
+    // The first replay reads the index; the second reads it and keeps the answer (an id
+    // asked twice is worth keeping); the third is served from the cache.
+    assert_eq!(replay(&journal)?.receipt.delivery_count, 0);
+    assert_eq!(replay(&journal)?.receipt.delivery_count, 0);
+    let third = replay(&journal)?;
+    assert_eq!(third.result.bytes, b"c".to_vec());
+    let stats = journal.stats()?;
+    assert!(stats.replay_cache.hits >= 1, "{:?}", stats.replay_cache);
+    assert_eq!(stats.replay_cache.entries, 1);
+    // A delivery (lazy) and its commit show in the next replay, cached or not.
+    journal.delivered("op_c")?;
+    assert_eq!(replay(&journal)?.receipt.delivery_count, 1);
+    journal.flush()?;
+    assert_eq!(replay(&journal)?.receipt.delivery_count, 1);
+    journal.acknowledge("op_c", Some("tab-1"))?;
+    journal.flush()?;
+    assert_eq!(
+        replay(&journal)?.receipt.delivery,
+        Some(opjournal::DeliveryState::Acknowledged)
+    );
+    // Past the result retention the cached result is not served: the answer is Expired.
+    env.advance(Duration::from_secs(8 * 24 * 3600));
+    assert!(
+        matches!(journal.submit(op())?, Admission::Expired(_)),
+        "a retired operation answers Expired"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_journal_without_a_replay_cache_answers_the_same() -> opjournal::Result<()> {
+    let env = Env::new();
+    let mut editor = FakeEditor::at(0);
+    let journal = env.builder().replay_cache_size(0).open(&env.path)?;
+    run_op(
+        &journal,
+        &mut editor,
+        Operation::new("op_n", add_light("n")),
+        "n",
+    )?;
+    for _ in 0..3 {
+        let Admission::Replay(r) = journal.submit(Operation::new("op_n", add_light("n")))? else {
+            panic!("expected a replay");
+        };
+        assert_eq!(r.result.bytes, b"n".to_vec());
+    }
+    let stats = journal.stats()?.replay_cache;
+    assert_eq!((stats.entries, stats.hits), (0, 0), "{stats:?}");
+    Ok(())
+}

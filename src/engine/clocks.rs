@@ -47,17 +47,17 @@ pub(crate) fn due_transitions(rec: &ReceiptRecord, now: Timestamp) -> (Vec<Event
 
 /// The record as it stands at `now` with every clock applied, without writing anything.
 /// `None` when the audit retention has passed (the id is unknown).
-pub(crate) fn effective(rec: &ReceiptRecord, now: Timestamp) -> Option<ReceiptRecord> {
-    let (events, purge) = due_transitions(rec, now);
+pub(crate) fn effective(rec: ReceiptRecord, now: Timestamp) -> Option<ReceiptRecord> {
+    let (events, purge) = due_transitions(&rec, now);
     if purge {
         return None;
     }
-    let mut cur = rec.clone();
+    let mut cur = rec;
     for kind in events {
         let ev = Event {
             seq: 0,
             at: now,
-            operation_id: Some(rec.operation_id.clone()),
+            operation_id: Some(cur.operation_id.clone()),
             kind,
         };
         match transition(Some(&cur), &ev) {

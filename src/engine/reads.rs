@@ -104,12 +104,17 @@ pub(crate) fn effective_of<V: View>(
     id: &str,
     now: Timestamp,
 ) -> Result<Option<ReceiptRecord>> {
-    Ok(v.receipt(id)?.and_then(|r| effective(&r, now)))
+    Ok(v.receipt(id)?.and_then(|r| effective(r, now)))
 }
 
 /// The public receipt of `id` at `now`.
 pub(crate) fn lookup<V: View>(v: &V, id: &str, now: Timestamp) -> Result<Option<Receipt>> {
     Ok(effective_of(v, id, now)?.as_ref().and_then(view))
+}
+
+/// Whether the stored record is terminal with its result still kept.
+pub(crate) fn has_result(rec: &ReceiptRecord) -> bool {
+    matches!(&rec.state, ExecRecord::Done(d) if d.result_seq.is_some())
 }
 
 /// The recorded result of an effective, unretired, terminal record.
@@ -146,10 +151,11 @@ pub(crate) fn replay_of<V: View>(v: &V, rec: &ReceiptRecord) -> Result<Option<Re
 }
 
 /// The answer for an id that is known (not unknown/vacant), or `None` for fresh work.
-pub(crate) fn answer_known<V: View>(
-    v: &V,
+/// `result` reads the result of a terminal, unretired record (see [`result_of`]).
+pub(crate) fn answer_known(
     eff: Option<&ReceiptRecord>,
     op: &Operation,
+    result: impl FnOnce(&ReceiptRecord) -> Result<Option<OpResult>>,
 ) -> Result<Option<Admission>> {
     let Some(rec) = eff else { return Ok(None) };
     if matches!(rec.state, ExecRecord::Vacant { .. }) {
@@ -176,7 +182,7 @@ pub(crate) fn answer_known<V: View>(
         ExecRecord::Running { .. } => Admission::InProgress(receipt),
         ExecRecord::InDoubt { .. } => Admission::InDoubt(receipt),
         ExecRecord::Done(d) if d.retired_at.is_some() => Admission::Expired(receipt),
-        ExecRecord::Done(_) => match result_of(v, rec)? {
+        ExecRecord::Done(_) => match result(rec)? {
             Some(result) => Admission::Replay(Replay {
                 receipt,
                 result,

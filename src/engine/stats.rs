@@ -76,10 +76,27 @@ pub struct Stats {
     pub file_bytes: u64,
     /// The log file's size in bytes: 0 after a clean close, when the journal is one file.
     pub log_bytes: u64,
+    /// The replay cache of the handle that counted (0 for an [`Inspector`](crate::Inspector)):
+    /// bytes held, entries, and answers served from it and not, since the journal opened.
+    pub replay_cache: ReplayCacheStats,
 }
 
 /// The counts of `v` at `now`; `adjust` turns each effective record into the one to count
 /// (a handle applies the lazy writes it has not committed yet).
+/// What the replay cache holds and has served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ReplayCacheStats {
+    /// Bytes held (at most the configured bound).
+    pub bytes: u64,
+    /// Answers held.
+    pub entries: u64,
+    /// Answers served from the cache.
+    pub hits: u64,
+    /// Lookups of known ids that read the index instead.
+    pub misses: u64,
+}
+
 pub(crate) fn collect<V: View>(
     v: &V,
     now: Timestamp,
@@ -99,7 +116,7 @@ pub(crate) fn collect<V: View>(
     for entry in v.all::<Receipts>()? {
         let (k, val) = entry?;
         let rec = index::decode_receipt(&k, &val)?;
-        let Some(rec) = engine::effective(&rec, now).and_then(&adjust) else {
+        let Some(rec) = engine::effective(rec, now).and_then(&adjust) else {
             continue;
         };
         if let ExecRecord::Vacant { .. } = rec.state {

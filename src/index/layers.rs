@@ -73,6 +73,30 @@ impl Base {
         })))
     }
 
+    /// Calls `f` with the bytes redb stores under `key`, without copying them.
+    pub(crate) fn with_str<T: Table<K = String, V = Vec<u8>>, R>(
+        &self,
+        key: &str,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
+        let Some(t) = self.table::<T>()? else {
+            return Ok(None);
+        };
+        Ok(t.get(key)?.map(|v| f(v.value())))
+    }
+
+    /// As [`Base::with_str`], for a table keyed by sequence number.
+    pub(crate) fn with_seq<T: Table<K = u64, V = Vec<u8>>, R>(
+        &self,
+        key: u64,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
+        let Some(t) = self.table::<T>()? else {
+            return Ok(None);
+        };
+        Ok(t.get(key)?.map(|v| f(v.value())))
+    }
+
     pub(crate) fn len<T: Table>(&self) -> Result<u64> {
         match self.table::<T>()? {
             Some(t) => Ok(t.len()?),
@@ -109,6 +133,41 @@ pub(crate) trait Layered {
         }
         match self.base() {
             Some(b) => b.get::<T>(key),
+            None => Ok(None),
+        }
+    }
+
+    /// Calls `f` with the bytes stored under the string `key` (the top layer's, or redb's
+    /// without copying them): the read path of every lookup by operation id.
+    fn with_str<T: Table<K = String, V = Vec<u8>>, R>(
+        &self,
+        key: &str,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
+        for m in self.layers().iter() {
+            if let Some(v) = T::map(m).get(key) {
+                return Ok(v.as_deref().map(f));
+            }
+        }
+        match self.base() {
+            Some(b) => b.with_str::<T, R>(key, f),
+            None => Ok(None),
+        }
+    }
+
+    /// As [`Layered::with_str`], for a table keyed by sequence number.
+    fn with_seq<T: Table<K = u64, V = Vec<u8>>, R>(
+        &self,
+        key: u64,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
+        for m in self.layers().iter() {
+            if let Some(v) = T::map(m).get(&key) {
+                return Ok(v.as_deref().map(f));
+            }
+        }
+        match self.base() {
+            Some(b) => b.with_seq::<T, R>(key, f),
             None => Ok(None),
         }
     }

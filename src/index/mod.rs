@@ -240,17 +240,13 @@ pub(crate) trait View: Layered {
     }
 
     fn receipt(&self, id: &str) -> Result<Option<ReceiptRecord>> {
-        match self.get::<Receipts>(&id.to_string())? {
-            Some(v) => Ok(Some(decode_receipt(id, &v)?)),
-            None => Ok(None),
-        }
+        self.with_str::<Receipts, _>(id, |v| decode_receipt(id, v))?
+            .transpose()
     }
 
     fn scope(&self, scope: &str) -> Result<Option<ScopeRecord>> {
-        match self.get::<Scopes>(&scope.to_string())? {
-            Some(v) => Ok(Some(decode_scope(scope, &v)?)),
-            None => Ok(None),
-        }
+        self.with_str::<Scopes, _>(scope, |v| decode_scope(scope, v))?
+            .transpose()
     }
 
     fn scope_revision(&self, scope: &str) -> Result<u64> {
@@ -258,17 +254,17 @@ pub(crate) trait View: Layered {
     }
 
     fn event(&self, seq: u64) -> Result<Option<Event>> {
-        match self.get::<Events>(&seq)? {
-            Some(v) => Ok(Some(decode_event(seq, &v)?)),
-            None => Ok(None),
-        }
+        self.with_seq::<Events, _>(seq, |v| decode_event(seq, v))?
+            .transpose()
     }
 
     /// The result stored under `seq`, checked against the operation id.
     fn result(&self, seq: u64, operation_id: &str) -> Result<Option<OpResult>> {
-        match self.get::<Results>(&seq)? {
-            Some(v) => {
-                let (header, bytes) = decode_result(seq, &v)?;
+        match self
+            .with_seq::<Results, _>(seq, |v| decode_result(seq, v))?
+            .transpose()?
+        {
+            Some((header, bytes)) => {
                 if header.operation_id != operation_id {
                     return Err(corrupt(
                         "results",

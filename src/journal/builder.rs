@@ -136,6 +136,16 @@ impl JournalBuilder {
         self
     }
 
+    /// How much memory the replay cache may use (default 1 MiB; 0 turns it off). It keeps
+    /// terminal answers (receipt and result) of operations asked about recently, so that a
+    /// client re-asking after a reconnect is answered without reading the index; entries
+    /// read again are kept longest. Larger values help when many clients re-ask many
+    /// results at once.
+    pub fn replay_cache_size(mut self, bytes: usize) -> Self {
+        self.config.replay_cache_bytes = bytes;
+        self
+    }
+
     /// The clock (default [`SystemClock`](crate::SystemClock)). Use [`ManualClock`](crate::ManualClock) in tests.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.config.clock = Arc::new(clock);

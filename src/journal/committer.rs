@@ -363,7 +363,17 @@ impl Inner {
             Ok(_) => {
                 // Published before the pending entries leave the buffer and before any
                 // caller returns: a read after `Ok` sees the change.
-                write_lock(&self.committed).mem.absorb(changes);
+                {
+                    let mut committed = write_lock(&self.committed);
+                    let changed = <index::Receipts as index::Table>::map(&changes);
+                    if !changed.is_empty() {
+                        let mut cache = lock(&self.cache);
+                        for id in changed.keys() {
+                            cache.remove(id);
+                        }
+                    }
+                    committed.mem.absorb(changes);
+                }
                 self.persisted_high_water.fetch_max(now.0, Ordering::SeqCst);
                 self.lazy_committed(pending.len());
                 for mut job in jobs.drain(..) {

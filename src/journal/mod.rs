@@ -1,6 +1,7 @@
 //! The [`Journal`] handle: the public calls, over the group committer.
 
 mod builder;
+pub(crate) mod cache;
 mod committer;
 pub(crate) mod compactor;
 pub(crate) mod open;
@@ -73,6 +74,8 @@ pub(crate) struct Inner {
     pub(crate) foreground_waiting: Arc<AtomicUsize>,
     /// What this process has committed (see [`Committed`]).
     pub(crate) committed: RwLock<Committed>,
+    /// Terminal answers kept in memory (see [`cache::ReplayCache`]).
+    pub(crate) cache: Mutex<cache::ReplayCache>,
     /// The log; used by the group committer's leader only (`None` once closed).
     pub(crate) log: Mutex<Option<crate::log::Writer>>,
     /// Deliveries and acknowledgements not committed yet (see [`LazyBuffer`]).
@@ -199,8 +202,7 @@ impl Journal {
             engine::validate_operation(&op)?;
             // Fast path: a known id is answered from a read snapshot without the writer.
             let known = self.inner.read_with(Some(&op.id), |snap, now| {
-                let eff = snap.effective(&op.id, now)?;
-                engine::answer_known(&snap.tables, eff.as_ref(), &op)
+                snap.answer_known(&op, now, &self.inner.cache)
             })?;
             if let Some(answer) = known {
                 return Ok(answer);
@@ -658,6 +660,13 @@ impl Journal {
             })?;
             let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
             stats.file_bytes = size(&self.inner.path);
+            let (bytes, entries, hits, misses) = lock(&self.inner.cache).figures();
+            stats.replay_cache = crate::engine::stats::ReplayCacheStats {
+                bytes: bytes as u64,
+                entries: entries as u64,
+                hits,
+                misses,
+            };
             stats.log_bytes = size(&crate::log::FileLog::path_for(&self.inner.path));
             Ok(stats)
         })

@@ -157,6 +157,7 @@ impl Journal {
             Err(_) => state,
         };
         let high_water = state.clock_high_water.max(cfg.clock.now());
+        let cache_bytes = cfg.replay_cache_bytes;
         let journal = Journal {
             inner: Arc::new(Inner {
                 db: Some(db),
@@ -171,6 +172,7 @@ impl Journal {
                     mem,
                 }),
                 log: Mutex::new(Some(writer)),
+                cache: Mutex::new(super::cache::ReplayCache::new(cache_bytes)),
                 foreground_waiting: Arc::new(AtomicUsize::new(0)),
                 committer: Committer::new(),
                 gate: Arc::new(Mutex::new(false)),

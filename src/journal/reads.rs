@@ -2,17 +2,19 @@
 //! memtable of everything logged since), and deliveries and acknowledgements that are
 //! checked and visible at once but committed with the next batch.
 
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::clock::Timestamp;
 use crate::engine::{self};
 use crate::error::{Error, ErrorKind, Result};
-use crate::index::{self, Base, Layers, Memtable};
+use crate::index::{self, Base, Layers, Memtable, View};
 use crate::record::{Event, EventKind, ReceiptRecord};
-use crate::types::Receipt;
+use crate::types::{Admission, Operation, Receipt};
 
 use super::Inner;
+use super::cache::ReplayCache;
+use super::committer::lock;
 
 /// What this process has committed: redb as of the last checkpoint, and over it the
 /// memtable of every batch logged since. Replaced under the write lock by a commit (the
@@ -75,7 +77,7 @@ impl Inner {
                 .collect();
             // The clocks apply to the pending writes too: a last delivery still pending
             // may have spent the retry budget by now, as reads show.
-            engine::effective(&engine::overlay(rec, &pending), now).ok_or_else(|| {
+            engine::effective(engine::overlay(rec, &pending), now).ok_or_else(|| {
                 Error::new(ErrorKind::UnknownOperation {
                     operation_id: id.to_string(),
                 })
@@ -118,6 +120,41 @@ pub(crate) struct ReadView<'a> {
 }
 
 impl ReadView<'_> {
+    /// The answer for `op` if its id is known (see `engine::answer_known`), through the
+    /// replay cache: a cached terminal receipt and result are used instead of reading the
+    /// index, and a terminal answer read from the index is cached. Called under the
+    /// committed state's read lock (`read_with`), which keeps the cache coherent: a commit
+    /// changes receipts, and forgets their entries, only under the write lock.
+    pub(crate) fn answer_known(
+        &self,
+        op: &Operation,
+        now: Timestamp,
+        cache: &Mutex<ReplayCache>,
+    ) -> Result<Option<Admission>> {
+        let cached = lock(cache).get(&op.id);
+        let (stored, cached_result) = match cached {
+            Some((rec, result)) => (rec, Some(result)),
+            None => match self.tables.receipt(&op.id)? {
+                Some(rec) => (rec, None),
+                None => return Ok(None),
+            },
+        };
+        let to_cache =
+            (cached_result.is_none() && engine::has_result(&stored) && lock(cache).admit(&op.id))
+                .then(|| stored.clone());
+        let eff = engine::effective(stored, now).and_then(|r| self.overlaid(r, now));
+        engine::answer_known(eff.as_ref(), op, |rec| {
+            if let Some(result) = cached_result {
+                return Ok(Some(result));
+            }
+            let result = engine::result_of(&self.tables, rec)?;
+            if let (Some(stored), Some(result)) = (&to_cache, &result) {
+                lock(cache).insert(stored, result);
+            }
+            Ok(result)
+        })
+    }
+
     /// The effective record of `id` at `now`, with pending lazy writes applied.
     pub(crate) fn effective(&self, id: &str, now: Timestamp) -> Result<Option<ReceiptRecord>> {
         let Some(rec) = engine::effective_of(&self.tables, id, now)? else {
@@ -138,7 +175,7 @@ impl ReadView<'_> {
             .map(|e| (e.at, e.kind.clone()))
             .collect();
         // The clocks apply to the pending writes too (a last delivery exhausts the budget).
-        engine::effective(&engine::overlay(rec, &mine), now)
+        engine::effective(engine::overlay(rec, &mine), now)
     }
 
     /// The public receipt of `id` at `now`.
