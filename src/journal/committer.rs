@@ -350,17 +350,26 @@ impl Inner {
             }
         }
         // The commit point: the batch is durable once its log record is synced.
+        // Timings are read by the `tracing` feature's events only.
+        let _started = std::time::Instant::now();
         let logged = {
             let mut log = lock(&self.log);
             match log.as_mut() {
                 Some(log) => log
                     .append(crate::log::KIND_BATCH, &changes.encode())
-                    .map_err(|e| Error::io_during("write the journal's log", e)),
+                    .map_err(|e| Error::io_during("write or sync the journal's log", e)),
                 None => Err(Error::new(ErrorKind::Closed)),
             }
         };
         match logged {
-            Ok(_) => {
+            Ok(_bytes) => {
+                crate::trace_event!(
+                    DEBUG,
+                    batch = jobs.len(),
+                    bytes = _bytes,
+                    sync_us = _started.elapsed().as_micros() as u64,
+                    "group commit"
+                );
                 // Published before the pending entries leave the buffer and before any
                 // caller returns: a read after `Ok` sees the change.
                 {
@@ -408,6 +417,7 @@ impl Inner {
     }
 
     fn checkpoint_inner(&self) -> Result<()> {
+        let _started = std::time::Instant::now();
         let mut log_guard = lock(&self.log);
         let log = log_guard
             .as_mut()
@@ -438,6 +448,13 @@ impl Inner {
             )?;
         }
         txn.commit()?;
+        crate::trace_event!(
+            DEBUG,
+            log_bytes = log.used(),
+            generation = next.generation,
+            elapsed_us = _started.elapsed().as_micros() as u64,
+            "checkpoint"
+        );
         log.restart(next.generation);
         let base = Base::new(db.begin_read()?);
         let mut committed = write_lock(&self.committed);

@@ -28,11 +28,14 @@ use crate::index::{self, Base, Layered, TimerKind, View};
 use crate::types::Event;
 use crate::types::{Admission, Claim, OpResult, Operation, Outcome, Receipt, Replay, Resolution};
 
-/// An open operation journal: one redb file.
+/// An open operation journal: a redb file (the index) and, while it is open, its log.
 ///
-/// `Journal` is `Send + Sync`; share one handle between threads with an `Arc`. Calls are
+/// `Journal` is `Send + Sync` and cheap to clone: clones are handles to the same open
+/// journal (share one between threads by cloning it, or through an `Arc`). Calls are
 /// synchronous (async embedders use `spawn_blocking`). Every call that changes execution
-/// state is durable (synced) before it returns `Ok`; concurrent callers share commits.
+/// state is durable (its log record synced) before it returns `Ok`; concurrent callers
+/// share commits. The journal closes when its last handle is dropped or
+/// [closed](Journal::close): closing writes the log into the redb file and removes it.
 ///
 /// # Example
 ///
@@ -58,6 +61,19 @@ use crate::types::{Admission, Claim, OpResult, Operation, Outcome, Receipt, Repl
 /// ```
 pub struct Journal {
     pub(crate) inner: Arc<Inner>,
+    /// Set by [`Journal::close`], which counts the handle out itself.
+    released: bool,
+}
+
+impl Clone for Journal {
+    /// Another handle to the same open journal.
+    fn clone(&self) -> Journal {
+        self.inner.handles.fetch_add(1, Ordering::SeqCst);
+        Journal {
+            inner: self.inner.clone(),
+            released: false,
+        }
+    }
 }
 
 pub(crate) struct Inner {
@@ -74,6 +90,8 @@ pub(crate) struct Inner {
     pub(crate) foreground_waiting: Arc<AtomicUsize>,
     /// What this process has committed (see [`Committed`]).
     pub(crate) committed: RwLock<Committed>,
+    /// Open handles ([`Journal`] clones); the last one to go closes the journal.
+    pub(crate) handles: AtomicUsize,
     /// Terminal answers kept in memory (see [`cache::ReplayCache`]).
     pub(crate) cache: Mutex<cache::ReplayCache>,
     /// The log; used by the group committer's leader only (`None` once closed).
@@ -135,15 +153,69 @@ impl Inner {
 
 impl Drop for Journal {
     fn drop(&mut self) {
-        // Wait for a background compaction pass in flight, and keep new ones from starting,
-        // so the file is closed when this returns.
-        *lock(&self.inner.gate) = true;
-        // Best effort: a failure leaves the log in place, and the next open reads it back.
-        let _ = self.inner.close();
+        if self.released || self.inner.handles.fetch_sub(1, Ordering::SeqCst) != 1 {
+            return;
+        }
+        // The last handle: a failure to close leaves the log in place, and the next open
+        // reads it back ([`Journal::close`] reports it).
+        let _ = self.close_last();
     }
 }
 
 impl Journal {
+    /// Closes the journal and reports whether it closed cleanly: pending deliveries and
+    /// acknowledgements are committed, everything in the log is written into the redb
+    /// file (a checkpoint), and the log is removed, so that the journal is one file again.
+    /// Dropping the last handle does the same but cannot report an error.
+    ///
+    /// While other handles (clones) exist, this one is dropped and the journal stays open
+    /// for them: the error says so ([`ErrorKind::InvalidInput`]), and the journal closes
+    /// when the last handle is dropped or closed.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidInput`] while other handles exist; [`ErrorKind::Io`] if writing
+    /// the checkpoint or removing the log failed (nothing is lost: the next open reads the
+    /// log again); [`ErrorKind::Poisoned`] if an earlier write failed on this handle (the
+    /// log is kept for the next open).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("project.opj");
+    /// let journal = opjournal::Journal::open(&path)?;
+    /// let other = journal.clone();
+    /// assert!(other.close().is_err(), "another handle is still open");
+    /// journal.close()?;
+    /// assert!(!opjournal::FileLog::path_for(&path).exists());
+    /// # Ok::<(), opjournal::Error>(())
+    /// ```
+    pub fn close(mut self) -> Result<()> {
+        self.released = true;
+        let others = self.inner.handles.fetch_sub(1, Ordering::SeqCst) - 1;
+        if others > 0 {
+            Err(Error::invalid(
+                "journal handle to close",
+                &self.inner.path.display().to_string(),
+                format!(
+                    "{others} other handle(s) share the journal, which stays open for them and \
+                     closes when the last one is dropped or closed"
+                ),
+            ))
+        } else {
+            self.close_last()
+        }
+    }
+
+    /// Closes the journal: the caller holds its last handle.
+    fn close_last(&self) -> Result<()> {
+        // Wait for a background compaction pass in flight, and keep new ones from
+        // starting, so the file is closed when this returns.
+        *lock(&self.inner.gate) = true;
+        self.inner.close()
+    }
+
     /// Runs `f`, turning a panic of the storage engine into [`ErrorKind::Corrupt`]: redb
     /// trusts its pages and may panic on a damaged file (fuzzing found such files). The
     /// handle is then poisoned, as after a failed commit: the engine's own state may be

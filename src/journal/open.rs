@@ -176,7 +176,9 @@ impl Journal {
                 foreground_waiting: Arc::new(AtomicUsize::new(0)),
                 committer: Committer::new(),
                 gate: Arc::new(Mutex::new(false)),
+                handles: AtomicUsize::new(1),
             }),
+            released: false,
         };
         // Every operation still running lost its claim holder with the process that held
         // it: it is in doubt now (one log record, and only if there is any).
