@@ -70,7 +70,7 @@ fn journal_calls_open_spans_with_their_operation_id_and_compaction_reports_its_c
             panic!("fresh");
         };
         journal.complete(&claim, Outcome::applied(1, Vec::new()))?;
-        journal.acknowledge("op_7f3")?;
+        journal.acknowledge("op_7f3", None)?;
         journal.compact()?;
         Ok(())
     })?;
