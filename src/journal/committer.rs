@@ -220,9 +220,12 @@ impl Inner {
                 let leader = LeaderGuard { committer: c };
                 self.execute(BatchGuard { jobs, inner: self });
                 // The batch's callers take their answers now; a checkpoint, if due, runs
-                // while the next batch's callers wait (they queue behind the leader).
+                // while the next batch's callers wait (they queue behind the leader). It
+                // waits for a moment when no call is queued, unless the log has grown to
+                // twice the checkpoint size: a burst of calls is not held up by it.
                 c.cv.notify_all();
-                if self.checkpoint_due() {
+                let quiet = self.foreground_waiting.load(Ordering::SeqCst) == 0;
+                if self.checkpoint_due(if quiet { 1 } else { 2 }) {
                     // An error poisons the handle: later calls say so. This batch is durable
                     // in the log either way.
                     let _ = self.checkpoint();
@@ -397,11 +400,11 @@ impl Inner {
         }
     }
 
-    /// Whether the log or the memtable has outgrown the checkpoint threshold.
-    pub(crate) fn checkpoint_due(&self) -> bool {
+    /// Whether the log or the memtable has outgrown `factor` times the checkpoint size.
+    pub(crate) fn checkpoint_due(&self, factor: u64) -> bool {
+        let limit = self.cfg.checkpoint_bytes.saturating_mul(factor);
         let used = lock(&self.log).as_ref().map_or(0, crate::log::Writer::used);
-        used >= self.cfg.checkpoint_bytes
-            || read_lock(&self.committed).mem.bytes() as u64 >= self.cfg.checkpoint_bytes
+        used >= limit || read_lock(&self.committed).mem.bytes() as u64 >= limit
     }
 
     /// Writes the memtable into redb in one transaction (durable, two-phase), then starts
