@@ -12,9 +12,12 @@ use crate::config::Config;
 use crate::engine::{self, Ctx};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::file::{check_format, check_redb_magic};
-use crate::index::{self, Layered, Layers, Table, View, WriteTables, guarded};
+use crate::index::{self, Layered, Layers, Memtable, Table, View, WriteTables, guarded};
+use crate::log::{self, FileLog};
 use crate::record::Digest;
-use crate::record::{Event, EventKind, ExecRecord, FormatRecord, ReceiptRecord, StateRecord};
+use crate::record::{
+    CheckpointRecord, Event, EventKind, ExecRecord, FormatRecord, ReceiptRecord, StateRecord,
+};
 // ---------------------------------------------------------------------------------------
 // Repair.
 // ---------------------------------------------------------------------------------------
@@ -83,6 +86,13 @@ pub struct RepairReport {
     pub scopes_rebuilt: u64,
     /// Result payloads without a receipt, removed.
     pub orphan_results_removed: u64,
+    /// Records of the journal's log (what was committed since the last checkpoint) written
+    /// into the file before it was rebuilt. The log itself is left as it is; the repaired
+    /// file starts a new cycle of it, so those records are not read again.
+    pub log_records: u64,
+    /// Why the log beside the file could not be used, if it holds records that could not
+    /// be (their changes are then not in the repaired journal).
+    pub log_not_used: Option<String>,
 }
 
 /// Rebuilds every index of the journal at `path` from its event journal.
@@ -154,6 +164,15 @@ pub fn repair(
         std::fs::copy(path, &backup).map_err(Error::io)?;
         report.backup = Some(backup);
     }
+    // What was committed since the last checkpoint is in the log beside the file, not in
+    // it: repair writes it in first (the log is only read).
+    let log_bytes = match FileLog::open_read_only(&FileLog::path_for(path))
+        .and_then(|l| l.map(|l| log::read_all(&l)).transpose())
+    {
+        Ok(b) => b,
+        Err(e) => return Err(Error::io_during("read the journal's log", e)),
+    };
+    let log_bytes = log_bytes.as_deref();
     let open = |check: bool| {
         guarded("open", || {
             let mut db = redb::Builder::new().open(&target).map_err(|e| match e {
@@ -185,7 +204,9 @@ pub fn repair(
     match opened {
         Ok((db, intact)) => {
             report.storage_rolled_back = !intact;
-            let done = guarded("repair", || repair_db(&db, &mut report, progress));
+            let done = guarded("repair", || {
+                repair_db(&db, log_bytes, &mut report, progress)
+            });
             // Close under the guard too (both found by fuzzing): a storage-engine panic
             // caught above leaves its locks poisoned, and closing a file with a damaged
             // allocator state panics on its own. The repair's commit is durable either
@@ -197,7 +218,7 @@ pub fn repair(
             match done {
                 Ok(()) => Ok(report),
                 Err(e) if matches!(e.kind(), ErrorKind::Corrupt { .. }) => {
-                    salvage(path, &target, &mut report, progress)?;
+                    salvage(path, &target, log_bytes, &mut report, progress)?;
                     Ok(report)
                 }
                 Err(e) => Err(e),
@@ -205,7 +226,7 @@ pub fn repair(
         }
         Err(e) if matches!(e.kind(), ErrorKind::Locked { .. }) => Err(e),
         Err(_) => {
-            salvage(path, &target, &mut report, progress)?;
+            salvage(path, &target, log_bytes, &mut report, progress)?;
             Ok(report)
         }
     }
@@ -378,6 +399,7 @@ const INDEX_TABLES: [&str; 8] = [
 /// Repairs an open database in one write transaction.
 pub(crate) fn repair_db(
     db: &Database,
+    log_bytes: Option<&[u8]>,
     report: &mut RepairReport,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<()> {
@@ -392,6 +414,7 @@ pub(crate) fn repair_db(
             detail: "it is a redb database without the journal's `meta` table".into(),
         }));
     }
+    let next_cycle = fold_log(&txn, log_bytes, report)?;
     let cfg = Config::default();
     {
         // The kept tables are rewritten from their raw entries, so that no page of the old
@@ -510,8 +533,13 @@ pub(crate) fn repair_db(
             let mut format_ok = false;
             for (key, raw) in old_meta {
                 let checked = match key.as_str() {
-                    "format" => index::decode_meta::<FormatRecord>("format", &raw).map(|_| ()),
+                    // Of this format or of format 1 (upgraded when a writer opens it).
+                    "format" => index::decode_format(&raw).map(|_| ()),
                     "state" => index::decode_meta::<StateRecord>("state", &raw).map(|_| ()),
+                    // Rewritten below for the log's next cycle.
+                    "checkpoint" => {
+                        index::decode_meta::<CheckpointRecord>("checkpoint", &raw).map(|_| ())
+                    }
                     _ => Err(Error::corrupt(
                         "meta",
                         &key,
@@ -759,6 +787,7 @@ pub(crate) fn repair_db(
         }
         let state = ctx.state.clone();
         t.put_state(&state)?;
+        t.put_checkpoint(&next_cycle)?;
         report.receipts_rebuilt = t.count::<index::Receipts>()?;
         report.scopes_rebuilt = t.count::<index::Scopes>()?;
         index::checkpoint(&txn, &t.into_changes())?;
@@ -766,6 +795,79 @@ pub(crate) fn repair_db(
     }
     txn.commit()?;
     Ok(())
+}
+
+/// Writes the log's records of the file's current cycle into `txn`, as a checkpoint
+/// would, so that the repair rebuilds from everything that was committed; returns the
+/// checkpoint record that starts the log's next cycle (those records are then never read
+/// again). Without a readable checkpoint record the log cannot be tied to the file: it is
+/// not used, and the repaired journal gets a new id (so the log is never read).
+fn fold_log(
+    txn: &redb::WriteTransaction,
+    log_bytes: Option<&[u8]>,
+    report: &mut RepairReport,
+) -> Result<CheckpointRecord> {
+    let current = {
+        let meta = txn.open_table(<index::Meta as Table>::def())?;
+        let raw = meta.get("checkpoint")?.map(|v| v.value().to_vec());
+        raw.and_then(|raw| index::decode_meta::<CheckpointRecord>("checkpoint", &raw).ok())
+    };
+    let log_bytes = log_bytes.unwrap_or_default();
+    let Some(current) = current else {
+        if log_bytes.iter().any(|b| *b != 0) {
+            report.log_not_used = Some(
+                "the file's checkpoint record is missing or damaged, so the log beside it cannot be tied to it; what the log holds is not in the repaired journal".into(),
+            );
+        }
+        return Ok(CheckpointRecord {
+            journal_id: log::new_journal_id(),
+            generation: 1,
+            next_lsn: 1,
+        });
+    };
+    let cursor = log::Cursor {
+        journal_id: current.journal_id,
+        generation: current.generation,
+        first_lsn: current.next_lsn,
+    };
+    let mut mem = Memtable::default();
+    let mut unusable = None;
+    let mut used = 0;
+    let _ = log::scan(log_bytes, cursor, |r| {
+        // A record that does not decode ends what is used, as a torn one ends the log.
+        let mut one = Memtable::default();
+        let decoded = if r.kind == log::KIND_BATCH {
+            one.apply_encoded(r.payload)
+        } else {
+            Err(format!(
+                "record kind {} is not one this build reads",
+                r.kind
+            ))
+        };
+        match decoded {
+            Ok(()) => {
+                mem.absorb(one);
+                used += 1;
+                Ok(())
+            }
+            Err(e) => {
+                unusable = Some(format!("log record {}: {e}", r.lsn));
+                Err(())
+            }
+        }
+    });
+    if let Some(problem) = unusable {
+        report.log_not_used = Some(format!(
+            "{problem}; the records before it were used, it and those after it were not"
+        ));
+    }
+    report.log_records = used;
+    index::checkpoint(txn, &mem)?;
+    Ok(CheckpointRecord {
+        journal_id: current.journal_id,
+        generation: current.generation + 1,
+        next_lsn: current.next_lsn + used,
+    })
 }
 
 /// The seqs of the longest run of `events` (in seq order) whose times never decrease

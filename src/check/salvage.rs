@@ -41,6 +41,7 @@ pub(crate) fn scan_frames(bytes: &[u8]) -> Vec<(RecordKind, &[u8])> {
 pub(crate) fn salvage(
     original: &Path,
     dest: &Path,
+    log_bytes: Option<&[u8]>,
     report: &mut RepairReport,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<()> {
@@ -107,7 +108,9 @@ pub(crate) fn salvage(
             index::create_tables(&txn)?;
         }
         txn.commit()?;
-        repair_db(&db, report, progress)?;
+        // The new file has no checkpoint record, so the log cannot be tied to it: the
+        // repair says so if it holds anything.
+        repair_db(&db, log_bytes, report, progress)?;
     }
     std::fs::rename(&tmp, dest).map_err(Error::io)?;
     Ok(())
