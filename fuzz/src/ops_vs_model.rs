@@ -33,7 +33,9 @@ use std::time::Duration;
 use arbitrary::{Arbitrary, Unstructured};
 use opjournal::{Claim, Journal, ManualClock, ScopeLock, Sharing, Timestamp};
 
-use crate::fault_backend::{CutPolicy, EIO, ENOSPC, FaultAction, FaultDisk, IoKind, Trigger};
+use crate::fault_backend::{
+    CutPolicy, DiskFile, EIO, ENOSPC, FaultAction, FaultDisk, IoKind, Trigger,
+};
 use crate::images::{open, verify_image};
 use crate::model::{
     Call, ErrView, Model, ModelConfig, OpSpec, OutcomeSpec, Recovery, ResolutionSpec, StepResult,
@@ -57,9 +59,14 @@ pub struct Setup {
     pub hold_until_ack: bool,
     /// Session window: 1 + this % 4.
     pub window: u8,
-    /// Compaction batch: 1 + this % 4.
+    /// Compaction batch: 1 + this % 4; from 128 on, also the smallest checkpoint size
+    /// (64 KiB) with results of up to 16 KiB, so that a few completed operations fill the
+    /// log and checkpoints (and faults during them) are frequent.
     pub batch: u8,
 }
+
+/// The largest result with small checkpoints.
+const CHECKPOINTING_RESULT_BYTES: u64 = 16 << 10;
 
 /// How a submit names its base revision.
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -77,7 +84,8 @@ pub enum Base {
 /// A fault to arm on the disk.
 #[derive(Arbitrary, Debug, Clone, Copy)]
 pub struct Fault {
-    /// Write, set_len or sync.
+    /// Write, set_len or sync (this % 3), of either file, the log or the redb file
+    /// (this / 3 % 3).
     pub kind: u8,
     /// Which one fires, counted from now.
     pub nth: u8,
@@ -197,7 +205,9 @@ pub enum Op {
     Crash {
         /// A power cut rather than a process crash.
         power: bool,
-        /// Keep all, drop all, or each independently.
+        /// Keep all, drop all, or each independently (this % 3); with a power cut, one in
+        /// four (this / 3 % 4 == 3) closes the journal cleanly first, so the log's removal
+        /// may be lost.
         policy: u8,
         /// Randomness for the torn writes.
         seed: u64,
@@ -294,6 +304,11 @@ fn trigger(f: Fault) -> Trigger {
         1 => IoKind::Sync,
         _ => IoKind::SetLen,
     };
+    let file = match (f.kind / 3) % 3 {
+        0 => None,
+        1 => Some(DiskFile::Log),
+        _ => Some(DiskFile::Db),
+    };
     let nth = 1 + u64::from(f.nth % 24);
     let action = match f.action % 6 {
         0 => FaultAction::PowerCut,
@@ -314,7 +329,12 @@ fn trigger(f: Fault) -> Trigger {
             persistent: true,
         },
     };
-    Trigger { kind, nth, action }
+    Trigger {
+        kind,
+        nth,
+        action,
+        file,
+    }
 }
 
 impl Session {
@@ -327,8 +347,13 @@ impl Session {
         };
         cfg.session_window = 1 + u32::from(setup.window % 4);
         cfg.compaction_batch = 1 + usize::from(setup.batch % 4);
-        // Custom backends are always opened exclusively.
-        cfg.sharing = Sharing::Exclusive;
+        if setup.batch >= 128 {
+            cfg.checkpoint_size = Some(64 << 10);
+            cfg.max_result_bytes = CHECKPOINTING_RESULT_BYTES;
+        }
+        // The default configuration (on custom storage redb is opened exclusively either
+        // way; the commit path is the same).
+        cfg.sharing = Sharing::LiveReaders;
         let clock = ManualClock::new(Timestamp::from_millis(T0));
         let disk = FaultDisk::new();
         let journal = open(&cfg, &clock, &disk).map_err(|e| format!("create: {e}"))?;
@@ -421,14 +446,15 @@ impl Session {
                 policy,
                 seed,
             } => {
-                let end = if *power {
-                    End::PowerCut(match policy % 3 {
-                        0 => CutPolicy::KeepAll,
-                        1 => CutPolicy::DropAll,
-                        _ => CutPolicy::Random,
-                    })
-                } else {
-                    End::ProcessCrash
+                let cut = match policy % 3 {
+                    0 => CutPolicy::KeepAll,
+                    1 => CutPolicy::DropAll,
+                    _ => CutPolicy::Random,
+                };
+                let end = match (*power, (policy / 3) % 4) {
+                    (true, 3) => End::CleanThenCut(cut),
+                    (true, _) => End::PowerCut(cut),
+                    (false, _) => End::ProcessCrash,
                 };
                 return self.reopen(end, *seed);
             }
@@ -454,7 +480,12 @@ impl Session {
                 return Ok(());
             }
             Op::ApplyEffect { pick: p } => {
-                if let Some(id) = pick(&self.claimed(Some(false)), *p) {
+                // After a failure the editor applies nothing: a release or completion that
+                // failed may have landed (the claim is then no longer its to act on), and
+                // the process is about to reopen the journal anyway.
+                if !self.poisoned
+                    && let Some(id) = pick(&self.claimed(Some(false)), *p)
+                {
                     self.apply_effect(&id);
                 }
                 return Ok(());
@@ -589,7 +620,19 @@ impl Session {
             Some(s) => self.model.scope_revision(s) + 1,
             None => 1 + u64::from(claim.attempt()),
         };
-        let bytes = format!("{id}/{}@{rev}", claim.attempt()).into_bytes();
+        let mut bytes = format!("{id}/{}@{rev}", claim.attempt()).into_bytes();
+        if self.cfg.max_result_bytes >= CHECKPOINTING_RESULT_BYTES {
+            // Large results: a few of them fill the log.
+            let fill = bytes
+                .iter()
+                .fold(7u8, |a, b| a.wrapping_mul(31).wrapping_add(*b));
+            let len = self.cfg.max_result_bytes as usize * 3 / 4;
+            let mut i = 0u8;
+            while bytes.len() < len {
+                bytes.push(fill.wrapping_add(i));
+                i = i.wrapping_add(1);
+            }
+        }
         self.applied.insert(id.to_string(), None);
         self.effects.insert(id.to_string(), (rev, bytes));
         self.figures.applications += 1;
@@ -719,9 +762,18 @@ impl Session {
                 refused,
             } => {
                 if fired {
-                    return Err(self.fail(format!(
-                        "a fault fired during {desc}, which answered as if nothing happened"
-                    )));
+                    // A fault on the redb file after the call's record was synced (a
+                    // checkpoint) leaves the call durable and poisons the handle; a fault on
+                    // the log must fail the call.
+                    let poisoned = self.journal()?.is_poisoned();
+                    if self.disk.fired_on() != Some(DiskFile::Db) || !poisoned {
+                        return Err(self.fail(format!(
+                            "a fault fired on the {:?} file during {desc}, which answered as if nothing happened (poisoned: {poisoned})",
+                            self.disk.fired_on()
+                        )));
+                    }
+                    self.note(format!("{desc}: a checkpoint after it failed; poisoned"));
+                    self.poisoned = true;
                 }
                 if refused {
                     self.figures.refusals += 1;
@@ -830,17 +882,34 @@ impl Session {
                 stats.syncs_after_fault
             )));
         }
-        let end = if self.disk.fired() && end == End::Clean {
-            End::ProcessCrash
-        } else {
-            end
+        let end = match end {
+            End::Clean if self.disk.fired() => End::ProcessCrash,
+            End::CleanThenCut(p) if self.disk.fired() => End::PowerCut(p),
+            e => e,
         };
         self.note(format!("END {end:?}"));
         let mut rng = seed | 1;
+        // xorshift64: any 64-bit generator will do.
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
         let image = match end {
-            End::Clean => {
+            End::Clean | End::CleanThenCut(_) => {
+                // Closing checkpoints and removes the log (a fault armed may fire now).
                 self.journal = None;
-                self.disk.live_image()
+                match end {
+                    _ if self.disk.is_dead() => {
+                        self.disk.power_cut_image(CutPolicy::Random, &mut next)
+                    }
+                    End::CleanThenCut(policy) => {
+                        self.disk.cut();
+                        self.disk.power_cut_image(policy, &mut next)
+                    }
+                    _ => self.disk.live_image(),
+                }
             }
             End::ProcessCrash => {
                 let image = self.disk.live_image();
@@ -851,13 +920,7 @@ impl Session {
             End::PowerCut(policy) => {
                 self.disk.cut();
                 self.journal = None;
-                self.disk.power_cut_image(policy, &mut || {
-                    // xorshift64: any 64-bit generator will do.
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    rng
-                })
+                self.disk.power_cut_image(policy, &mut next)
             }
         };
         verify_image(&image).map_err(|e| self.fail(format!("after {end:?}: {e}")))?;
@@ -906,6 +969,8 @@ impl Session {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum End {
     Clean,
+    /// Closed cleanly, then the power fails (the log's removal may be lost).
+    CleanThenCut(CutPolicy),
     ProcessCrash,
     PowerCut(CutPolicy),
 }
