@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use opjournal::{ErrorKind, Journal, ManualClock, Sharing, Timestamp};
-use support::driver::{Rng, Stepped, T0, Workload, WorkloadStats, config_for};
+use support::driver::{Rng, SMALL_CHECKPOINT, Stepped, T0, Workload, WorkloadStats, config_for};
 use support::fault_backend::{
     CutPolicy, DiskFile, DiskImage, DiskStats, EIO, ENOSPC, FaultAction, FaultDisk, IoKind, Trigger,
 };
@@ -694,6 +694,373 @@ fn power_cut_during_commit_keeps_the_previous_commit_intact() -> opjournal::Resu
         }
     }
     assert!(torn_runs > 0, "the sweep cut at least one commit");
+    Ok(())
+}
+
+/// A configuration that checkpoints every few completed operations: the smallest
+/// checkpoint size, results of 16 to 32 KiB.
+fn checkpointing() -> ModelConfig {
+    let mut cfg = ModelConfig::small();
+    cfg.checkpoint_size = Some(SMALL_CHECKPOINT);
+    cfg.max_result_bytes = 32 << 10;
+    cfg
+}
+
+/// Reopens a copy of the harness's workload on `image` and checks it against the model;
+/// returns how many uncertain states were lost (0: the newest candidate matched).
+fn reopen_copy(h: &Harness, image: &DiskImage, what: &str) -> Result<u64, String> {
+    verify_image(image).map_err(|e| h.fail(format!("{what}: {e}")))?;
+    let mut w = h.w.clone();
+    w.model.before_reopen();
+    let disk = FaultDisk::from_image(image.clone());
+    let j = open(&h.cfg, w.model.clock(), &disk)
+        .map_err(|e| h.fail(format!("{what}: reopen failed: {e}")))?;
+    let lost_before = w.stats.maybe_lost;
+    w.after_reopen(&j)
+        .map_err(|e| h.fail(format!("{what}: recovery does not match: {e}")))?;
+    // And the journal goes on: one more step, a clean close, a clean file.
+    w.step(&j)
+        .map_err(|e| h.fail(format!("{what}: after the reopen: {e}")))?;
+    drop(j);
+    verify_image(&disk.live_image()).map_err(|e| h.fail(format!("{what}: after closing: {e}")))?;
+    Ok(w.stats.maybe_lost - lost_before)
+}
+
+const POLICIES: [CutPolicy; 3] = [CutPolicy::KeepAll, CutPolicy::DropAll, CutPolicy::Random];
+
+/// Each policy's power-cut image of `disk`, with a fixed generator per policy.
+fn cut_images(disk: &FaultDisk, seed: u64) -> Vec<(CutPolicy, DiskImage)> {
+    POLICIES
+        .iter()
+        .map(|p| {
+            let mut rng = Rng::new(seed ^ *p as u64);
+            (*p, disk.power_cut_image(*p, &mut || rng.next_u64()))
+        })
+        .collect()
+}
+
+#[test]
+fn power_cut_with_the_last_log_append_torn_or_unsynced_keeps_every_acknowledged_call()
+-> Result<(), String> {
+    let (mut landed, mut lost, mut torn) = (0, 0, 0);
+    for seed in 0..12u64 {
+        for (kind, what) in [(IoKind::Sync, "unsynced"), (IoKind::Write, "never written")] {
+            let mut h = Harness::new(0x7041_0000 + seed, checkpointing(), false)?;
+            h.steps_until(5 + seed * 3, |_, _| false)?;
+            h.disk
+                .arm(Trigger::on(DiskFile::Log, kind, 1, FaultAction::PowerCut));
+            let cut = h.steps_until(200, |h, _| h.disk.is_dead())?;
+            assert!(cut, "seed {seed}: no commit reached the log");
+            h.journal = None;
+            let before = h.disk.durable_image();
+            for (policy, image) in cut_images(&h.disk, seed) {
+                if image.log != before.log && image.log != h.disk.live_image().log {
+                    torn += 1;
+                }
+                let n = reopen_copy(
+                    &h,
+                    &image,
+                    &format!("seed {seed}, append {what}, {policy:?}"),
+                )?;
+                if n == 0 { landed += 1 } else { lost += 1 }
+            }
+        }
+    }
+    // The sweep saw the last record kept (a call that failed but landed whole), dropped,
+    // and torn (cut at its first damaged sector).
+    assert!(
+        landed > 0 && lost > 0 && torn > 0,
+        "landed {landed}, lost {lost}, torn {torn}"
+    );
+    Ok(())
+}
+
+#[test]
+fn crash_after_a_log_sync_before_the_checkpoint_replays_the_logged_calls() -> Result<(), String> {
+    let mut cut_during_ok_calls = 0;
+    for seed in 0..8u64 {
+        let mut h = Harness::new(0xC4EC_0000 + seed, checkpointing(), false)?;
+        // The next redb write is the first of the next checkpoint, which runs after the
+        // record of the call that filled the log was synced.
+        h.disk.arm(Trigger::on(
+            DiskFile::Db,
+            IoKind::Write,
+            1,
+            FaultAction::PowerCut,
+        ));
+        let mut answered = None;
+        let cut = h.steps_until(400, |h, st| {
+            if h.disk.is_dead() {
+                answered = Some(st.clone());
+                true
+            } else {
+                false
+            }
+        })?;
+        assert!(cut, "seed {seed}: no checkpoint within 400 steps");
+        if matches!(answered, Some(Stepped::Ok { durable: true })) {
+            cut_during_ok_calls += 1;
+        }
+        h.journal = None;
+        let mut images = cut_images(&h.disk, seed);
+        images.push((CutPolicy::KeepAll, h.disk.live_image()));
+        for (policy, image) in images {
+            assert!(
+                log_holds_records(&image),
+                "the log holds the cycle's records"
+            );
+            reopen_copy(&h, &image, &format!("seed {seed}, {policy:?}"))?;
+        }
+    }
+    assert!(
+        cut_during_ok_calls > 0,
+        "no call answered Ok before its checkpoint was cut"
+    );
+    Ok(())
+}
+
+/// How the first checkpoint of `seed`'s workload writes the redb file: the step that runs
+/// it, and its writes and syncs.
+fn first_checkpoint(seed: u64) -> Result<(u64, u64, u64), String> {
+    let mut h = Harness::new(seed, checkpointing(), false)?;
+    for step in 1..=400 {
+        let before = h.disk.stats().db;
+        h.step()?;
+        let after = h.disk.stats().db;
+        if after.syncs > before.syncs {
+            return Ok((
+                step,
+                after.writes - before.writes,
+                after.syncs - before.syncs,
+            ));
+        }
+    }
+    Err(format!("seed {seed}: no checkpoint in 400 steps"))
+}
+
+#[test]
+fn power_cut_at_every_write_and_sync_of_a_checkpoint_keeps_every_acknowledged_call()
+-> Result<(), String> {
+    let seed = 0xC4EC_5EE0;
+    let (step, writes, syncs) = first_checkpoint(seed)?;
+    assert!(
+        writes >= 2 && syncs >= 1,
+        "a checkpoint writes and syncs redb: {writes} writes, {syncs} syncs"
+    );
+    let mut points = 0;
+    let sweep = (1..=writes + 1)
+        .map(|n| (IoKind::Write, n))
+        .chain((1..=syncs + 1).map(|n| (IoKind::Sync, n)));
+    for (kind, n) in sweep {
+        let mut h = Harness::new(seed, checkpointing(), false)?;
+        h.disk
+            .arm(Trigger::on(DiskFile::Db, kind, n, FaultAction::PowerCut));
+        let cut = h.steps_until(step + 400, |h, _| h.disk.is_dead())?;
+        assert!(cut, "{kind:?} #{n} of the checkpoints was never reached");
+        h.journal = None;
+        for (policy, image) in cut_images(&h.disk, n) {
+            reopen_copy(&h, &image, &format!("redb {kind:?} #{n}, {policy:?}"))?;
+        }
+        points += 1;
+    }
+    assert_eq!(
+        points,
+        writes + syncs + 2,
+        "every write and sync of the checkpoint was cut"
+    );
+    Ok(())
+}
+
+#[test]
+fn crash_right_after_a_checkpoint_ignores_the_last_cycle_left_in_the_log() -> Result<(), String> {
+    for seed in 0..8u64 {
+        let mut h = Harness::new(0x5EC0_0000 + seed, checkpointing(), false)?;
+        // Past one checkpoint, then to the end of the next: the log holds the records of the
+        // cycle just written into redb, and the next record has not been written yet.
+        for _ in 0..2 {
+            let syncs = h.disk.stats().db.syncs;
+            let done = h.steps_until(400, |h, _| h.disk.stats().db.syncs > syncs)?;
+            assert!(done, "seed {seed}: no checkpoint");
+        }
+        h.disk.cut();
+        h.journal = None;
+        let mut images = cut_images(&h.disk, seed);
+        images.push((CutPolicy::KeepAll, h.disk.live_image()));
+        for (policy, image) in images {
+            assert!(
+                log_holds_records(&image),
+                "seed {seed}: the log still holds the last cycle's records"
+            );
+            reopen_copy(
+                &h,
+                &image,
+                &format!("seed {seed}, cut after a checkpoint, {policy:?}"),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_torn_first_record_of_a_cycle_over_the_last_cycle_ends_the_log() -> Result<(), String> {
+    let mut torn = 0;
+    for seed in 0..8u64 {
+        let mut h = Harness::new(0x7EC0_0000 + seed, checkpointing(), false)?;
+        let syncs = h.disk.stats().db.syncs;
+        let done = h.steps_until(400, |h, _| h.disk.stats().db.syncs > syncs)?;
+        assert!(done, "seed {seed}: no checkpoint");
+        // The next record goes where the last cycle's first record is.
+        h.disk.arm(Trigger::on(
+            DiskFile::Log,
+            IoKind::Sync,
+            1,
+            FaultAction::PowerCut,
+        ));
+        let cut = h.steps_until(400, |h, _| h.disk.is_dead())?;
+        assert!(cut, "seed {seed}: no record after the checkpoint");
+        h.journal = None;
+        let stale = h.disk.durable_image();
+        assert!(
+            log_holds_records(&stale),
+            "seed {seed}: the last cycle's records are there"
+        );
+        for (policy, image) in cut_images(&h.disk, seed) {
+            if image.log != stale.log && image.log != h.disk.live_image().log {
+                torn += 1;
+            }
+            reopen_copy(
+                &h,
+                &image,
+                &format!("seed {seed}, first record of a cycle, {policy:?}"),
+            )?;
+        }
+    }
+    assert!(torn > 0, "no record was torn over the last cycle's");
+    Ok(())
+}
+
+#[test]
+fn a_crash_while_the_log_grows_keeps_every_acknowledged_call() -> Result<(), String> {
+    // Results of up to 1.5 MiB: the log (1 MiB at first) doubles when one does not fit,
+    // zeros first, then the record, then one sync.
+    let mut cfg = ModelConfig::small();
+    cfg.max_result_bytes = 3 << 19;
+    let seed = 0x6A0B_0000;
+    let mut h = Harness::new(seed, cfg.clone(), false)?;
+    let mut grow = None;
+    for step in 1..=400u64 {
+        let before = (h.disk.stats().log.writes, h.disk.live_image().log.len());
+        h.step()?;
+        let after = (h.disk.stats().log.writes, h.disk.live_image().log.len());
+        if after.1 > before.1 {
+            grow = Some((step, before.0, after.0));
+            break;
+        }
+    }
+    let (step, w0, w1) = grow.ok_or("the log never grew")?;
+    assert!(w1 - w0 >= 2, "growing wrote zeros, then the record");
+    let points = (1..=w1 - w0)
+        .map(|n| (IoKind::Write, w0 + n))
+        .chain([(IoKind::Sync, 0)]);
+    for (kind, n) in points {
+        let mut h = Harness::new(seed, cfg.clone(), false)?;
+        let trigger = match kind {
+            IoKind::Sync => {
+                // The growing step's sync: run up to it, then cut at the next log sync.
+                h.steps_until(step - 1, |_, _| false)?;
+                Trigger::on(DiskFile::Log, IoKind::Sync, 1, FaultAction::PowerCut)
+            }
+            _ => Trigger::on(
+                DiskFile::Log,
+                IoKind::Write,
+                n - h.disk.stats().log.writes,
+                FaultAction::PowerCut,
+            ),
+        };
+        h.disk.arm(trigger);
+        let cut = h.steps_until(step + 1, |h, _| h.disk.is_dead())?;
+        assert!(cut, "log {kind:?} #{n} not reached");
+        h.journal = None;
+        for (policy, image) in cut_images(&h.disk, n) {
+            reopen_copy(
+                &h,
+                &image,
+                &format!("growing the log, {kind:?} #{n}, {policy:?}"),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_stale_log_of_another_journal_beside_the_redb_file_is_ignored() -> Result<(), String> {
+    let mut rng = Rng::new(1);
+    for seed in 0..4u64 {
+        let mut a = Harness::new(0xA000 + seed, checkpointing(), false)?;
+        a.steps_until(30, |_, _| false)?;
+        let closed = a.finish(End::Clean, &mut rng)?;
+        let mut b = Harness::new(0xB000 + seed, checkpointing(), false)?;
+        b.steps_until(30, |_, _| false)?;
+        let crashed = b.finish(End::ProcessCrash, &mut rng)?;
+        assert!(
+            log_holds_records(&crashed),
+            "the other journal's log holds records"
+        );
+        let mixed = DiskImage {
+            db: closed.db,
+            log: crashed.log,
+        };
+        a.reopen(mixed, &mut rng, false)?;
+        a.steps_until(10, |_, _| false)?;
+        a.close(&mut rng)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_stale_log_of_an_earlier_cycle_beside_the_redb_file_is_ignored() -> Result<(), String> {
+    let mut rng = Rng::new(2);
+    for seed in 0..4u64 {
+        let mut h = Harness::new(0xEA00 + seed, checkpointing(), false)?;
+        h.steps_until(20, |_, _| false)?;
+        let early = h.disk.live_image();
+        assert!(
+            log_holds_records(&early),
+            "records of the cycle in progress"
+        );
+        // Two more checkpoints, so the early cycle is long gone, then a clean close.
+        let syncs = h.disk.stats().db.syncs;
+        let done = h.steps_until(800, |h, _| h.disk.stats().db.syncs >= syncs + 4)?;
+        assert!(done, "seed {seed}: no later checkpoints");
+        let closed = h.finish(End::Clean, &mut rng)?;
+        let mixed = DiskImage {
+            db: closed.db,
+            log: early.log,
+        };
+        h.reopen(mixed, &mut rng, false)?;
+        h.steps_until(10, |_, _| false)?;
+        h.close(&mut rng)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_clean_close_whose_log_removal_is_lost_leaves_a_log_the_next_open_ignores() -> Result<(), String>
+{
+    let mut rng = Rng::new(3);
+    let mut stale = 0;
+    for seed in 0..6u64 {
+        let mut h = Harness::new(0xC105_0000 + seed, checkpointing(), false)?;
+        h.steps_until(40, |_, _| false)?;
+        let image = h.finish(End::CleanThenCut(CutPolicy::DropAll), &mut rng)?;
+        if log_holds_records(&image) {
+            stale += 1;
+        }
+        h.reopen(image, &mut rng, false)?;
+        h.steps_until(10, |_, _| false)?;
+        h.close(&mut rng)?;
+    }
+    assert!(stale > 0, "no close left its log behind");
     Ok(())
 }
 
