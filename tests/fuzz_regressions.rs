@@ -323,3 +323,27 @@ fn repair_keeps_the_format_record_of_a_format_1_journal() -> opjournal::Result<(
     assert!(verified.is_clean(), "{verified:?}");
     Ok(())
 }
+
+/// Found by the stable `open_file` property test once closing a journal checkpoints: on
+/// this damaged file (a mutated seed) the journal opens and answers, but dropping it runs
+/// the close's checkpoint, where redb indexes past a damaged page
+/// (`range end index 5048342 out of range for slice of length 4096`): the panic escaped
+/// `Drop for Journal`, taking the editor down. The close now runs under the storage guard.
+#[test]
+fn dropping_a_journal_on_a_damaged_file_never_panics() {
+    let (_dir, path, _) = damaged_copy("journal-drop-checkpoint-redb-panic-2ce44f88");
+    let outcome = std::panic::catch_unwind(|| {
+        let Ok(journal) = Journal::open(&path) else {
+            return;
+        };
+        if let Ok(intent) = Intent::from_json("fuzz.probe", &serde_json::json!({})) {
+            let op = opjournal::Operation::new("fuzz_probe", intent).scope("fuzz/probe");
+            if let Ok(opjournal::Admission::Fresh(claim)) = journal.submit(op) {
+                let _ = journal.complete(&claim, opjournal::Outcome::failed("probe"));
+            }
+        }
+        let _ = journal.compact();
+        drop(journal);
+    });
+    assert!(outcome.is_ok(), "dropping the journal panicked");
+}

@@ -136,7 +136,9 @@ impl Drop for Journal {
         // so the file is closed when this returns.
         *lock(&self.inner.gate) = true;
         // Best effort: a failure leaves the log in place, and the next open reads it back.
-        let _ = self.inner.close();
+        // Closing checkpoints into redb, which may panic on a damaged file (as every call
+        // that reads or writes it may): contain that, so dropping a journal never panics.
+        let _ = crate::index::guarded("close", || self.inner.close());
     }
 }
 
