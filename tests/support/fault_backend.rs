@@ -150,9 +150,49 @@ pub enum CutPolicy {
 
 #[derive(Clone, Debug)]
 enum Pending {
-    Write { offset: u64, data: Vec<u8> },
+    Write {
+        offset: u64,
+        data: Vec<u8>,
+    },
+    /// A write of zeros (preallocation), kept without its bytes.
+    Zeros {
+        offset: u64,
+        len: u64,
+    },
     SetLen(u64),
     Remove,
+}
+
+impl Pending {
+    /// Applies the write to `image`, whole or, for a torn write, the bytes in `range`
+    /// (offsets in the file).
+    fn apply(&self, image: &mut Image, range: Option<std::ops::Range<u64>>) {
+        let (offset, len) = match self {
+            Pending::Write { offset, data } => (*offset, data.len() as u64),
+            Pending::Zeros { offset, len } => (*offset, *len),
+            Pending::SetLen(len) => return image.set_len(to_usize(*len)),
+            Pending::Remove => return image.set_len(0),
+        };
+        let r = range.unwrap_or(offset..offset + len);
+        let from = to_usize(r.start - offset);
+        let n = to_usize(r.end - r.start);
+        match self {
+            Pending::Write { data, .. } => {
+                image.write(to_usize(r.start), Some(&data[from..from + n]), n);
+            }
+            _ => image.write(to_usize(r.start), None, n),
+        }
+    }
+}
+
+/// Whether `data` is all zeros (compared a block at a time, as `memcmp` does it fast).
+fn is_zeros(data: &[u8]) -> bool {
+    static ZEROS: [u8; 4096] = [0; 4096];
+    data.chunks(ZEROS.len()).all(|c| c == &ZEROS[..c.len()])
+}
+
+fn to_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
 
 /// Counters of one file.
@@ -205,18 +245,164 @@ impl DiskStats {
     }
 }
 
+/// The bytes of one file, in 64 KiB chunks shared between copies until one of them
+/// writes (copy on write); a chunk of zeros takes no memory. Copying an image (a reboot, a
+/// power cut, the durable image at a sync) costs what differs, not the whole file: the log
+/// alone is a megabyte of preallocated zeros.
+#[derive(Clone, Debug, Default)]
+pub struct Image {
+    len: usize,
+    /// `None`: all zeros.
+    chunks: Vec<Option<Arc<Vec<u8>>>>,
+}
+
+/// The size of an image's chunks.
+const CHUNK: usize = 64 << 10;
+
+impl Image {
+    /// An image holding `bytes`.
+    pub fn from_bytes(bytes: &[u8]) -> Image {
+        let chunks = bytes
+            .chunks(CHUNK)
+            .map(|c| {
+                (!is_zeros(c)).then(|| {
+                    let mut v = c.to_vec();
+                    v.resize(CHUNK, 0);
+                    Arc::new(v)
+                })
+            })
+            .collect();
+        Image {
+            len: bytes.len(),
+            chunks,
+        }
+    }
+
+    /// The bytes.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.len];
+        for (i, c) in self.chunks.iter().enumerate() {
+            if let Some(c) = c {
+                let start = i * CHUNK;
+                let end = (start + CHUNK).min(self.len);
+                out[start..end].copy_from_slice(&c[..end - start]);
+            }
+        }
+        out
+    }
+
+    /// The length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes (a file absent or empty).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes in `range`, if it lies within the image.
+    pub fn get(&self, range: std::ops::Range<usize>) -> Option<Vec<u8>> {
+        if range.end > self.len || range.start > range.end {
+            return None;
+        }
+        let mut out = vec![0u8; range.len()];
+        self.read(range.start, &mut out);
+        Some(out)
+    }
+
+    fn read(&self, offset: usize, out: &mut [u8]) {
+        let mut done = 0;
+        while done < out.len() {
+            let at = offset + done;
+            let (i, within) = (at / CHUNK, at % CHUNK);
+            let n = (CHUNK - within).min(out.len() - done);
+            match &self.chunks[i] {
+                Some(c) => out[done..done + n].copy_from_slice(&c[within..within + n]),
+                None => out[done..done + n].fill(0),
+            }
+            done += n;
+        }
+    }
+
+    fn set_len(&mut self, len: usize) {
+        if len < self.len {
+            self.chunks.truncate(len.div_ceil(CHUNK));
+            let tail = len % CHUNK;
+            if tail != 0
+                && let Some(Some(c)) = self.chunks.last_mut()
+            {
+                Arc::make_mut(c)[tail..].fill(0);
+            }
+        } else {
+            self.chunks.resize(len.div_ceil(CHUNK), None);
+        }
+        self.len = len;
+    }
+
+    /// Writes `data` at `offset` (`None`: that many zeros), growing the image if needed.
+    fn write(&mut self, offset: usize, data: Option<&[u8]>, len: usize) {
+        if offset + len > self.len {
+            self.set_len(offset + len);
+        }
+        let mut done = 0;
+        while done < len {
+            let at = offset + done;
+            let (i, within) = (at / CHUNK, at % CHUNK);
+            let n = (CHUNK - within).min(len - done);
+            let chunk = &mut self.chunks[i];
+            match data {
+                Some(d) => {
+                    let c = chunk.get_or_insert_with(|| Arc::new(vec![0u8; CHUNK]));
+                    Arc::make_mut(c)[within..within + n].copy_from_slice(&d[done..done + n]);
+                }
+                None if n == CHUNK => *chunk = None,
+                None => {
+                    if let Some(c) = chunk {
+                        Arc::make_mut(c)[within..within + n].fill(0);
+                    }
+                }
+            }
+            done += n;
+        }
+    }
+}
+
+impl PartialEq for Image {
+    fn eq(&self, other: &Image) -> bool {
+        self.len == other.len
+            && self
+                .chunks
+                .iter()
+                .zip(&other.chunks)
+                .all(|(a, b)| match (a, b) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+                    (None, None) => true,
+                    (Some(c), None) | (None, Some(c)) => is_zeros(c),
+                })
+    }
+}
+
+impl Eq for Image {}
+
+impl From<Vec<u8>> for Image {
+    fn from(bytes: Vec<u8>) -> Image {
+        Image::from_bytes(&bytes)
+    }
+}
+
 /// What a disk holds: the redb file and the log (empty when absent), as a reboot finds them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DiskImage {
     /// The redb file.
-    pub db: Vec<u8>,
+    pub db: Image,
     /// The log file (empty: absent or empty).
-    pub log: Vec<u8>,
+    pub log: Image,
 }
 
 impl DiskImage {
     /// The image of `file`.
-    pub fn file(&self, file: DiskFile) -> &[u8] {
+    pub fn file(&self, file: DiskFile) -> &Image {
         match file {
             DiskFile::Db => &self.db,
             DiskFile::Log => &self.log,
@@ -226,8 +412,8 @@ impl DiskImage {
 
 #[derive(Debug, Default, Clone)]
 struct FileState {
-    live: Vec<u8>,
-    durable: Vec<u8>,
+    live: Image,
+    durable: Image,
     pending: Vec<Pending>,
 }
 
@@ -255,21 +441,8 @@ fn errno(code: i32) -> io::Error {
     io::Error::from_raw_os_error(code)
 }
 
-fn apply_write(image: &mut Vec<u8>, offset: u64, data: &[u8]) {
-    let start = usize::try_from(offset).unwrap_or(usize::MAX);
-    let end = start.saturating_add(data.len());
-    if end > image.len() {
-        image.resize(end, 0);
-    }
-    image[start..end].copy_from_slice(data);
-}
-
-fn set_len(image: &mut Vec<u8>, len: u64) {
-    image.resize(usize::try_from(len).unwrap_or(usize::MAX), 0);
-}
-
 /// `durable` plus the pending changes `policy` lets through.
-fn cut(f: &FileState, policy: CutPolicy, rng: &mut dyn FnMut() -> u64) -> Vec<u8> {
+fn cut(f: &FileState, policy: CutPolicy, rng: &mut dyn FnMut() -> u64) -> Image {
     let mut image = f.durable.clone();
     for p in &f.pending {
         let choice = match policy {
@@ -279,27 +452,28 @@ fn cut(f: &FileState, policy: CutPolicy, rng: &mut dyn FnMut() -> u64) -> Vec<u8
         };
         match (p, choice) {
             (_, 1) => {}
-            (Pending::SetLen(len), _) => set_len(&mut image, *len),
-            (Pending::Remove, _) => image.clear(),
-            (Pending::Write { offset, data }, 0) => apply_write(&mut image, *offset, data),
+            (Pending::SetLen(_) | Pending::Remove, _) | (_, 0) => p.apply(&mut image, None),
             (Pending::Write { offset, data }, _) => {
-                // Torn: each 512-byte sector (aligned to the file) lands or not.
-                let end = offset + data.len() as u64;
-                let mut at = *offset;
-                while at < end {
-                    let sector_end = ((at / SECTOR) + 1) * SECTOR;
-                    let chunk_end = sector_end.min(end);
-                    if rng().is_multiple_of(2) {
-                        let from = (at - offset) as usize;
-                        let to = (chunk_end - offset) as usize;
-                        apply_write(&mut image, at, &data[from..to]);
-                    }
-                    at = chunk_end;
-                }
+                tear(p, *offset, data.len() as u64, &mut image, rng);
             }
+            (Pending::Zeros { offset, len }, _) => tear(p, *offset, *len, &mut image, rng),
         }
     }
     image
+}
+
+/// Applies a torn write: each 512-byte sector (aligned to the file) lands or not.
+fn tear(p: &Pending, offset: u64, len: u64, image: &mut Image, rng: &mut dyn FnMut() -> u64) {
+    let end = offset + len;
+    let mut at = offset;
+    while at < end {
+        let sector_end = ((at / SECTOR) + 1) * SECTOR;
+        let chunk_end = sector_end.min(end);
+        if rng().is_multiple_of(2) {
+            p.apply(image, Some(at..chunk_end));
+        }
+        at = chunk_end;
+    }
 }
 
 impl FaultDisk {
@@ -323,6 +497,7 @@ impl FaultDisk {
                 durable: image.log,
                 pending: Vec::new(),
             };
+            // (Clones share every chunk until one side writes.)
         }
         disk
     }
@@ -482,11 +657,11 @@ impl FaultDisk {
         }
         let live = &s.files[file.index()].live;
         let start = usize::try_from(offset).map_err(|_| errno(EIO))?;
-        let end = start
+        start
             .checked_add(out.len())
             .filter(|e| *e <= live.len())
             .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
-        out.copy_from_slice(&live[start..end]);
+        live.read(start, out);
         Ok(())
     }
 
@@ -494,8 +669,9 @@ impl FaultDisk {
         let mut s = self.lock();
         FaultDisk::admit(&mut s, file, IoKind::SetLen)?;
         let f = &mut s.files[file.index()];
-        set_len(&mut f.live, len);
-        f.pending.push(Pending::SetLen(len));
+        let p = Pending::SetLen(len);
+        p.apply(&mut f.live, None);
+        f.pending.push(p);
         stats_of(&mut s.stats, file).set_lens += 1;
         Ok(())
     }
@@ -504,8 +680,11 @@ impl FaultDisk {
         let mut s = self.lock();
         FaultDisk::admit(&mut s, file, IoKind::Sync)?;
         let f = &mut s.files[file.index()];
-        f.durable = f.live.clone();
-        f.pending.clear();
+        // `durable` with every pending change applied is `live`: applying them costs what
+        // they wrote, where copying `live` would cost the whole file at every sync.
+        for p in std::mem::take(&mut f.pending) {
+            p.apply(&mut f.durable, None);
+        }
         stats_of(&mut s.stats, file).syncs += 1;
         Ok(())
     }
@@ -514,11 +693,20 @@ impl FaultDisk {
         let mut s = self.lock();
         FaultDisk::admit(&mut s, file, IoKind::Write)?;
         let f = &mut s.files[file.index()];
-        apply_write(&mut f.live, offset, data);
-        f.pending.push(Pending::Write {
-            offset,
-            data: data.to_vec(),
-        });
+        // Preallocation writes zeros: kept without their bytes.
+        let p = if is_zeros(data) {
+            Pending::Zeros {
+                offset,
+                len: data.len() as u64,
+            }
+        } else {
+            Pending::Write {
+                offset,
+                data: data.to_vec(),
+            }
+        };
+        p.apply(&mut f.live, None);
+        f.pending.push(p);
         let st = stats_of(&mut s.stats, file);
         st.writes += 1;
         st.bytes_written += data.len() as u64;
@@ -529,7 +717,7 @@ impl FaultDisk {
         let mut s = self.lock();
         FaultDisk::admit(&mut s, file, IoKind::Remove)?;
         let f = &mut s.files[file.index()];
-        f.live.clear();
+        f.live.set_len(0);
         f.pending.push(Pending::Remove);
         stats_of(&mut s.stats, file).removes += 1;
         Ok(())

@@ -27,7 +27,7 @@ pub fn open(
 /// Writes `image` as a journal file at `path` and its log beside it (no log file when the
 /// image's log is empty).
 pub fn write_image(image: &DiskImage, path: &Path) -> std::io::Result<()> {
-    std::fs::write(path, &image.db)?;
+    std::fs::write(path, image.db.to_vec())?;
     let log = FileLog::path_for(path);
     if image.log.is_empty() {
         match std::fs::remove_file(&log) {
@@ -35,7 +35,7 @@ pub fn write_image(image: &DiskImage, path: &Path) -> std::io::Result<()> {
             _ => {}
         }
     } else {
-        std::fs::write(log, &image.log)?;
+        std::fs::write(log, image.log.to_vec())?;
     }
     Ok(())
 }
@@ -62,7 +62,10 @@ pub fn read_image(path: &Path) -> std::io::Result<DiskImage> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(e),
     };
-    Ok(DiskImage { db, log })
+    Ok(DiskImage {
+        db: db.into(),
+        log: log.into(),
+    })
 }
 
 /// Invariant 4 on a disk image, as a reader process sees it: the files written out, then
