@@ -4,6 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
+#[path = "support/fault_backend.rs"]
+mod fault_backend;
+
 use opjournal::check::{RepairOptions, repair};
 use opjournal::{ErrorKind, Inspector, Intent, Journal, canonical_json};
 
@@ -346,4 +349,26 @@ fn dropping_a_journal_on_a_damaged_file_never_panics() {
         drop(journal);
     });
     assert!(outcome.is_ok(), "dropping the journal panicked");
+}
+
+/// The file-path open answers `Corrupt` when redb panics on a damaged page (above); the
+/// open on custom storage (`JournalBuilder::open_backends`, which embedders use for
+/// in-memory or fault-injecting storage and the fuzz targets for speed) did not run under
+/// the storage guard, so the same damaged bytes panicked through it.
+#[test]
+fn open_on_custom_storage_answers_corrupt_when_the_storage_engine_panics() {
+    let bytes = std::fs::read(regression("open_file", "journal-open-redb-panic-d1499e69"))
+        .unwrap_or_else(|e| panic!("regression input: {e}"));
+    let disk = fault_backend::FaultDisk::from_image(fault_backend::DiskImage {
+        db: bytes.into(),
+        log: Vec::new().into(),
+    });
+    let outcome = std::panic::catch_unwind(|| {
+        Journal::builder().open_backends(disk.backend(), disk.log(), "damaged")
+    });
+    match outcome {
+        Ok(Err(e)) => assert!(is_corrupt(e.kind()), "{e:?}"),
+        Ok(Ok(_)) => {} // Debug and release builds of redb differ in what they refuse.
+        Err(_) => panic!("opening damaged custom storage panicked"),
+    }
 }

@@ -106,10 +106,13 @@ impl Journal {
         // Custom backends implement no cross-process locks: open them exclusively.
         cfg.sharing = Sharing::Exclusive;
         let path = Path::new(label);
-        let db = Self::redb_builder(&cfg)
-            .create_with_backend(backend)
-            .map_err(|e| open_error(path, e))?;
-        Self::init(db, Box::new(log), path, cfg)
+        // The storage is input, as a file is: the engine may panic on damaged pages.
+        crate::index::guarded("open", || {
+            let db = Self::redb_builder(&cfg)
+                .create_with_backend(backend)
+                .map_err(|e| open_error(path, e))?;
+            Self::init(db, Box::new(log), path, cfg)
+        })
     }
 
     /// Makes the redb file ready, reads the log's records of the current cycle into the
