@@ -3,9 +3,12 @@
 //! the writer's open, and through `repair`.
 //!
 //! An input is a journal file alone, or a journal file and its log ([`split`]: the
-//! [`PAIR_MAGIC`], the journal's length, the journal, then the log). Both are written to a
-//! directory in memory (`/dev/shm` where there is one): the paths are the product's (the
-//! CLI and editors open files), and no byte of them touches a disk.
+//! [`PAIR_MAGIC`], the journal's length, the journal, then the log). The read-only paths
+//! and repair take paths (as the CLI does): both files are written to a directory in
+//! memory (`/dev/shm` where there is one), so no byte of them touches a disk. The writer's
+//! open of the damaged files runs on the in-memory fault disk
+//! (`tests/support/fault_backend.rs`); after a repair the writer opens the repaired file by
+//! its path, as an editor does.
 //!
 //! Claims checked, besides "never panics" (the fuzzer) and "never hangs" (its timeout):
 //! - no panic outside the storage engine happens, even one that is caught (redb's own
@@ -25,15 +28,14 @@
 use std::path::Path;
 
 use opjournal::check::{RepairOptions, repair};
+
+use crate::fault_backend::{DiskImage, FaultDisk, Image};
 use opjournal::{
     Admission, ErrorKind, FileLog, Inspector, Intent, Journal, ManualClock, Operation,
 };
 
 /// Receipts and events visited per file, so one input cannot take long.
 const MAX_ITEMS: usize = 256;
-
-/// The first bytes of every redb file.
-const REDB_MAGIC: &[u8] = b"redb\x1a\x0a\xa9\x0d\x0a";
 
 /// The first bytes of an input that holds a journal and its log.
 pub const PAIR_MAGIC: &[u8; 8] = b"opj+log\x00";
@@ -204,19 +206,20 @@ fn check_file(bytes: &[u8]) {
         );
     }
 
-    // The writer's open on a copy of the damaged files (a file without redb's signature is
-    // refused before anything reads it, as the inspector refused it above).
-    if db.is_empty() || db.starts_with(REDB_MAGIC) {
-        let writer_copy = dir.path().join("writer.opj");
-        if write(&writer_copy, db, log) {
-            let clock = ManualClock::new(crate::seeds::T0);
-            if let Some(j) = expect_typed(
-                "Journal::open",
-                Journal::builder().clock(clock).open(&writer_copy),
-            ) {
-                exercise_writer(&j);
-            }
-        }
+    // The writer's open on a copy of the damaged files, on a disk in memory (the repaired
+    // journal below is opened by path, as editors do).
+    let copy = FaultDisk::from_image(DiskImage {
+        db: Image::from_bytes(db),
+        log: Image::from_bytes(log.unwrap_or_default()),
+    });
+    let clock = ManualClock::new(crate::seeds::T0);
+    if let Some(j) = expect_typed(
+        "JournalBuilder::open_backends",
+        Journal::builder()
+            .clock(clock)
+            .open_backends(copy.backend(), copy.log(), "damaged copy"),
+    ) {
+        exercise_writer(&j);
     }
 
     // Repair in place; when it succeeds the journal is whole again.
