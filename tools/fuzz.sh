@@ -51,7 +51,7 @@ opts_for() {
         decode_record) echo "-max_len=65536 -timeout=10 -rss_limit_mb=2048" ;;
         intent_json) echo "-max_len=8192 -timeout=10 -rss_limit_mb=2048" ;;
         ops_vs_model) echo "-max_len=2048 -len_control=0 -timeout=30 -rss_limit_mb=2048" ;;
-        open_file) echo "-max_len=524288 -timeout=30 -rss_limit_mb=4096" ;;
+        open_file) echo "-max_len=262144 -timeout=30 -rss_limit_mb=4096" ;;
         *) echo "-timeout=30" ;;
     esac
 }
