@@ -12,11 +12,11 @@ mod guard;
 mod layers;
 mod tables;
 
-pub(crate) use guard::{guarded, panic_message};
-pub(crate) use layers::{Base, Entries, Layered, Layers, Snapshot};
+pub(crate) use guard::guarded;
+pub(crate) use layers::{Base, Layered, Layers, Snapshot};
 pub(crate) use tables::{
     Events, Holds, InDoubt, Memtable, Meta, OpEvents, Quarantine, Receipts, Results, ScopeTimers,
-    Scopes, Table, TableKey, Timers, Windows, table_name,
+    Scopes, Table, TableKey, Timers, Windows,
 };
 
 use std::ops::Bound;
@@ -401,11 +401,6 @@ impl<'a> WriteTables<'a> {
     /// The batch's changes.
     pub(crate) fn into_changes(self) -> Memtable {
         self.own
-    }
-
-    /// The batch's changes so far.
-    pub(crate) fn changes(&self) -> &Memtable {
-        &self.own
     }
 
     fn set<T: Table>(&mut self, key: T::K, value: Option<T::V>) {

@@ -54,7 +54,6 @@ use std::io;
 use std::sync::Mutex;
 
 pub use file::FileLog;
-pub(crate) use file::sync_parent;
 
 /// Where a journal's log lives: a file beside the redb file ([`FileLog`]), or, for tests,
 /// an in-memory or fault-injecting disk passed to
@@ -587,6 +586,7 @@ impl Writer {
     }
 
     /// The log's length on disk.
+    #[cfg(test)]
     pub(crate) fn capacity(&self) -> u64 {
         self.capacity
     }
