@@ -177,7 +177,7 @@ fn dry_run_for(bytes: &[u8]) -> bool {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     bytes.hash(&mut h);
-    h.finish() % 8 == 0
+    h.finish().is_multiple_of(8)
 }
 
 fn check_file(bytes: &[u8]) {
