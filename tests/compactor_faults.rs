@@ -8,7 +8,7 @@ mod fault_backend;
 use std::time::Duration;
 
 use common::{T0, add_light};
-use fault_backend::{EIO, FaultAction, FaultDisk, IoKind, Trigger};
+use fault_backend::{DiskFile, EIO, FaultAction, FaultDisk, IoKind, Trigger};
 use opjournal::{Admission, ErrorKind, Journal, ManualClock, Operation, Outcome};
 
 #[test]
@@ -17,7 +17,7 @@ fn background_compactor_stops_with_the_error_when_a_sync_fails() -> opjournal::R
     let clock = ManualClock::new(T0);
     let journal = Journal::builder().clock(clock.clone()).open_backends(
         disk.backend(),
-        opjournal::MemoryLog::new(),
+        disk.log(),
         "fault-disk",
     )?;
     let Admission::Fresh(claim) = journal.submit(Operation::new("a", add_light("door")))? else {
@@ -25,15 +25,17 @@ fn background_compactor_stops_with_the_error_when_a_sync_fails() -> opjournal::R
     };
     journal.complete(&claim, Outcome::applied(1, Vec::new()))?;
     let handle = journal.spawn_compactor(Duration::from_millis(1));
-    // The next sync fails, and every one after it: the compactor's batch is the next commit.
-    disk.arm(Trigger {
-        kind: IoKind::Sync,
-        nth: 1,
-        action: FaultAction::Fail {
+    // The next sync of the log fails, and every sync after it: the compactor's batch is the
+    // next commit.
+    disk.arm(Trigger::on(
+        DiskFile::Log,
+        IoKind::Sync,
+        1,
+        FaultAction::Fail {
             errno: EIO,
             persistent: true,
         },
-    });
+    ));
     clock.advance(Duration::from_secs(16 * 60));
     let mut waited = 0;
     while !journal.is_poisoned() && waited < 2000 {
@@ -69,6 +71,12 @@ fn background_compactor_stops_with_the_error_when_a_sync_fails() -> opjournal::R
     assert!(matches!(refused.kind(), ErrorKind::Poisoned), "{refused:?}");
     assert!(refused.to_string().contains("open it again"), "{refused}");
     assert!(journal.lookup("a")?.is_some());
+    drop(journal);
+    assert_eq!(
+        disk.stats().syncs_after_fault,
+        0,
+        "the log's failed sync was never retried, not even by closing the journal"
+    );
     Ok(())
 }
 

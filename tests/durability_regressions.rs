@@ -1,8 +1,14 @@
 //! Regression tests for durability bugs found by the seeded crash runs (`tests/crash.rs`),
-//! each named after the claim it protects.
+//! each named after the claim it protects. Those that reopen the journal do it three ways:
+//! a file closed cleanly (a checkpoint, the log removed), and the two-file fault disk
+//! after the process died (the log replayed) or the power failed (only what was synced).
+
+#[path = "support/fault_backend.rs"]
+mod fault_backend;
 
 use std::time::Duration;
 
+use fault_backend::{CutPolicy, FaultDisk};
 use opjournal::{Journal, ManualClock, Timestamp};
 
 // ---------------------------------------------------------------------------------------
@@ -13,13 +19,73 @@ const T0: u64 = 1_767_225_600_000;
 const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 const RESULT_RETENTION: Duration = Duration::from_secs(10);
 
-fn file_journal(dir: &std::path::Path, clock: &ManualClock) -> opjournal::Result<Journal> {
+fn builder(clock: &ManualClock) -> opjournal::JournalBuilder {
     Journal::builder()
         .ack_timeout(ACK_TIMEOUT)
         .result_retention(RESULT_RETENTION)
         .audit_retention(Duration::from_secs(20))
         .clock(clock.clone())
-        .open(dir.join("journal.opj"))
+}
+
+fn file_journal(dir: &std::path::Path, clock: &ManualClock) -> opjournal::Result<Journal> {
+    builder(clock).open(dir.join("journal.opj"))
+}
+
+/// How a regression's journal ends before it is opened again.
+#[derive(Clone, Copy, Debug)]
+enum Reopen {
+    /// A file, closed cleanly.
+    CleanClose,
+    /// The fault disk, the process killed: every write kept, the log replayed.
+    ProcessCrash,
+    /// The fault disk, the power cut: only what was synced kept.
+    PowerCut,
+}
+
+const REOPENS: [Reopen; 3] = [Reopen::CleanClose, Reopen::ProcessCrash, Reopen::PowerCut];
+
+/// Where a regression's journal lives: a file in `dir`, or the fault disk.
+struct Store {
+    dir: tempfile::TempDir,
+    disk: FaultDisk,
+    how: Reopen,
+}
+
+impl Store {
+    fn new(how: Reopen) -> opjournal::Result<Store> {
+        Ok(Store {
+            dir: tempfile::tempdir()?,
+            disk: FaultDisk::new(),
+            how,
+        })
+    }
+
+    fn open(&self, clock: &ManualClock) -> opjournal::Result<Journal> {
+        match self.how {
+            Reopen::CleanClose => file_journal(self.dir.path(), clock),
+            _ => builder(clock).open_backends(self.disk.backend(), self.disk.log(), "fault-disk"),
+        }
+    }
+
+    /// Ends `j` as this store's way says, and opens the journal again.
+    fn reopen(&mut self, j: Journal, clock: &ManualClock) -> opjournal::Result<Journal> {
+        match self.how {
+            Reopen::CleanClose => drop(j),
+            Reopen::ProcessCrash => {
+                let image = self.disk.live_image();
+                self.disk.cut();
+                drop(j);
+                self.disk = FaultDisk::from_image(image);
+            }
+            Reopen::PowerCut => {
+                self.disk.cut();
+                drop(j);
+                let image = self.disk.power_cut_image(CutPolicy::DropAll, &mut || 0);
+                self.disk = FaultDisk::from_image(image);
+            }
+        }
+        self.open(clock)
+    }
 }
 
 fn finished(j: &Journal, id: &str) -> opjournal::Result<()> {
@@ -39,10 +105,17 @@ fn finished(j: &Journal, id: &str) -> opjournal::Result<()> {
 /// receipt changed its `acknowledged_at` from what `acknowledge` had answered.
 #[test]
 fn lazy_acknowledgement_is_committed_with_the_time_it_was_made() -> opjournal::Result<()> {
+    for how in REOPENS {
+        lazy_acknowledgement_committed_as_made(how)?;
+    }
+    Ok(())
+}
+
+fn lazy_acknowledgement_committed_as_made(how: Reopen) -> opjournal::Result<()> {
     use opjournal::{DeliveryState, EventKind};
-    let dir = tempfile::tempdir()?;
+    let mut store = Store::new(how)?;
     let clock = ManualClock::new(Timestamp::from_millis(T0));
-    let j = file_journal(dir.path(), &clock)?;
+    let j = store.open(&clock)?;
     finished(&j, "op-1")?;
     clock.advance(Duration::from_secs(1));
     let acked = j.acknowledge("op-1", Some("tab-1"))?;
@@ -64,13 +137,12 @@ fn lazy_acknowledgement_is_committed_with_the_time_it_was_made() -> opjournal::R
         matches!(ack.kind, EventKind::Acknowledged { late: false }),
         "made before the deadline, so not late: {ack:?}"
     );
-    drop(j);
-    let j = file_journal(dir.path(), &clock)?;
+    let j = store.reopen(j, &clock)?;
     let r = j.lookup("op-1")?.expect("recorded");
     assert_eq!(
         r.acknowledged_at,
         Some(t1),
-        "and so it stays after a reopen"
+        "and so it stays after a reopen ({how:?})"
     );
     Ok(())
 }
@@ -80,10 +152,17 @@ fn lazy_acknowledgement_is_committed_with_the_time_it_was_made() -> opjournal::R
 /// `delivered` vanished without any crash.
 #[test]
 fn lazy_delivery_made_before_retirement_is_kept_when_committed_after() -> opjournal::Result<()> {
+    for how in REOPENS {
+        lazy_delivery_kept_after_retirement(how)?;
+    }
+    Ok(())
+}
+
+fn lazy_delivery_kept_after_retirement(how: Reopen) -> opjournal::Result<()> {
     use opjournal::ExecutionStatus;
-    let dir = tempfile::tempdir()?;
+    let mut store = Store::new(how)?;
     let clock = ManualClock::new(Timestamp::from_millis(T0));
-    let j = file_journal(dir.path(), &clock)?;
+    let j = store.open(&clock)?;
     finished(&j, "op-1")?;
     let shown = j.delivered("op-1")?;
     assert_eq!(shown.delivery_count, 1);
@@ -92,9 +171,12 @@ fn lazy_delivery_made_before_retirement_is_kept_when_committed_after() -> opjour
     let r = j.lookup("op-1")?.expect("the audit record stays");
     assert_eq!(r.status, ExecutionStatus::Retired);
     assert_eq!(r.delivery_count, 1, "the delivery answered Ok is recorded");
-    drop(j);
-    let j = file_journal(dir.path(), &clock)?;
-    assert_eq!(j.lookup("op-1")?.map(|r| r.delivery_count), Some(1));
+    let j = store.reopen(j, &clock)?;
+    assert_eq!(
+        j.lookup("op-1")?.map(|r| r.delivery_count),
+        Some(1),
+        "{how:?}"
+    );
     Ok(())
 }
 

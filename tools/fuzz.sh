@@ -12,6 +12,7 @@
 #   FUZZ_INSTALL=1   `cargo install cargo-fuzz --locked` first if it is missing
 #   FUZZ_TARGET_DIR  cargo's target directory (default fuzz/target), e.g. to keep a stable
 #                    and a nightly build side by side
+#   TMPDIR           where temporary files go (default /dev/shm when it exists)
 #
 # New corpus entries go to fuzz/work/<target>/ (not committed); the committed seeds in
 # fuzz/corpus/<target>/ and fuzz/regressions/<target>/ are read, never written. Crashes go to
@@ -54,6 +55,11 @@ opts_for() {
         *) echo "-timeout=30" ;;
     esac
 }
+
+# The targets write journals and let the library make its temporary copies (verify's page
+# check, repair's dry run): in memory where there is a tmpfs, so no execution waits for a
+# disk.
+if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi
 
 mkdir -p logs
 failed=0

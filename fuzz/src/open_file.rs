@@ -1,23 +1,77 @@
-//! `open_file`: arbitrary and mutated journal files through every read-only path the CLI
-//! uses (`stats`, `ls`, `show`, `log`, `export`, `verify`), through the writer's open,
-//! and through `repair`.
+//! `open_file`: arbitrary and mutated journal files, and logs beside them, through every
+//! read-only path the CLI uses (`stats`, `ls`, `show`, `log`, `export`, `verify`), through
+//! the writer's open, and through `repair`.
+//!
+//! An input is a journal file alone, or a journal file and its log ([`split`]: the
+//! [`PAIR_MAGIC`], the journal's length, the journal, then the log). The read-only paths
+//! and repair take paths (as the CLI does): both files are written to a directory in
+//! memory (`/dev/shm` where there is one), so no byte of them touches a disk. The writer's
+//! open of the damaged files runs on the in-memory fault disk
+//! (`tests/support/fault_backend.rs`); after a repair the writer opens the repaired file by
+//! its path, as an editor does.
 //!
 //! Claims checked, besides "never panics" (the fuzzer) and "never hangs" (its timeout):
 //! - no panic outside the storage engine happens, even one that is caught (redb's own
 //!   panics on damaged pages are caught by the library and answered `Corrupt`; see
 //!   [`crate::panics`]);
 //! - every call answers `Ok` or a typed error of a kind that file damage can cause;
-//! - the read-only paths and a dry-run repair leave the file's bytes unchanged;
-//! - after a repair that succeeded, the journal opens, `verify` is clean, a writer can
-//!   open it and submit, and `verify` is still clean after that writer closes.
+//! - the read-only paths and a dry-run repair leave both files' bytes unchanged, and
+//!   create no log where there was none;
+//! - after a repair that succeeded, the journal opens, a writer can open it and submit,
+//!   and `verify` is clean after that writer closes.
+//!
+//! The expensive checks run where they can find something: `verify` (which copies the
+//! file and checks every redb page) runs once on the input and once at the end of a
+//! repair that succeeded; the dry-run repair (a full repair of a copy) runs for one
+//! input in eight, chosen by the input's bytes.
 
 use std::path::Path;
 
-use opjournal::{Admission, ErrorKind, Inspector, Intent, Journal, ManualClock, Operation};
 use opjournal::{RepairOptions, repair};
+
+use crate::fault_backend::{DiskImage, FaultDisk, Image};
+use opjournal::{
+    Admission, ErrorKind, FileLog, Inspector, Intent, Journal, ManualClock, Operation,
+};
 
 /// Receipts and events visited per file, so one input cannot take long.
 const MAX_ITEMS: usize = 256;
+
+/// The first bytes of an input that holds a journal and its log.
+pub const PAIR_MAGIC: &[u8; 8] = b"opj+log\x00";
+
+/// The journal and, if the input holds one, its log.
+pub fn split(bytes: &[u8]) -> (&[u8], Option<&[u8]>) {
+    let Some(rest) = bytes.strip_prefix(PAIR_MAGIC.as_slice()) else {
+        return (bytes, None);
+    };
+    let Some((len, rest)) = rest.split_first_chunk::<4>() else {
+        return (bytes, None);
+    };
+    let len = (u32::from_le_bytes(*len) as usize).min(rest.len());
+    let (db, log) = rest.split_at(len);
+    (db, Some(log))
+}
+
+/// An input holding `db` and its `log`.
+pub fn join(db: &[u8], log: &[u8]) -> Vec<u8> {
+    let mut out = PAIR_MAGIC.to_vec();
+    out.extend_from_slice(&u32::try_from(db.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(db);
+    out.extend_from_slice(log);
+    out
+}
+
+/// A temporary directory in memory where there is one.
+pub fn scratch_dir() -> std::io::Result<tempfile::TempDir> {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir()
+        && let Ok(dir) = tempfile::Builder::new().prefix("opj-fuzz-").tempdir_in(shm)
+    {
+        return Ok(dir);
+    }
+    tempfile::tempdir()
+}
 
 /// Whether `kind` is an error that a damaged or foreign file may cause. Refusals
 /// (`InvalidInput`, `StaleClaim`, ...) and `Locked` (no other handle exists here) are not.
@@ -46,8 +100,9 @@ fn expect_typed<T>(what: &str, r: opjournal::Result<T>) -> Option<T> {
     }
 }
 
-/// Every read-only path of the CLI, on `path`. Returns whether the file opened.
-pub fn inspect_everything(path: &Path) -> bool {
+/// Every read-only path of the CLI, on `path`; `verify` too when asked. Returns whether
+/// the file opened.
+pub fn inspect_everything(path: &Path, verify: bool) -> bool {
     let Some(insp) = expect_typed("Inspector::open", Inspector::open(path)) else {
         return false;
     };
@@ -82,15 +137,30 @@ pub fn inspect_everything(path: &Path) -> bool {
         let _ = expect_typed("result", insp.result(id));
         let _ = expect_typed("history", insp.history(id));
     }
-    let _ = expect_typed("verify", opjournal::verify_inspected(&insp, &mut |_, _| {}));
+    if verify {
+        let _ = expect_typed(
+            "verify",
+            opjournal::verify_inspected(&insp, &mut |_, _| {}),
+        );
+    }
     true
 }
 
-fn read(path: &Path) -> Vec<u8> {
-    std::fs::read(path).unwrap_or_default()
+/// The journal's and its log's bytes (`None`: absent).
+fn read(path: &Path) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+    (
+        std::fs::read(path).ok(),
+        std::fs::read(FileLog::path_for(path)).ok(),
+    )
 }
 
-/// Checks the claims of this module on a file holding `bytes`.
+/// Writes the journal and, if given, its log.
+fn write(path: &Path, db: &[u8], log: Option<&[u8]>) -> bool {
+    std::fs::write(path, db).is_ok()
+        && log.is_none_or(|log| std::fs::write(FileLog::path_for(path), log).is_ok())
+}
+
+/// Checks the claims of this module on an input holding `bytes`.
 ///
 /// # Panics
 ///
@@ -101,49 +171,66 @@ pub fn check(bytes: &[u8]) {
     });
 }
 
+/// One input in eight (by its bytes) also gets a dry-run repair (a full repair of a copy:
+/// its claim is only that the file is left alone).
+fn dry_run_for(bytes: &[u8]) -> bool {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish().is_multiple_of(8)
+}
+
 fn check_file(bytes: &[u8]) {
-    let Ok(dir) = tempfile::tempdir() else {
+    let (db, log) = split(bytes);
+    let Ok(dir) = scratch_dir() else {
         return;
     };
     let path = dir.path().join("journal.opj");
-    if std::fs::write(&path, bytes).is_err() {
+    if !write(&path, db, log) {
         return;
     }
+    let original = read(&path);
 
-    // Read-only paths: bytes unchanged.
-    inspect_everything(&path);
-    assert!(read(&path) == bytes, "a read-only path modified the file");
-    let mut dry = RepairOptions::default();
-    dry.dry_run = true;
-    let _ = expect_typed("repair (dry run)", repair(&path, &dry, &mut |_, _| {}));
-    assert!(read(&path) == bytes, "a dry-run repair modified the file");
+    // Read-only paths: bytes unchanged, and no log created.
+    inspect_everything(&path, true);
+    assert!(
+        read(&path) == original,
+        "a read-only path modified the journal or its log"
+    );
+    if dry_run_for(bytes) {
+        let mut dry = RepairOptions::default();
+        dry.dry_run = true;
+        let _ = expect_typed("repair (dry run)", repair(&path, &dry, &mut |_, _| {}));
+        assert!(
+            read(&path) == original,
+            "a dry-run repair modified the journal or its log"
+        );
+    }
 
-    // The writer's open on a copy of the damaged file.
-    let writer_copy = dir.path().join("writer.opj");
-    if std::fs::write(&writer_copy, bytes).is_ok() {
-        let clock = ManualClock::new(crate::seeds::T0);
-        if let Some(j) = expect_typed(
-            "Journal::open",
-            Journal::builder().clock(clock).open(&writer_copy),
-        ) {
-            exercise_writer(&j);
-        }
+    // The writer's open on a copy of the damaged files, on a disk in memory (the repaired
+    // journal below is opened by path, as editors do).
+    let copy = FaultDisk::from_image(DiskImage {
+        db: Image::from_bytes(db),
+        log: Image::from_bytes(log.unwrap_or_default()),
+    });
+    let clock = ManualClock::new(crate::seeds::T0);
+    if let Some(j) = expect_typed(
+        "JournalBuilder::open_backends",
+        Journal::builder()
+            .clock(clock)
+            .open_backends(copy.backend(), copy.log(), "damaged copy"),
+    ) {
+        exercise_writer(&j);
     }
 
     // Repair in place; when it succeeds the journal is whole again.
     let mut options = RepairOptions::default();
     options.backup = false;
     if expect_typed("repair", repair(&path, &options, &mut |_, _| {})).is_some() {
-        let insp = Inspector::open(&path)
-            .unwrap_or_else(|e| panic!("a repaired journal does not open: {e:?}"));
-        let report = opjournal::verify_inspected(&insp, &mut |_, _| {})
-            .unwrap_or_else(|e| panic!("verify fails on a repaired journal: {e:?}"));
-        assert!(
-            report.findings.is_empty(),
-            "verify finds problems in a repaired journal: {:?}",
-            report.findings
+        drop(
+            Inspector::open(&path)
+                .unwrap_or_else(|e| panic!("a repaired journal does not open: {e:?}")),
         );
-        drop(insp);
         let clock = ManualClock::new(crate::seeds::T0);
         let j = Journal::builder()
             .clock(clock)
@@ -151,13 +238,15 @@ fn check_file(bytes: &[u8]) {
             .unwrap_or_else(|e| panic!("a repaired journal does not open for writing: {e:?}"));
         exercise_writer(&j);
         drop(j);
+        // One verify covers both claims: a problem repair left is still there after a
+        // writer's use (which only adds records).
         let insp = Inspector::open(&path)
             .unwrap_or_else(|e| panic!("a repaired, reopened journal does not open: {e:?}"));
         let report = opjournal::verify_inspected(&insp, &mut |_, _| {})
             .unwrap_or_else(|e| panic!("verify fails on a repaired, reopened journal: {e:?}"));
         assert!(
             report.findings.is_empty(),
-            "verify finds problems after a writer used a repaired journal: {:?}",
+            "verify finds problems after repair and a writer's use: {:?}",
             report.findings
         );
     }
@@ -169,7 +258,15 @@ fn exercise_writer(j: &Journal) {
     let _ = expect_typed("in_doubt", j.in_doubt());
     let _ = expect_typed("due_redeliveries", j.due_redeliveries(16));
     let _ = expect_typed("undelivered", j.undelivered("tab-1"));
-    for id in ["op_0", "op_1", "op_2", "op_running", "op_lease", "aged_1"] {
+    for id in [
+        "op_0",
+        "op_1",
+        "op_2",
+        "op_running",
+        "op_lease",
+        "aged_1",
+        "op_logged_0",
+    ] {
         let _ = expect_typed("lookup", j.lookup(id));
         let _ = expect_typed("result", j.result(id));
         let _ = expect_typed("history", j.history(id));

@@ -1,14 +1,18 @@
 //! `ops_vs_model`: an arbitrary sequence of API calls against the reference model
-//! (`tests/support/model.rs`), on a disk that injects I/O errors and power cuts
-//! (`tests/support/fault_backend.rs`).
+//! (`tests/support/model.rs`), on a disk in memory that holds the journal's two files (the
+//! redb file and the log) and injects I/O errors and power cuts
+//! (`tests/support/fault_backend.rs`), in the default configuration.
 //!
 //! Every public operation is reachable: submit (fresh, resubmitted, other intent, stale
 //! base, busy scope, full window, bad input), complete (applied, failed, too large, not
 //! forward), release, extend the lease, resolve, delivered, acknowledge, advance a
 //! revision, lookup, result, undelivered, in_doubt, due redeliveries, compact, flush;
 //! clock jumps forward and back; clean close and reopen; process crash and power cut
-//! (unsynced writes kept, dropped or torn); an I/O error (EIO or ENOSPC, once or from then
-//! on) armed at the Nth write, length change or sync.
+//! (unsynced writes of either file kept, dropped or torn), also right after a clean close
+//! (the log's removal lost); an I/O error (EIO or ENOSPC, once or from then on) or a power
+//! cut armed at the Nth write, length change or sync of the log, the redb file or either.
+//! Half the setups use the smallest checkpoint size with large results, so checkpoints
+//! (and faults during them) come every few calls.
 //!
 //! Claims checked:
 //! - every answer is the model's (a value or a predicted refusal), and a full comparison
@@ -17,12 +21,19 @@
 //!   journal never hands out `Fresh` again for an id whose effect was applied and whose
 //!   audit record has not aged out; a `Replay` carries the recorded result (compared by
 //!   the model) and is marked as a replay;
-//! - a fault never goes unreported (a call during which one fired does not return `Ok`),
-//!   a failed commit poisons the handle, a poisoned handle refuses writes and never syncs
-//!   again;
+//! - a fault never goes unreported (a call during which a fault on the log fired does not
+//!   return `Ok`; one during a checkpoint, after the call's record was synced, poisons the
+//!   handle), a failed commit poisons the handle, a poisoned handle refuses writes and
+//!   never syncs the failed file again;
 //! - after every reopen the journal equals one state the crash may have left (every
-//!   durable `Ok` kept, never a mix), effects the editor applied are recorded or in doubt
-//!   (never forgotten), and `verify` finds the file clean.
+//!   durable `Ok` kept, never a mix), and effects the editor applied are recorded or in
+//!   doubt (never forgotten);
+//! - `verify` finds the files clean, as a reader process sees them (written out, and left
+//!   unchanged by it): after a crash in the middle of a redb write (a checkpoint), where
+//!   only it can judge them, and at the end of every input. (It copies the file and checks
+//!   every redb page: the expensive part, kept where it can find something.)
+//!
+//! Every input starts from a copy of one new journal made once per process.
 //!
 //! The model and the disk are shared with the reliability tests; this file includes them
 //! through the crate root (`crate::model`, `crate::fault_backend`).
@@ -33,7 +44,9 @@ use std::time::Duration;
 use arbitrary::{Arbitrary, Unstructured};
 use opjournal::{Claim, Journal, ManualClock, ScopeLock, Sharing, Timestamp};
 
-use crate::fault_backend::{CutPolicy, EIO, ENOSPC, FaultAction, FaultDisk, IoKind, Trigger};
+use crate::fault_backend::{
+    CutPolicy, DiskFile, DiskImage, EIO, ENOSPC, FaultAction, FaultDisk, IoKind, Trigger,
+};
 use crate::images::{open, verify_image};
 use crate::model::{
     Call, ErrView, Model, ModelConfig, OpSpec, OutcomeSpec, Recovery, ResolutionSpec, StepResult,
@@ -43,7 +56,7 @@ use crate::model::{
 pub const T0: u64 = 1_767_225_600_000;
 /// Operations per input, at most (longer inputs are cut).
 pub const MAX_OPS: usize = 96;
-/// Reopens per input, at most (each verifies the file: the expensive part).
+/// Reopens per input, at most.
 pub const MAX_REOPENS: usize = 6;
 
 const IDS: [&str; 6] = ["op-0", "op-1", "op-2", "op-3", "op-4", "op-5"];
@@ -57,9 +70,14 @@ pub struct Setup {
     pub hold_until_ack: bool,
     /// Session window: 1 + this % 4.
     pub window: u8,
-    /// Compaction batch: 1 + this % 4.
+    /// Compaction batch: 1 + this % 4; from 128 on, also the smallest checkpoint size
+    /// (64 KiB) with results of up to 16 KiB, so that a few completed operations fill the
+    /// log and checkpoints (and faults during them) are frequent.
     pub batch: u8,
 }
+
+/// The largest result with small checkpoints.
+const CHECKPOINTING_RESULT_BYTES: u64 = 16 << 10;
 
 /// How a submit names its base revision.
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -77,7 +95,8 @@ pub enum Base {
 /// A fault to arm on the disk.
 #[derive(Arbitrary, Debug, Clone, Copy)]
 pub struct Fault {
-    /// Write, set_len or sync.
+    /// Write, set_len or sync (this % 3), of either file, the log or the redb file
+    /// (this / 3 % 3).
     pub kind: u8,
     /// Which one fires, counted from now.
     pub nth: u8,
@@ -197,7 +216,9 @@ pub enum Op {
     Crash {
         /// A power cut rather than a process crash.
         power: bool,
-        /// Keep all, drop all, or each independently.
+        /// Keep all, drop all, or each independently (this % 3); with a power cut, one in
+        /// four (this / 3 % 4 == 3) closes the journal cleanly first, so the log's removal
+        /// may be lost.
         policy: u8,
         /// Randomness for the torn writes.
         seed: u64,
@@ -248,8 +269,10 @@ pub struct Figures {
     pub failures: u64,
     /// Writes refused by a poisoned handle.
     pub poisoned_refusals: u64,
-    /// Reopens (clean, crash or power cut), each verified.
+    /// Reopens (clean, crash or power cut), each compared with the model.
     pub reopens: u64,
+    /// Disk images verified (`verify` on the files, as a reader process sees them).
+    pub verified: u64,
     /// Replays answered.
     pub replays: u64,
 }
@@ -294,6 +317,11 @@ fn trigger(f: Fault) -> Trigger {
         1 => IoKind::Sync,
         _ => IoKind::SetLen,
     };
+    let file = match (f.kind / 3) % 3 {
+        0 => None,
+        1 => Some(DiskFile::Log),
+        _ => Some(DiskFile::Db),
+    };
     let nth = 1 + u64::from(f.nth % 24);
     let action = match f.action % 6 {
         0 => FaultAction::PowerCut,
@@ -314,7 +342,12 @@ fn trigger(f: Fault) -> Trigger {
             persistent: true,
         },
     };
-    Trigger { kind, nth, action }
+    Trigger {
+        kind,
+        nth,
+        action,
+        file,
+    }
 }
 
 impl Session {
@@ -327,11 +360,16 @@ impl Session {
         };
         cfg.session_window = 1 + u32::from(setup.window % 4);
         cfg.compaction_batch = 1 + usize::from(setup.batch % 4);
-        // Custom backends are always opened exclusively.
-        cfg.sharing = Sharing::Exclusive;
+        if setup.batch >= 128 {
+            cfg.checkpoint_size = Some(64 << 10);
+            cfg.max_result_bytes = CHECKPOINTING_RESULT_BYTES;
+        }
+        // The default configuration (on custom storage redb is opened exclusively either
+        // way; the commit path is the same).
+        cfg.sharing = Sharing::LiveReaders;
         let clock = ManualClock::new(Timestamp::from_millis(T0));
-        let disk = FaultDisk::new();
-        let journal = open(&cfg, &clock, &disk).map_err(|e| format!("create: {e}"))?;
+        let disk = FaultDisk::from_image(pristine()?);
+        let journal = open(&cfg, &clock, &disk).map_err(|e| format!("open: {e}"))?;
         let model = Model::new(cfg.clone(), clock.clone());
         let recovery = Recovery::new(&model);
         Ok(Session {
@@ -421,14 +459,15 @@ impl Session {
                 policy,
                 seed,
             } => {
-                let end = if *power {
-                    End::PowerCut(match policy % 3 {
-                        0 => CutPolicy::KeepAll,
-                        1 => CutPolicy::DropAll,
-                        _ => CutPolicy::Random,
-                    })
-                } else {
-                    End::ProcessCrash
+                let cut = match policy % 3 {
+                    0 => CutPolicy::KeepAll,
+                    1 => CutPolicy::DropAll,
+                    _ => CutPolicy::Random,
+                };
+                let end = match (*power, (policy / 3) % 4) {
+                    (true, 3) => End::CleanThenCut(cut),
+                    (true, _) => End::PowerCut(cut),
+                    (false, _) => End::ProcessCrash,
                 };
                 return self.reopen(end, *seed);
             }
@@ -454,7 +493,12 @@ impl Session {
                 return Ok(());
             }
             Op::ApplyEffect { pick: p } => {
-                if let Some(id) = pick(&self.claimed(Some(false)), *p) {
+                // After a failure the editor applies nothing: a release or completion that
+                // failed may have landed (the claim is then no longer its to act on), and
+                // the process is about to reopen the journal anyway.
+                if !self.poisoned
+                    && let Some(id) = pick(&self.claimed(Some(false)), *p)
+                {
                     self.apply_effect(&id);
                 }
                 return Ok(());
@@ -599,7 +643,19 @@ impl Session {
             Some(s) => self.model.scope_revision(s) + 1,
             None => 1 + u64::from(claim.attempt()),
         };
-        let bytes = format!("{id}/{}@{rev}", claim.attempt()).into_bytes();
+        let mut bytes = format!("{id}/{}@{rev}", claim.attempt()).into_bytes();
+        if self.cfg.max_result_bytes >= CHECKPOINTING_RESULT_BYTES {
+            // Large results: a few of them fill the log.
+            let fill = bytes
+                .iter()
+                .fold(7u8, |a, b| a.wrapping_mul(31).wrapping_add(*b));
+            let len = self.cfg.max_result_bytes as usize * 3 / 4;
+            let mut i = 0u8;
+            while bytes.len() < len {
+                bytes.push(fill.wrapping_add(i));
+                i = i.wrapping_add(1);
+            }
+        }
         self.applied.insert(id.to_string(), None);
         self.effects.insert(id.to_string(), (rev, bytes));
         self.figures.applications += 1;
@@ -733,9 +789,18 @@ impl Session {
                 refused,
             } => {
                 if fired {
-                    return Err(self.fail(format!(
-                        "a fault fired during {desc}, which answered as if nothing happened"
-                    )));
+                    // A fault on the redb file after the call's record was synced (a
+                    // checkpoint) leaves the call durable and poisons the handle; a fault on
+                    // the log must fail the call.
+                    let poisoned = self.journal()?.is_poisoned();
+                    if self.disk.fired_on() != Some(DiskFile::Db) || !poisoned {
+                        return Err(self.fail(format!(
+                            "a fault fired on the {:?} file during {desc}, which answered as if nothing happened (poisoned: {poisoned})",
+                            self.disk.fired_on()
+                        )));
+                    }
+                    self.note(format!("{desc}: a checkpoint after it failed; poisoned"));
+                    self.poisoned = true;
                 }
                 if refused {
                     self.figures.refusals += 1;
@@ -844,17 +909,39 @@ impl Session {
                 stats.syncs_after_fault
             )));
         }
-        let end = if self.disk.fired() && end == End::Clean {
-            End::ProcessCrash
-        } else {
-            end
+        let end = match end {
+            End::Clean if self.disk.fired() => End::ProcessCrash,
+            End::CleanThenCut(p) if self.disk.fired() => End::PowerCut(p),
+            e => e,
         };
         self.note(format!("END {end:?}"));
+        // A crash in the middle of a redb write (a checkpoint) is where the files can be
+        // left in a state only `verify` judges (redb's own recovery, the indexes): the
+        // image is verified then, and at the end of the input; after the other ends the
+        // comparison with the model below is the check.
+        let redb_torn = end != End::Clean && self.disk.pending_ops_of(DiskFile::Db) > 0;
         let mut rng = seed | 1;
+        // xorshift64: any 64-bit generator will do.
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
         let image = match end {
-            End::Clean => {
+            End::Clean | End::CleanThenCut(_) => {
+                // Closing checkpoints and removes the log (a fault armed may fire now).
                 self.journal = None;
-                self.disk.live_image()
+                match end {
+                    _ if self.disk.is_dead() => {
+                        self.disk.power_cut_image(CutPolicy::Random, &mut next)
+                    }
+                    End::CleanThenCut(policy) => {
+                        self.disk.cut();
+                        self.disk.power_cut_image(policy, &mut next)
+                    }
+                    _ => self.disk.live_image(),
+                }
             }
             End::ProcessCrash => {
                 let image = self.disk.live_image();
@@ -865,16 +952,13 @@ impl Session {
             End::PowerCut(policy) => {
                 self.disk.cut();
                 self.journal = None;
-                self.disk.power_cut_image(policy, &mut || {
-                    // xorshift64: any 64-bit generator will do.
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    rng
-                })
+                self.disk.power_cut_image(policy, &mut next)
             }
         };
-        verify_image(&image).map_err(|e| self.fail(format!("after {end:?}: {e}")))?;
+        if redb_torn {
+            verify_image(&image).map_err(|e| self.fail(format!("after {end:?}: {e}")))?;
+            self.figures.verified += 1;
+        }
         self.disk = FaultDisk::from_image(image);
         self.fault_armed = false;
         self.model.before_reopen();
@@ -920,8 +1004,32 @@ impl Session {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum End {
     Clean,
+    /// Closed cleanly, then the power fails (the log's removal may be lost).
+    CleanThenCut(CutPolicy),
     ProcessCrash,
     PowerCut(CutPolicy),
+}
+
+/// A new journal's files, made once per process: every input starts from a copy (on a
+/// disk in memory), so no execution pays for creating one. The log is the one the
+/// journal's first open prepared (a header, preallocated zeros), left beside the file
+/// after the journal closed cleanly: the next open uses it as it is.
+fn pristine() -> Result<DiskImage, String> {
+    static PRISTINE: std::sync::OnceLock<Result<DiskImage, String>> = std::sync::OnceLock::new();
+    PRISTINE
+        .get_or_init(|| {
+            let clock = ManualClock::new(Timestamp::from_millis(T0));
+            let disk = FaultDisk::new();
+            let journal =
+                open(&ModelConfig::small(), &clock, &disk).map_err(|e| format!("create: {e}"))?;
+            let log = disk.live_image().log;
+            drop(journal);
+            Ok(DiskImage {
+                db: disk.live_image().db,
+                log,
+            })
+        })
+        .clone()
 }
 
 /// Runs one input. `Err` describes the violated claim and the steps that led to it.
@@ -951,6 +1059,7 @@ pub fn run(input: &Input) -> Result<Figures, String> {
     s.disk.heal();
     s.journal = None;
     verify_image(&s.disk.live_image()).map_err(|e| s.fail(format!("final image: {e}")))?;
+    s.figures.verified += 1;
     Ok(s.figures)
 }
 

@@ -3,9 +3,9 @@
 //! redb trusts its pages and may panic on a damaged file (an `unreachable!`, a slice out
 //! of range); the library catches those around its storage calls and answers
 //! `ErrorKind::Corrupt`. libFuzzer, though, aborts on any panic, caught or not. This hook
-//! lets the engine's panics through quietly (remembering the last one, with a backtrace)
-//! and treats every other panic as a finding: printed, counted per thread, and, under the
-//! fuzzer, fatal. [`escaped`] runs a closure and turns a storage-engine panic that the
+//! lets the engine's panics through quietly (remembering the last one, and with
+//! `OPJ_FUZZ_BACKTRACE=1` its backtrace) and treats every other panic as a finding:
+//! printed, counted per thread, and, under the fuzzer, fatal. [`escaped`] runs a closure and turns a storage-engine panic that the
 //! library did not catch into a finding that names it.
 
 use std::cell::{Cell, RefCell};
@@ -29,7 +29,14 @@ pub fn install(abort: bool) {
         let default_hook = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             if info.location().is_some_and(|l| in_storage_engine(l.file())) {
-                let what = format!("{info}\n{}", std::backtrace::Backtrace::force_capture());
+                // A backtrace costs milliseconds, and damaged files make the engine panic
+                // often (caught): taken only when asked for, to look into a finding.
+                let trace = if std::env::var_os("OPJ_FUZZ_BACKTRACE").is_some() {
+                    std::backtrace::Backtrace::force_capture().to_string()
+                } else {
+                    "(set OPJ_FUZZ_BACKTRACE=1 for the backtrace)".to_string()
+                };
+                let what = format!("{info}\n{trace}");
                 LAST_ENGINE_PANIC.with(|p| *p.borrow_mut() = Some(what));
                 return;
             }
@@ -49,7 +56,7 @@ pub fn ours() -> usize {
 
 /// Runs `f`. A panic that escapes it is a finding; if it came from the storage engine
 /// (which the library should have caught), the finding carries the engine's message and
-/// backtrace, which the quiet hook did not print.
+/// backtrace (with `OPJ_FUZZ_BACKTRACE=1`), which the quiet hook did not print.
 ///
 /// # Panics
 ///

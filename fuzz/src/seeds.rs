@@ -137,10 +137,56 @@ pub fn write_empty(path: &Path) -> opjournal::Result<()> {
     Ok(())
 }
 
+/// A journal (the editor session of [`write_session`], or with `cycles` a new one) reopened
+/// with the smallest checkpoint size, then more calls, and the process dies: the files as
+/// it leaves them, the journal and its log (`(db, log)`). With `cycles`, enough large
+/// results to checkpoint once: the log then holds records of the next cycle over the rest
+/// of the last one's. (Each stays under the fuzzer's 256 KiB input limit.)
+pub fn write_crashed(path: &Path, cycles: bool) -> opjournal::Result<(Vec<u8>, Vec<u8>)> {
+    if cycles {
+        write_empty(path)?;
+    } else {
+        write_session(path)?;
+    }
+    let clock = ManualClock::new(T0.saturating_add(Duration::from_secs(600)));
+    let j = Journal::builder()
+        .clock(clock.clone())
+        .checkpoint_size(64 << 10)
+        .max_result_bytes(16 << 10)
+        .open(path)?;
+    // Many small operations fill the memtable (its entries count with their overhead)
+    // before the log: a checkpoint comes with little data, keeping the seed small.
+    let calls = if cycles { 48 } else { 3 };
+    for n in 0..calls {
+        let op = Operation::new(format!("op_logged_{n}"), intent("scene.paint", n)?)
+            .scope(format!("scene/layer-{n}"))
+            .session("tab-2");
+        let claim = fresh(&j, op)?;
+        clock.advance(Duration::from_millis(100));
+        j.complete(&claim, Outcome::applied(1, vec![b'a' + (n % 26) as u8; 64]))?;
+        j.delivered(claim.operation_id())?;
+    }
+    let running = Operation::new("op_logged_running", intent("scene.paint", 99)?);
+    let _ = fresh(&j, running)?;
+    j.flush()?;
+    let log = opjournal::FileLog::path_for(path);
+    let mut log = std::fs::read(log).map_err(opjournal::Error::from)?;
+    // The log is preallocated with zeros: without them it reads the same (its records end
+    // where the file does), and the seed stays small enough for the fuzzer's input limit.
+    let used = log.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
+    log.truncate(used.next_multiple_of(512).max(4096));
+    let files = (std::fs::read(path).map_err(opjournal::Error::from)?, log);
+    // Dropping the journal now closes it cleanly; the copy above is what a crash left.
+    drop(j);
+    Ok(files)
+}
+
 /// Writes one seed journal at a path.
 type Builder = fn(&Path) -> opjournal::Result<()>;
 
-/// Every seed journal, as `(name, bytes)`.
+/// Every seed input of `open_file`, as `(name, bytes)`: the journals closed cleanly
+/// (`*.opj`), and journals with their log as a crash left them (`*.pair`, see
+/// [`crate::open_file::join`]).
 ///
 /// # Errors
 ///
@@ -157,6 +203,11 @@ pub fn all() -> opjournal::Result<Vec<(&'static str, Vec<u8>)>> {
         let path = dir.path().join(name);
         build(&path)?;
         out.push((name, std::fs::read(&path).map_err(opjournal::Error::from)?));
+    }
+    for (name, cycles) in [("logged.pair", false), ("recycled.pair", true)] {
+        let path = dir.path().join(name);
+        let (db, log) = write_crashed(&path, cycles)?;
+        out.push((name, crate::open_file::join(&db, &log)));
     }
     Ok(out)
 }

@@ -213,7 +213,9 @@ impl Journal {
         // Wait for a background compaction pass in flight, and keep new ones from
         // starting, so the file is closed when this returns.
         *lock(&self.inner.gate) = true;
-        self.inner.close()
+        // Closing checkpoints into redb, which may panic on a damaged file (as every call
+        // that reads or writes it may): contain that, so dropping a journal never panics.
+        crate::index::guarded("close", || self.inner.close())
     }
 
     /// Runs `f`, turning a panic of the storage engine into [`ErrorKind::Corrupt`]: redb

@@ -107,10 +107,13 @@ impl Journal {
         // Custom backends implement no cross-process locks: open them exclusively.
         cfg.sharing = Sharing::Exclusive;
         let path = Path::new(label);
-        let db = Self::redb_builder(&cfg)
-            .create_with_backend(backend)
-            .map_err(|e| open_error(path, e))?;
-        Self::init(db, Box::new(log), path, cfg)
+        // The storage is input, as a file is: the engine may panic on damaged pages.
+        crate::index::guarded("open", || {
+            let db = Self::redb_builder(&cfg)
+                .create_with_backend(backend)
+                .map_err(|e| open_error(path, e))?;
+            Self::init(db, Box::new(log), path, cfg)
+        })
     }
 
     /// Makes the redb file ready, reads the log's records of the current cycle into the
@@ -247,18 +250,6 @@ fn replay_record(mem: &mut Memtable, lsn: u64, kind: u8, payload: &[u8]) -> Resu
         .map_err(|detail| Error::corrupt("log", format!("record {lsn}"), detail))
 }
 
-/// A new journal's id, which ties its log to it: random, from the standard library's
-/// randomly keyed hasher, the time and the process.
-fn new_journal_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-        h.write_u128(t.as_nanos());
-    }
-    h.write_u32(std::process::id());
-    h.finish()
-}
-
 /// Makes the redb file a journal of this build's format, in one durable transaction when
 /// anything is to be written: a new file gets its tables and meta records; a format 1
 /// file is upgraded (a `format_upgraded` event records it). A journal of this format is
@@ -352,7 +343,7 @@ pub(crate) fn prepare(db: &Database, path: &Path, cfg: &Config) -> Result<()> {
             }
         }
         t.put_checkpoint(&CheckpointRecord {
-            journal_id: new_journal_id(),
+            journal_id: log::new_journal_id(),
             generation: 1,
             next_lsn: 1,
         })?;

@@ -242,6 +242,18 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
+/// A new journal's id, which ties its log to it: random, from the standard library's
+/// randomly keyed hasher, the time and the process.
+pub(crate) fn new_journal_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
 /// The CRC a generation's first record chains from.
 pub(crate) fn seed(journal_id: u64, generation: u64) -> u32 {
     let mut h = crc32fast::Hasher::new();

@@ -95,6 +95,8 @@ pub struct WorkloadStats {
     pub running_at_cut: u64,
     /// Lazily durable or uncertain calls lost to a crash (allowed).
     pub maybe_lost: u64,
+    /// Calls answered `Ok` after which a checkpoint failed (the handle then refuses writes).
+    pub checkpoint_failures: u64,
 }
 
 impl WorkloadStats {
@@ -112,6 +114,7 @@ impl WorkloadStats {
         self.reopens += o.reopens;
         self.running_at_cut += o.running_at_cut;
         self.maybe_lost += o.maybe_lost;
+        self.checkpoint_failures += o.checkpoint_failures;
     }
 }
 
@@ -168,8 +171,15 @@ pub struct Workload {
     verbose: bool,
 }
 
+/// The smallest checkpoint size the journal accepts: seeds that use it checkpoint (write
+/// the log into redb and start the log over) every few completed operations.
+pub const SMALL_CHECKPOINT: u64 = 64 << 10;
+
 /// The configuration a seed uses: short clocks, and per seed a scope lock policy, a
-/// session window and a compaction batch size.
+/// session window and a compaction batch size; and for six seeds in ten the smallest
+/// checkpoint size with results of up to 64 or 128 KiB, so that checkpoints (and crashes
+/// during them, and records of the next cycle overwriting the last one's) come every few
+/// completed operations.
 pub fn config_for(seed: u64, sharing: Sharing) -> ModelConfig {
     let mut rng = Rng::new(seed ^ 0xC0F1_6000);
     let mut cfg = ModelConfig::small();
@@ -181,7 +191,26 @@ pub fn config_for(seed: u64, sharing: Sharing) -> ModelConfig {
     cfg.session_window = 2 + rng.below(3) as u32;
     cfg.compaction_batch = 1 + rng.below(4) as usize;
     cfg.sharing = sharing;
+    if rng.chance(60) {
+        cfg.checkpoint_size = Some(SMALL_CHECKPOINT);
+        cfg.max_result_bytes = (64 << 10) << rng.below(2);
+    }
     cfg
+}
+
+/// A result of `len` bytes starting with `text` (padded with a pattern the text names, so
+/// results of different operations differ throughout).
+pub fn result_bytes(text: &str, len: usize) -> Vec<u8> {
+    let mut bytes = text.as_bytes().to_vec();
+    let fill = text
+        .bytes()
+        .fold(7u8, |a, b| a.wrapping_mul(31).wrapping_add(b));
+    let mut i = 0u8;
+    while bytes.len() < len {
+        bytes.push(fill.wrapping_add(i));
+        i = i.wrapping_add(1);
+    }
+    bytes
 }
 
 impl Workload {
@@ -417,7 +446,11 @@ impl Workload {
             Some(s) => self.model.scope_revision(s) + 1,
             None => 1 + self.rng.below(100),
         };
-        let bytes = format!("{id}/{}@{rev}", claim.attempt()).into_bytes();
+        // Results of half to all of the largest size: with a small checkpoint size, a few of
+        // them fill the log.
+        let max = self.model.config().max_result_bytes as usize;
+        let len = max / 2 + self.rng.below((max - max / 2) as u64 + 1) as usize;
+        let bytes = result_bytes(&format!("{id}/{}@{rev}", claim.attempt()), len);
         *self.applications.entry(id.to_string()).or_default() += 1;
         self.generations
             .insert(id.to_string(), Generation { purge_at: None });
@@ -594,6 +627,13 @@ impl Workload {
                 durable,
                 refused,
             } => {
+                if journal.is_poisoned() && !self.poisoned {
+                    // A checkpoint after the call's commit point failed: the call is durable
+                    // (in the log) and answered `Ok`, but the handle refuses writes now.
+                    self.note(format!("{desc}: a checkpoint after it failed; poisoned"));
+                    self.stats.checkpoint_failures += 1;
+                    self.poisoned = true;
+                }
                 let outcome = if refused {
                     Stepped::Refused
                 } else {

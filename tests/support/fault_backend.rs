@@ -1,21 +1,30 @@
-//! A fault-injecting redb [`StorageBackend`] that models a disk, for crash tests.
+//! A simulated disk holding a journal's two files, the redb file and its log, with fault
+//! injection, for crash tests.
 //!
-//! Self-contained (std + redb only), so fuzz targets and tools can include it by path.
+//! Self-contained (std, redb and opjournal's [`LogStorage`] trait only), so fuzz targets and
+//! tools can include it by path.
 //!
-//! The disk keeps two images, as redb's own crash tests do:
+//! [`FaultDisk::backend`] is the redb file (a [`redb::StorageBackend`]) and
+//! [`FaultDisk::log`] the log beside it (an [`opjournal::LogStorage`]). Each file keeps two
+//! images, as redb's own crash tests do:
 //! - `live`: every write and length change, as the process sees the file (the page cache);
-//! - `durable`: what the last completed `sync_data` made permanent.
+//! - `durable`: what the file's last completed `sync_data` made permanent.
 //!
-//! Everything written since the last completed sync is *pending*. A simulated power cut
-//! keeps, drops or half-applies each pending write (torn at 512-byte sector granularity,
-//! each sector of a torn write landing or not independently), in any combination: the
-//! disk may reorder unsynced writes. A process crash without power loss keeps `live`.
+//! Everything written to a file since its last completed sync is *pending*. A sync makes
+//! only that file's pending writes durable, as `fdatasync` does. A simulated power cut
+//! keeps, drops or half-applies each pending write of each file (torn at 512-byte sector
+//! granularity, each sector of a torn write landing or not independently), in any
+//! combination: the disk may reorder unsynced writes, within a file and across the two. A
+//! process crash without power loss keeps `live`. Removing the log (a clean close) is a
+//! pending change too, which a power cut may keep or drop (the directory is not synced).
 //!
-//! Faults: the Nth write, set_len or sync from the moment a [`Trigger`] is armed fails
-//! with `EIO` or `ENOSPC`, once or from then on, or the power is cut at that moment (the
-//! operation does not happen and every later one fails: the process is dead). A failed
-//! sync makes nothing durable; its pending writes stay pending, as Linux may have dropped
-//! them from the page cache (the "fsyncgate" behaviour).
+//! Faults: the Nth write, set_len, sync or remove, of either file or of one of them, from
+//! the moment a [`Trigger`] is armed fails with `EIO` or `ENOSPC`, once or from then on, or
+//! the power is cut at that moment (the operation does not happen and every later one, on
+//! both files, fails: the process is dead). The two files share one fault counter, one
+//! power state and one set of statistics. A failed sync makes nothing durable; its pending
+//! writes stay pending, as Linux may have dropped them from the page cache (the
+//! "fsyncgate" behaviour).
 #![allow(dead_code)]
 
 use std::io;
@@ -31,7 +40,28 @@ pub const EIO: i32 = 5;
 /// Linux `ENOSPC`.
 pub const ENOSPC: i32 = 28;
 
-/// The kinds of backend operation a trigger counts.
+/// The files on the disk.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum DiskFile {
+    /// The redb file (the index).
+    Db,
+    /// The log beside it (the commit point).
+    Log,
+}
+
+impl DiskFile {
+    fn index(self) -> usize {
+        match self {
+            DiskFile::Db => 0,
+            DiskFile::Log => 1,
+        }
+    }
+
+    /// Both files.
+    pub const ALL: [DiskFile; 2] = [DiskFile::Db, DiskFile::Log];
+}
+
+/// The kinds of operation a trigger counts.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum IoKind {
     /// `write`.
@@ -40,6 +70,8 @@ pub enum IoKind {
     SetLen,
     /// `sync_data`.
     Sync,
+    /// Removing the file (the log, when a journal closes cleanly).
+    Remove,
 }
 
 impl IoKind {
@@ -48,6 +80,7 @@ impl IoKind {
             IoKind::Write => 0,
             IoKind::SetLen => 1,
             IoKind::Sync => 2,
+            IoKind::Remove => 3,
         }
     }
 }
@@ -56,7 +89,7 @@ impl IoKind {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum FaultAction {
     /// The operation fails with this errno (`EIO` or `ENOSPC`) and does nothing. With
-    /// `persistent`, every later operation of the same kind fails too.
+    /// `persistent`, every later operation of the same kind fails too (on both files).
     Fail {
         /// The raw OS error.
         errno: i32,
@@ -68,7 +101,8 @@ pub enum FaultAction {
     PowerCut,
 }
 
-/// Fire `action` at the `nth` (1-based) operation of `kind` counted from arming.
+/// Fire `action` at the `nth` (1-based) operation of `kind` counted from arming, on `file`
+/// (or on either file, counted together, for `None`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Trigger {
     /// Which operations are counted.
@@ -77,9 +111,33 @@ pub struct Trigger {
     pub nth: u64,
     /// What happens.
     pub action: FaultAction,
+    /// Which file's operations count (`None`: both).
+    pub file: Option<DiskFile>,
 }
 
-/// How a power cut treats the writes pending since the last completed sync.
+impl Trigger {
+    /// A trigger counting the operations of both files.
+    pub fn any(kind: IoKind, nth: u64, action: FaultAction) -> Trigger {
+        Trigger {
+            kind,
+            nth,
+            action,
+            file: None,
+        }
+    }
+
+    /// A trigger counting the operations of `file` only.
+    pub fn on(file: DiskFile, kind: IoKind, nth: u64, action: FaultAction) -> Trigger {
+        Trigger {
+            kind,
+            nth,
+            action,
+            file: Some(file),
+        }
+    }
+}
+
+/// How a power cut treats the writes pending since each file's last completed sync.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum CutPolicy {
     /// Every pending write reached the platter (a process crash loses nothing either).
@@ -92,42 +150,288 @@ pub enum CutPolicy {
 
 #[derive(Clone, Debug)]
 enum Pending {
-    Write { offset: u64, data: Vec<u8> },
+    Write {
+        offset: u64,
+        data: Vec<u8>,
+    },
+    /// A write of zeros (preallocation), kept without its bytes.
+    Zeros {
+        offset: u64,
+        len: u64,
+    },
     SetLen(u64),
+    Remove,
 }
 
-/// Counters, for the figures a long run reports.
+impl Pending {
+    /// Applies the write to `image`, whole or, for a torn write, the bytes in `range`
+    /// (offsets in the file).
+    fn apply(&self, image: &mut Image, range: Option<std::ops::Range<u64>>) {
+        let (offset, len) = match self {
+            Pending::Write { offset, data } => (*offset, data.len() as u64),
+            Pending::Zeros { offset, len } => (*offset, *len),
+            Pending::SetLen(len) => return image.set_len(to_usize(*len)),
+            Pending::Remove => return image.set_len(0),
+        };
+        let r = range.unwrap_or(offset..offset + len);
+        let from = to_usize(r.start - offset);
+        let n = to_usize(r.end - r.start);
+        match self {
+            Pending::Write { data, .. } => {
+                image.write(to_usize(r.start), Some(&data[from..from + n]), n);
+            }
+            _ => image.write(to_usize(r.start), None, n),
+        }
+    }
+}
+
+/// Whether `data` is all zeros (compared a block at a time, as `memcmp` does it fast).
+fn is_zeros(data: &[u8]) -> bool {
+    static ZEROS: [u8; 4096] = [0; 4096];
+    data.chunks(ZEROS.len()).all(|c| c == &ZEROS[..c.len()])
+}
+
+fn to_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+/// Counters of one file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DiskStats {
+pub struct FileStats {
     /// Writes that reached the live image.
     pub writes: u64,
+    /// Bytes those writes carried.
+    pub bytes_written: u64,
     /// Length changes that reached the live image.
     pub set_lens: u64,
     /// Completed syncs.
     pub syncs: u64,
+    /// Removals.
+    pub removes: u64,
+}
+
+impl FileStats {
+    /// Adds `o` to `self`.
+    pub fn add(&mut self, o: &FileStats) {
+        self.writes += o.writes;
+        self.bytes_written += o.bytes_written;
+        self.set_lens += o.set_lens;
+        self.syncs += o.syncs;
+        self.removes += o.removes;
+    }
+}
+
+/// Counters of the disk, for the figures a long run reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskStats {
+    /// The redb file's.
+    pub db: FileStats,
+    /// The log's.
+    pub log: FileStats,
     /// Faults injected (failed operations and power cuts).
     pub faults: u64,
-    /// Operations attempted after a fault fired on this disk (a poisoned handle should
-    /// attempt no sync).
+    /// Syncs attempted after the power was cut, or of a file after a fault fired on it (a
+    /// poisoned handle must never retry a sync of the file that failed).
     pub syncs_after_fault: u64,
+}
+
+impl DiskStats {
+    /// Adds `o` to `self`.
+    pub fn add(&mut self, o: &DiskStats) {
+        self.db.add(&o.db);
+        self.log.add(&o.log);
+        self.faults += o.faults;
+        self.syncs_after_fault += o.syncs_after_fault;
+    }
+}
+
+/// The bytes of one file, in 64 KiB chunks shared between copies until one of them
+/// writes (copy on write); a chunk of zeros takes no memory. Copying an image (a reboot, a
+/// power cut, the durable image at a sync) costs what differs, not the whole file: the log
+/// alone is a megabyte of preallocated zeros.
+#[derive(Clone, Debug, Default)]
+pub struct Image {
+    len: usize,
+    /// `None`: all zeros.
+    chunks: Vec<Option<Arc<Vec<u8>>>>,
+}
+
+/// The size of an image's chunks.
+const CHUNK: usize = 64 << 10;
+
+impl Image {
+    /// An image holding `bytes`.
+    pub fn from_bytes(bytes: &[u8]) -> Image {
+        let chunks = bytes
+            .chunks(CHUNK)
+            .map(|c| {
+                (!is_zeros(c)).then(|| {
+                    let mut v = c.to_vec();
+                    v.resize(CHUNK, 0);
+                    Arc::new(v)
+                })
+            })
+            .collect();
+        Image {
+            len: bytes.len(),
+            chunks,
+        }
+    }
+
+    /// The bytes.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.len];
+        for (i, c) in self.chunks.iter().enumerate() {
+            if let Some(c) = c {
+                let start = i * CHUNK;
+                let end = (start + CHUNK).min(self.len);
+                out[start..end].copy_from_slice(&c[..end - start]);
+            }
+        }
+        out
+    }
+
+    /// The length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes (a file absent or empty).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes in `range`, if it lies within the image.
+    pub fn get(&self, range: std::ops::Range<usize>) -> Option<Vec<u8>> {
+        if range.end > self.len || range.start > range.end {
+            return None;
+        }
+        let mut out = vec![0u8; range.len()];
+        self.read(range.start, &mut out);
+        Some(out)
+    }
+
+    fn read(&self, offset: usize, out: &mut [u8]) {
+        let mut done = 0;
+        while done < out.len() {
+            let at = offset + done;
+            let (i, within) = (at / CHUNK, at % CHUNK);
+            let n = (CHUNK - within).min(out.len() - done);
+            match &self.chunks[i] {
+                Some(c) => out[done..done + n].copy_from_slice(&c[within..within + n]),
+                None => out[done..done + n].fill(0),
+            }
+            done += n;
+        }
+    }
+
+    fn set_len(&mut self, len: usize) {
+        if len < self.len {
+            self.chunks.truncate(len.div_ceil(CHUNK));
+            let tail = len % CHUNK;
+            if tail != 0
+                && let Some(Some(c)) = self.chunks.last_mut()
+            {
+                Arc::make_mut(c)[tail..].fill(0);
+            }
+        } else {
+            self.chunks.resize(len.div_ceil(CHUNK), None);
+        }
+        self.len = len;
+    }
+
+    /// Writes `data` at `offset` (`None`: that many zeros), growing the image if needed.
+    fn write(&mut self, offset: usize, data: Option<&[u8]>, len: usize) {
+        if offset + len > self.len {
+            self.set_len(offset + len);
+        }
+        let mut done = 0;
+        while done < len {
+            let at = offset + done;
+            let (i, within) = (at / CHUNK, at % CHUNK);
+            let n = (CHUNK - within).min(len - done);
+            let chunk = &mut self.chunks[i];
+            match data {
+                Some(d) => {
+                    let c = chunk.get_or_insert_with(|| Arc::new(vec![0u8; CHUNK]));
+                    Arc::make_mut(c)[within..within + n].copy_from_slice(&d[done..done + n]);
+                }
+                None if n == CHUNK => *chunk = None,
+                None => {
+                    if let Some(c) = chunk {
+                        Arc::make_mut(c)[within..within + n].fill(0);
+                    }
+                }
+            }
+            done += n;
+        }
+    }
+}
+
+impl PartialEq for Image {
+    fn eq(&self, other: &Image) -> bool {
+        self.len == other.len
+            && self
+                .chunks
+                .iter()
+                .zip(&other.chunks)
+                .all(|(a, b)| match (a, b) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+                    (None, None) => true,
+                    (Some(c), None) | (None, Some(c)) => is_zeros(c),
+                })
+    }
+}
+
+impl Eq for Image {}
+
+impl From<Vec<u8>> for Image {
+    fn from(bytes: Vec<u8>) -> Image {
+        Image::from_bytes(&bytes)
+    }
+}
+
+/// What a disk holds: the redb file and the log (empty when absent), as a reboot finds them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DiskImage {
+    /// The redb file.
+    pub db: Image,
+    /// The log file (empty: absent or empty).
+    pub log: Image,
+}
+
+impl DiskImage {
+    /// The image of `file`.
+    pub fn file(&self, file: DiskFile) -> &Image {
+        match file {
+            DiskFile::Db => &self.db,
+            DiskFile::Log => &self.log,
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+struct FileState {
+    live: Image,
+    durable: Image,
+    pending: Vec<Pending>,
 }
 
 #[derive(Debug, Default)]
 struct State {
-    live: Vec<u8>,
-    durable: Vec<u8>,
-    pending: Vec<Pending>,
-    counts: [u64; 3],
+    files: [FileState; 2],
+    counts: [u64; 4],
     trigger: Option<Trigger>,
     /// Kinds that fail from now on, with their errno.
-    failing: [Option<i32>; 3],
+    failing: [Option<i32>; 4],
     /// The power is off (or the process is dead): nothing reaches the disk any more.
     dead: bool,
-    fired: bool,
+    /// The file the first fault fired on.
+    fired_on: Option<DiskFile>,
     stats: DiskStats,
 }
 
-/// The simulated disk, shared by every backend opened on it (cheap to clone).
+/// The simulated disk, shared by every backend and log opened on it (cheap to clone).
 #[derive(Clone, Debug, Default)]
 pub struct FaultDisk {
     state: Arc<Mutex<State>>,
@@ -137,32 +441,63 @@ fn errno(code: i32) -> io::Error {
     io::Error::from_raw_os_error(code)
 }
 
-fn apply_write(image: &mut Vec<u8>, offset: u64, data: &[u8]) {
-    let start = usize::try_from(offset).unwrap_or(usize::MAX);
-    let end = start.saturating_add(data.len());
-    if end > image.len() {
-        image.resize(end, 0);
+/// `durable` plus the pending changes `policy` lets through.
+fn cut(f: &FileState, policy: CutPolicy, rng: &mut dyn FnMut() -> u64) -> Image {
+    let mut image = f.durable.clone();
+    for p in &f.pending {
+        let choice = match policy {
+            CutPolicy::KeepAll => 0,
+            CutPolicy::DropAll => 1,
+            CutPolicy::Random => rng() % 3,
+        };
+        match (p, choice) {
+            (_, 1) => {}
+            (Pending::SetLen(_) | Pending::Remove, _) | (_, 0) => p.apply(&mut image, None),
+            (Pending::Write { offset, data }, _) => {
+                tear(p, *offset, data.len() as u64, &mut image, rng);
+            }
+            (Pending::Zeros { offset, len }, _) => tear(p, *offset, *len, &mut image, rng),
+        }
     }
-    image[start..end].copy_from_slice(data);
+    image
 }
 
-fn set_len(image: &mut Vec<u8>, len: u64) {
-    image.resize(usize::try_from(len).unwrap_or(usize::MAX), 0);
+/// Applies a torn write: each 512-byte sector (aligned to the file) lands or not.
+fn tear(p: &Pending, offset: u64, len: u64, image: &mut Image, rng: &mut dyn FnMut() -> u64) {
+    let end = offset + len;
+    let mut at = offset;
+    while at < end {
+        let sector_end = ((at / SECTOR) + 1) * SECTOR;
+        let chunk_end = sector_end.min(end);
+        if rng().is_multiple_of(2) {
+            p.apply(image, Some(at..chunk_end));
+        }
+        at = chunk_end;
+    }
 }
 
 impl FaultDisk {
-    /// An empty disk.
+    /// An empty disk: no redb file, no log.
     pub fn new() -> FaultDisk {
         FaultDisk::default()
     }
 
-    /// A disk whose live and durable images are `image` (what a reboot finds).
-    pub fn from_image(image: Vec<u8>) -> FaultDisk {
+    /// A disk whose files' live and durable images are `image` (what a reboot finds).
+    pub fn from_image(image: DiskImage) -> FaultDisk {
         let disk = FaultDisk::default();
         {
             let mut s = disk.lock();
-            s.live = image.clone();
-            s.durable = image;
+            s.files[DiskFile::Db.index()] = FileState {
+                live: image.db.clone(),
+                durable: image.db,
+                pending: Vec::new(),
+            };
+            s.files[DiskFile::Log.index()] = FileState {
+                live: image.log.clone(),
+                durable: image.log,
+                pending: Vec::new(),
+            };
+            // (Clones share every chunk until one side writes.)
         }
         disk
     }
@@ -171,15 +506,20 @@ impl FaultDisk {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A backend to hand to redb.
+    /// The redb file, as a backend to hand to redb.
     pub fn backend(&self) -> FaultBackend {
         FaultBackend { disk: self.clone() }
+    }
+
+    /// The log file, as a [`opjournal::LogStorage`] to hand to the journal.
+    pub fn log(&self) -> FaultLog {
+        FaultLog { disk: self.clone() }
     }
 
     /// Arms `trigger` (replacing any armed one); counting starts now.
     pub fn arm(&self, trigger: Trigger) {
         let mut s = self.lock();
-        s.counts = [0; 3];
+        s.counts = [0; 4];
         s.trigger = Some(trigger);
     }
 
@@ -187,12 +527,17 @@ impl FaultDisk {
     pub fn heal(&self) {
         let mut s = self.lock();
         s.trigger = None;
-        s.failing = [None; 3];
+        s.failing = [None; 4];
     }
 
-    /// Whether a trigger fired (or the power was cut) on this disk.
+    /// Whether a trigger fired (or the power was cut by one) on this disk.
     pub fn fired(&self) -> bool {
-        self.lock().fired
+        self.lock().fired_on.is_some()
+    }
+
+    /// The file the first fault fired on.
+    pub fn fired_on(&self) -> Option<DiskFile> {
+        self.lock().fired_on
     }
 
     /// Whether the disk is dead (power cut or process killed).
@@ -211,78 +556,72 @@ impl FaultDisk {
         self.lock().stats
     }
 
-    /// The live image (what the process wrote; survives a process crash).
-    pub fn live_image(&self) -> Vec<u8> {
-        self.lock().live.clone()
-    }
-
-    /// The durable image (what completed syncs made permanent).
-    pub fn durable_image(&self) -> Vec<u8> {
-        self.lock().durable.clone()
-    }
-
-    /// Writes and length changes pending since the last completed sync.
-    pub fn pending_ops(&self) -> usize {
-        self.lock().pending.len()
-    }
-
-    /// What the disk holds after a power cut: the durable image plus the pending writes
-    /// that `policy` lets through. `rng` supplies randomness (any 64-bit generator).
-    pub fn power_cut_image(&self, policy: CutPolicy, rng: &mut dyn FnMut() -> u64) -> Vec<u8> {
+    /// The live images (what the process wrote; survives a process crash).
+    pub fn live_image(&self) -> DiskImage {
         let s = self.lock();
-        let mut image = s.durable.clone();
-        for p in &s.pending {
-            let choice = match policy {
-                CutPolicy::KeepAll => 0,
-                CutPolicy::DropAll => 1,
-                CutPolicy::Random => rng() % 3,
-            };
-            match (p, choice) {
-                (_, 1) => {}
-                (Pending::SetLen(len), _) => set_len(&mut image, *len),
-                (Pending::Write { offset, data }, 0) => apply_write(&mut image, *offset, data),
-                (Pending::Write { offset, data }, _) => {
-                    // Torn: each 512-byte sector (aligned to the file) lands or not.
-                    let end = offset + data.len() as u64;
-                    let mut at = *offset;
-                    while at < end {
-                        let sector_end = ((at / SECTOR) + 1) * SECTOR;
-                        let chunk_end = sector_end.min(end);
-                        if rng().is_multiple_of(2) {
-                            let from = (at - offset) as usize;
-                            let to = (chunk_end - offset) as usize;
-                            apply_write(&mut image, at, &data[from..to]);
-                        }
-                        at = chunk_end;
-                    }
-                }
-            }
+        DiskImage {
+            db: s.files[0].live.clone(),
+            log: s.files[1].live.clone(),
         }
-        image
     }
 
-    /// Counts an operation of `kind` and decides its fate: `Ok(())` to perform it.
-    fn admit(&self, s: &mut State, kind: IoKind) -> io::Result<()> {
+    /// The durable images (what completed syncs made permanent).
+    pub fn durable_image(&self) -> DiskImage {
+        let s = self.lock();
+        DiskImage {
+            db: s.files[0].durable.clone(),
+            log: s.files[1].durable.clone(),
+        }
+    }
+
+    /// Writes, length changes and removals pending since the files' last completed syncs.
+    pub fn pending_ops(&self) -> usize {
+        let s = self.lock();
+        s.files.iter().map(|f| f.pending.len()).sum()
+    }
+
+    /// Pending changes of one file.
+    pub fn pending_ops_of(&self, file: DiskFile) -> usize {
+        self.lock().files[file.index()].pending.len()
+    }
+
+    /// What the disk holds after a power cut: each file's durable image plus the pending
+    /// changes that `policy` lets through (independently per change, and per file). `rng`
+    /// supplies randomness (any 64-bit generator).
+    pub fn power_cut_image(&self, policy: CutPolicy, rng: &mut dyn FnMut() -> u64) -> DiskImage {
+        let s = self.lock();
+        DiskImage {
+            db: cut(&s.files[0], policy, rng),
+            log: cut(&s.files[1], policy, rng),
+        }
+    }
+
+    /// Counts an operation of `kind` on `file` and decides its fate: `Ok(())` to perform it.
+    fn admit(s: &mut State, file: DiskFile, kind: IoKind) -> io::Result<()> {
         if s.dead {
             if kind == IoKind::Sync {
                 s.stats.syncs_after_fault += 1;
             }
             return Err(errno(EIO));
         }
-        if s.fired && kind == IoKind::Sync {
+        if s.fired_on == Some(file) && kind == IoKind::Sync {
             s.stats.syncs_after_fault += 1;
         }
         if let Some(code) = s.failing[kind.index()] {
             s.stats.faults += 1;
             return Err(errno(code));
         }
-        s.counts[kind.index()] += 1;
+        let counted = s.trigger.is_some_and(|t| t.file.is_none_or(|f| f == file));
+        if counted {
+            s.counts[kind.index()] += 1;
+        }
         if let Some(t) = s.trigger
+            && counted
             && t.kind == kind
             && s.counts[kind.index()] >= t.nth
         {
             s.trigger = None;
-            s.fired = true;
+            s.fired_on.get_or_insert(file);
             s.stats.faults += 1;
             match t.action {
                 FaultAction::Fail {
@@ -302,10 +641,99 @@ impl FaultDisk {
         }
         Ok(())
     }
+
+    fn len_of(&self, file: DiskFile) -> io::Result<u64> {
+        let s = self.lock();
+        if s.dead {
+            return Err(errno(EIO));
+        }
+        Ok(s.files[file.index()].live.len() as u64)
+    }
+
+    fn read_of(&self, file: DiskFile, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        let s = self.lock();
+        if s.dead {
+            return Err(errno(EIO));
+        }
+        let live = &s.files[file.index()].live;
+        let start = usize::try_from(offset).map_err(|_| errno(EIO))?;
+        start
+            .checked_add(out.len())
+            .filter(|e| *e <= live.len())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+        live.read(start, out);
+        Ok(())
+    }
+
+    fn set_len_of(&self, file: DiskFile, len: u64) -> io::Result<()> {
+        let mut s = self.lock();
+        FaultDisk::admit(&mut s, file, IoKind::SetLen)?;
+        let f = &mut s.files[file.index()];
+        let p = Pending::SetLen(len);
+        p.apply(&mut f.live, None);
+        f.pending.push(p);
+        stats_of(&mut s.stats, file).set_lens += 1;
+        Ok(())
+    }
+
+    fn sync_of(&self, file: DiskFile) -> io::Result<()> {
+        let mut s = self.lock();
+        FaultDisk::admit(&mut s, file, IoKind::Sync)?;
+        let f = &mut s.files[file.index()];
+        // `durable` with every pending change applied is `live`: applying them costs what
+        // they wrote, where copying `live` would cost the whole file at every sync.
+        for p in std::mem::take(&mut f.pending) {
+            p.apply(&mut f.durable, None);
+        }
+        stats_of(&mut s.stats, file).syncs += 1;
+        Ok(())
+    }
+
+    fn write_of(&self, file: DiskFile, offset: u64, data: &[u8]) -> io::Result<()> {
+        let mut s = self.lock();
+        FaultDisk::admit(&mut s, file, IoKind::Write)?;
+        let f = &mut s.files[file.index()];
+        // Preallocation writes zeros: kept without their bytes.
+        let p = if is_zeros(data) {
+            Pending::Zeros {
+                offset,
+                len: data.len() as u64,
+            }
+        } else {
+            Pending::Write {
+                offset,
+                data: data.to_vec(),
+            }
+        };
+        p.apply(&mut f.live, None);
+        f.pending.push(p);
+        let st = stats_of(&mut s.stats, file);
+        st.writes += 1;
+        st.bytes_written += data.len() as u64;
+        Ok(())
+    }
+
+    fn remove_of(&self, file: DiskFile) -> io::Result<()> {
+        let mut s = self.lock();
+        FaultDisk::admit(&mut s, file, IoKind::Remove)?;
+        let f = &mut s.files[file.index()];
+        f.live.set_len(0);
+        f.pending.push(Pending::Remove);
+        stats_of(&mut s.stats, file).removes += 1;
+        Ok(())
+    }
 }
 
-/// The [`StorageBackend`] over a [`FaultDisk`]. It implements no locks (redb then allows
-/// only `ConcurrencyMode::ExclusiveWriter`, which `open_backend` uses).
+fn stats_of(stats: &mut DiskStats, file: DiskFile) -> &mut FileStats {
+    match file {
+        DiskFile::Db => &mut stats.db,
+        DiskFile::Log => &mut stats.log,
+    }
+}
+
+/// The redb file of a [`FaultDisk`], as a [`StorageBackend`]. It implements no locks
+/// (redb then allows only `ConcurrencyMode::ExclusiveWriter`, which the journal uses on
+/// custom backends).
 #[derive(Debug)]
 pub struct FaultBackend {
     disk: FaultDisk,
@@ -313,54 +741,56 @@ pub struct FaultBackend {
 
 impl StorageBackend for FaultBackend {
     fn len(&self) -> Result<u64, io::Error> {
-        let s = self.disk.lock();
-        if s.dead {
-            return Err(errno(EIO));
-        }
-        Ok(s.live.len() as u64)
+        self.disk.len_of(DiskFile::Db)
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
-        let s = self.disk.lock();
-        if s.dead {
-            return Err(errno(EIO));
-        }
-        let start = usize::try_from(offset).map_err(|_| errno(EIO))?;
-        let end = start
-            .checked_add(out.len())
-            .filter(|e| *e <= s.live.len())
-            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
-        out.copy_from_slice(&s.live[start..end]);
-        Ok(())
+        self.disk.read_of(DiskFile::Db, offset, out)
     }
 
     fn set_len(&self, len: u64) -> Result<(), io::Error> {
-        let mut s = self.disk.lock();
-        self.disk.admit(&mut s, IoKind::SetLen)?;
-        set_len(&mut s.live, len);
-        s.pending.push(Pending::SetLen(len));
-        s.stats.set_lens += 1;
-        Ok(())
+        self.disk.set_len_of(DiskFile::Db, len)
     }
 
     fn sync_data(&self) -> Result<(), io::Error> {
-        let mut s = self.disk.lock();
-        self.disk.admit(&mut s, IoKind::Sync)?;
-        s.durable = s.live.clone();
-        s.pending.clear();
-        s.stats.syncs += 1;
-        Ok(())
+        self.disk.sync_of(DiskFile::Db)
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
-        let mut s = self.disk.lock();
-        self.disk.admit(&mut s, IoKind::Write)?;
-        apply_write(&mut s.live, offset, data);
-        s.pending.push(Pending::Write {
-            offset,
-            data: data.to_vec(),
-        });
-        s.stats.writes += 1;
-        Ok(())
+        self.disk.write_of(DiskFile::Db, offset, data)
+    }
+}
+
+/// The log file of a [`FaultDisk`], as an [`opjournal::LogStorage`]. `discard` removes the
+/// file (a pending change until the next sync, like an unlink whose directory is not
+/// synced).
+#[derive(Debug)]
+pub struct FaultLog {
+    disk: FaultDisk,
+}
+
+impl opjournal::LogStorage for FaultLog {
+    fn len(&self) -> io::Result<u64> {
+        self.disk.len_of(DiskFile::Log)
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.disk.read_of(DiskFile::Log, offset, buf)
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.disk.write_of(DiskFile::Log, offset, data)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.disk.set_len_of(DiskFile::Log, len)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.disk.sync_of(DiskFile::Log)
+    }
+
+    fn discard(&self) -> io::Result<()> {
+        self.disk.remove_of(DiskFile::Log)
     }
 }

@@ -3,37 +3,109 @@
 //! `model.rs` and `fault_backend.rs`).
 #![allow(dead_code)]
 
-use opjournal::{Inspector, Journal, ManualClock};
+use std::path::Path;
 
-use super::fault_backend::FaultDisk;
+use opjournal::{FileLog, Inspector, Journal, ManualClock};
+
+use super::fault_backend::{DiskImage, FaultDisk};
 use super::model::ModelConfig;
 
-/// Opens (or creates) the journal on `disk` with the model's configuration.
+/// Opens (or creates) the journal on `disk` with the model's configuration: the redb file
+/// is `disk.backend()`, the log `disk.log()`. (On custom storage the journal opens redb with
+/// `ConcurrencyMode::ExclusiveWriter`, whatever `cfg.sharing` says: the backend has no
+/// cross-process locks. The commit path, a log append and one sync, is the same in both
+/// sharing modes.)
 pub fn open(
     cfg: &ModelConfig,
     clock: &ManualClock,
     disk: &FaultDisk,
 ) -> opjournal::Result<Journal> {
-    cfg.builder(clock).open_backends(
-        disk.backend(),
-        opjournal::MemoryLog::new(),
-        "fault-disk.opj",
-    )
+    cfg.builder(clock)
+        .open_backends(disk.backend(), disk.log(), "fault-disk.opj")
 }
 
-/// Invariant 4 on a disk image: redb's page check, every record's CRC and decode, every
-/// index equal to the replay of the event journal.
-pub fn verify_image(image: &[u8]) -> Result<(), String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+/// Writes `image` as a journal file at `path` and its log beside it (no log file when the
+/// image's log is empty).
+pub fn write_image(image: &DiskImage, path: &Path) -> std::io::Result<()> {
+    std::fs::write(path, image.db.to_vec())?;
+    let log = FileLog::path_for(path);
+    if image.log.is_empty() {
+        match std::fs::remove_file(&log) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    } else {
+        std::fs::write(log, image.log.to_vec())?;
+    }
+    Ok(())
+}
+
+/// A temporary directory in memory (`/dev/shm`) where there is one, else in the system's
+/// temporary directory: the images written there are read once and thrown away.
+pub fn scratch_dir() -> std::io::Result<tempfile::TempDir> {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir()
+        && let Ok(dir) = tempfile::Builder::new()
+            .prefix("opj-image-")
+            .tempdir_in(shm)
+    {
+        return Ok(dir);
+    }
+    tempfile::tempdir()
+}
+
+/// Reads the journal file at `path` and its log (empty when absent).
+pub fn read_image(path: &Path) -> std::io::Result<DiskImage> {
+    let db = std::fs::read(path)?;
+    let log = match std::fs::read(FileLog::path_for(path)) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    Ok(DiskImage {
+        db: db.into(),
+        log: log.into(),
+    })
+}
+
+/// Invariant 4 on a disk image, as a reader process sees it: the files written out, then
+/// `Inspector::open` and `verify` (redb's page check, every record's CRC and decode, the
+/// log's records of the current cycle laid over redb, every index equal to the replay of
+/// the event journal). The reader leaves both files' bytes as they were.
+pub fn verify_image(image: &DiskImage) -> Result<(), String> {
+    let dir = scratch_dir().map_err(|e| e.to_string())?;
     let path = dir.path().join("image.opj");
-    std::fs::write(&path, image).map_err(|e| e.to_string())?;
-    let insp = Inspector::open(&path).map_err(|e| format!("the inspector cannot open it: {e}"))?;
-    let report = opjournal::verify_inspected(&insp, &mut |_, _| {})
-        .map_err(|e| format!("verify failed: {e}"))?;
-    if !report.is_clean() {
+    write_image(image, &path).map_err(|e| e.to_string())?;
+    {
+        let insp =
+            Inspector::open(&path).map_err(|e| format!("the inspector cannot open it: {e}"))?;
+        let report = opjournal::verify_inspected(&insp, &mut |_, _| {})
+            .map_err(|e| format!("verify failed: {e}"))?;
+        if !report.is_clean() {
+            return Err(format!(
+                "verify found problems: integrity {:?}, findings {:#?}",
+                report.integrity, report.findings
+            ));
+        }
+    }
+    let after = read_image(&path).map_err(|e| e.to_string())?;
+    if after != *image {
         return Err(format!(
-            "verify found problems: integrity {:?}, findings {:#?}",
-            report.integrity, report.findings
+            "the reader modified the files (journal {} -> {} bytes{}, log {} -> {} bytes{})",
+            image.db.len(),
+            after.db.len(),
+            if after.db == image.db {
+                ""
+            } else {
+                ", changed"
+            },
+            image.log.len(),
+            after.log.len(),
+            if after.log == image.log {
+                ""
+            } else {
+                ", changed"
+            },
         ));
     }
     Ok(())

@@ -58,8 +58,12 @@ pub struct ModelConfig {
     pub max_result_bytes: u64,
     /// Timers fired per compaction batch.
     pub compaction_batch: usize,
-    /// File sharing (custom backends are always opened exclusively).
+    /// File sharing (the default, `LiveReaders`; on custom backends redb is opened
+    /// exclusively either way).
     pub sharing: Sharing,
+    /// How large the log grows before a checkpoint (`None`: the library's default, 4 MiB;
+    /// at least 64 KiB).
+    pub checkpoint_size: Option<u64>,
 }
 
 impl ModelConfig {
@@ -81,13 +85,18 @@ impl ModelConfig {
             scope_lock: ScopeLock::Serial,
             max_result_bytes: 64,
             compaction_batch: 3,
-            sharing: Sharing::Exclusive,
+            sharing: Sharing::LiveReaders,
+            checkpoint_size: None,
         }
     }
 
     /// A builder configured like the model, on `clock`.
     pub fn builder(&self, clock: &ManualClock) -> JournalBuilder {
-        opjournal::Journal::builder()
+        let builder = match self.checkpoint_size {
+            Some(bytes) => opjournal::Journal::builder().checkpoint_size(bytes),
+            None => opjournal::Journal::builder(),
+        };
+        builder
             .lease(self.lease)
             .ack_timeout(self.ack_timeout)
             .result_retention(self.result_retention)

@@ -7,14 +7,25 @@
 //!
 //! **kill -9** (default): each run starts a child process (this binary with `--child`)
 //! that runs the seeded workload of `tests/support/driver.rs` against a journal file on
-//! disk, checking every answer against the reference model as it goes, and reports each
-//! completed call on a pipe. At a random moment the parent kills it with SIGKILL, then:
-//! verifies the file (`Inspector::verify`: redb integrity, every record's CRC and decode,
-//! indexes == replay of the event journal), replays the same seed in-process to know
-//! exactly what the child had been told, reopens the file and checks that it equals one
-//! of the states the crash may leave: every durable `Ok` present, the call in flight
-//! landed or not (never half), lazily durable deliveries and acknowledgements kept or
-//! lost in order, operations running at the kill `InDoubt`, no effect applied twice.
+//! disk (and its log beside it) in the default configuration (`Sharing::LiveReaders`; one
+//! run in five `Exclusive`), six seeds in ten with the smallest checkpoint size so that
+//! checkpoints and log cycles are frequent, checking every answer against the reference
+//! model as it goes, and reports each completed call on a pipe (and, for each
+//! acknowledged durable call, the seq of the event it made durable). Beside it runs a
+//! **reader process** (this binary with `--reader`): an `opjournal`-CLI-like reader that,
+//! whenever the parent asks, opens the journal with `Inspector::open` and reads every
+//! receipt, a few lookups and histories, and every event. At a random moment the parent
+//! kills the writer with SIGKILL, has the reader read the crashed files (which must not
+//! change their bytes), then: checks what the reader saw (never `Corrupt`; an event once
+//! seen never changes and disappears only as a purge removes events; every event
+//! acknowledged before a poll was asked for is in its answer); verifies the files
+//! (`Inspector::verify`: redb integrity, every record's CRC and decode, the log's records,
+//! indexes == replay of the event journal); replays the same seed in-process to know
+//! exactly what the child had been told; reopens the file and checks that it equals one
+//! of the states the crash may leave (every durable `Ok` present, the call in flight
+//! landed or not, never half; lazily durable deliveries and acknowledgements kept or lost
+//! in order; operations running at the kill `InDoubt`; no effect applied twice) and that
+//! every event the reader saw in the crashed files is in it, unchanged.
 //!
 //! **strace** (`--strace`): the child runs under `strace -e inject=...`: fdatasync fails
 //! with EIO once, or from the Nth call on; pwrite64 fails with ENOSPC once; or the child
@@ -22,7 +33,8 @@
 //! handle poisoned and every further write refused; it reopens the file in-process and
 //! checks the recovered journal against the model (the failed commit may or may not have
 //! landed), then carries on. When it cannot reopen (the failure persists) or is killed,
-//! the parent checks the file as for kill -9.
+//! the parent checks the file as for kill -9. A reader process polls all along, with the
+//! same checks.
 //!
 //! Every run prints its seed on failure; `--seed S --runs 1` replays it.
 
@@ -32,6 +44,7 @@ mod model;
 #[path = "../../../tests/support/driver.rs"]
 mod driver;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -51,6 +64,8 @@ struct Args {
     strace: bool,
     keep: Option<PathBuf>,
     child: Option<ChildArgs>,
+    /// Run as the reader process of the journal at this path.
+    reader: Option<PathBuf>,
     quiet: bool,
 }
 
@@ -94,6 +109,7 @@ fn parse_args() -> Result<Args, String> {
         strace: false,
         keep: None,
         child: None,
+        reader: None,
         quiet: false,
     };
     let mut child = false;
@@ -109,6 +125,7 @@ fn parse_args() -> Result<Args, String> {
             "--keep-failures" => a.keep = Some(PathBuf::from(val()?)),
             "--quiet" => a.quiet = true,
             "--child" => child = true,
+            "--reader" => a.reader = Some(PathBuf::from(val()?)),
             "--child-seed" => seed = parse_u64(&val()?)?,
             "--child-path" => path = Some(PathBuf::from(val()?)),
             "--child-sharing" => sharing = parse_sharing(&val()?)?,
@@ -138,11 +155,26 @@ fn parse_args() -> Result<Args, String> {
 // ---------------------------------------------------------------------------------------
 
 fn open_file(w: &Workload, path: &Path, sharing: Sharing) -> opjournal::Result<Journal> {
-    w.model
-        .config()
-        .builder(w.model.clock())
-        .sharing(sharing)
-        .open(path)
+    // A reader that opened the file while no writer had it (as `opjournal ls` may) keeps
+    // writers out until it is done: retry for a while, as an editor would.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = w
+            .model
+            .config()
+            .builder(w.model.clock())
+            .sharing(sharing)
+            .open(path);
+        match r {
+            Err(e)
+                if matches!(e.kind(), opjournal::ErrorKind::Locked { .. })
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            r => return r,
+        }
+    }
 }
 
 fn child_main(c: &ChildArgs) -> i32 {
@@ -169,7 +201,18 @@ fn child_main(c: &ChildArgs) -> i32 {
     while k < c.steps {
         k += 1;
         match w.step(&j) {
-            Ok(st) => say(format!("step {k} {st:?}")),
+            Ok(st) => {
+                say(format!("step {k} {st:?}"));
+                // What a reader must see from now on: the last event of the operation the
+                // acknowledged call changed.
+                if st == (Stepped::Ok { durable: true })
+                    && let Some(op) = w.last_call.as_ref().and_then(call_operation)
+                    && let Ok(events) = j.history(&op)
+                    && let Some(last) = events.last()
+                {
+                    say(format!("ack {k} {} {op}", last.seq));
+                }
+            }
             Err(e) => {
                 say(format!("violation {k} {}", one_line(&e)));
                 return 3;
@@ -223,8 +266,357 @@ fn child_main(c: &ChildArgs) -> i32 {
     0
 }
 
+/// The operation a call changes, if any.
+fn call_operation(call: &model::Call) -> Option<String> {
+    use model::Call;
+    match call {
+        Call::Submit(op) => Some(op.id.clone()),
+        Call::Complete(c, _) | Call::Release(c) | Call::ExtendLease(c, _) => {
+            Some(c.operation_id().to_string())
+        }
+        Call::Resolve(id, _) => Some(id.clone()),
+        _ => None,
+    }
+}
+
 fn one_line(s: &str) -> String {
     s.replace('\n', " | ")
+}
+
+// ---------------------------------------------------------------------------------------
+// The reader: an `opjournal`-CLI-like process polling the journal with the Inspector.
+// ---------------------------------------------------------------------------------------
+
+/// A hash of an event's content, to compare what two processes saw under one seq.
+fn event_hash(ev: &opjournal::Event) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    format!("{ev:?}").hash(&mut h);
+    h.finish()
+}
+
+/// The reader process: for every `poll` line on stdin, opens the journal with
+/// `Inspector::open` (as the CLI's read commands do), reads every receipt, a few lookups and
+/// histories, and every event, and answers `begin`, one `ev <seq> <operation|-> <hash>`
+/// line per event and `end <receipts>`, or `err <corrupt|other> <message>`. Events are the
+/// journal's raw record (no clock applied), so what a reader may see of them is exactly
+/// a prefix of the writer's history.
+fn reader_main(path: &Path) -> i32 {
+    let stdin = std::io::stdin();
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { return 0 };
+        if line != "poll" {
+            continue;
+        }
+        let answer = read_once(path);
+        let text = match answer {
+            Ok((events, receipts)) => {
+                let mut t = String::from("begin\n");
+                for (seq, op, hash) in events {
+                    t.push_str(&format!(
+                        "ev {seq} {} {hash}\n",
+                        op.as_deref().unwrap_or("-")
+                    ));
+                }
+                t.push_str(&format!("end {receipts}"));
+                t
+            }
+            Err(e) => {
+                let class = if matches!(e.kind(), opjournal::ErrorKind::Corrupt { .. }) {
+                    "corrupt"
+                } else {
+                    "other"
+                };
+                format!("err {class} {:?}: {}", e.kind(), one_line(&e.to_string()))
+            }
+        };
+        if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {
+            return 0;
+        }
+    }
+    0
+}
+
+type Seen = Vec<(u64, Option<String>, u64)>;
+
+fn read_once(path: &Path) -> opjournal::Result<(Seen, u64)> {
+    let insp = Inspector::open(path)?;
+    let mut receipts = 0u64;
+    insp.for_each_receipt(|_| {
+        receipts += 1;
+        Ok(true)
+    })?;
+    for id in ["op-0", "op-3"] {
+        insp.lookup(id)?;
+        insp.history(id)?;
+    }
+    let mut events = Vec::new();
+    insp.for_each_event(0, |ev| {
+        events.push((ev.seq, ev.operation_id.clone(), event_hash(&ev)));
+        Ok(true)
+    })?;
+    Ok((events, receipts))
+}
+
+/// One answer of the reader.
+#[derive(Debug, Clone)]
+struct Poll {
+    /// Steps the child had reported, and acknowledgements, when the poll was asked for.
+    asked_steps: usize,
+    asked_acks: usize,
+    /// Steps reported when the answer came.
+    answered_steps: usize,
+    /// After the writer was killed.
+    after_kill: bool,
+    answer: Result<BTreeMap<u64, (Option<String>, u64)>, String>,
+}
+
+/// The reader process, seen from the parent.
+struct ReaderProc {
+    child: Child,
+    stdin: Option<std::process::ChildStdin>,
+    rx: mpsc::Receiver<String>,
+    /// The poll asked for and not answered yet: (steps, acks, after kill).
+    asked: Option<(usize, usize, bool)>,
+    partial: BTreeMap<u64, (Option<String>, u64)>,
+    polls: Vec<Poll>,
+}
+
+impl ReaderProc {
+    fn spawn(exe: &Path, path: &Path) -> std::io::Result<ReaderProc> {
+        let mut child = Command::new(exe)
+            .arg("--reader")
+            .arg(path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let stdin = child.stdin.take();
+        let rx = reader(&mut child);
+        Ok(ReaderProc {
+            child,
+            stdin,
+            rx,
+            asked: None,
+            partial: BTreeMap::new(),
+            polls: Vec::new(),
+        })
+    }
+
+    /// Asks for a poll if none is outstanding.
+    fn ask(&mut self, report: &Report, after_kill: bool) {
+        if self.asked.is_some() {
+            return;
+        }
+        if let Some(stdin) = &mut self.stdin
+            && writeln!(stdin, "poll").and_then(|()| stdin.flush()).is_ok()
+        {
+            self.asked = Some((report.steps.len(), report.acks.len(), after_kill));
+        }
+    }
+
+    /// Takes the answers that arrived; `wait` blocks up to that long for the next line.
+    fn collect(&mut self, report: &Report, wait: Duration) {
+        let mut first = true;
+        loop {
+            let line = if first {
+                first = false;
+                self.rx.recv_timeout(wait).ok()
+            } else {
+                self.rx.try_recv().ok()
+            };
+            let Some(line) = line else { return };
+            let Some((steps, acks, after_kill)) = self.asked else {
+                continue;
+            };
+            let mut done = |answer| {
+                self.polls.push(Poll {
+                    asked_steps: steps,
+                    asked_acks: acks,
+                    answered_steps: report.steps.len(),
+                    after_kill,
+                    answer,
+                });
+            };
+            if line == "begin" {
+                self.partial.clear();
+            } else if let Some(rest) = line.strip_prefix("ev ") {
+                let mut it = rest.split(' ');
+                if let (Some(Ok(seq)), Some(op), Some(Ok(hash))) = (
+                    it.next().map(str::parse),
+                    it.next(),
+                    it.next().map(str::parse),
+                ) {
+                    let op = (op != "-").then(|| op.to_string());
+                    self.partial.insert(seq, (op, hash));
+                }
+            } else if line.starts_with("end") {
+                done(Ok(std::mem::take(&mut self.partial)));
+                self.asked = None;
+            } else if let Some(rest) = line.strip_prefix("err ") {
+                done(Err(rest.to_string()));
+                self.asked = None;
+            }
+        }
+    }
+
+    /// Polls until `n` more answers came after the kill (or a deadline passes).
+    fn polls_after_kill(&mut self, report: &Report, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let target = self.polls.iter().filter(|p| p.after_kill).count() + n;
+        while self.polls.iter().filter(|p| p.after_kill).count() < target
+            && Instant::now() < deadline
+        {
+            if self.asked.is_some_and(|(_, _, after)| !after) {
+                // The answer to a poll asked before the kill.
+                self.collect(report, Duration::from_millis(50));
+                continue;
+            }
+            self.ask(report, true);
+            self.collect(report, Duration::from_millis(50));
+        }
+    }
+
+    fn stop(mut self) {
+        self.stdin = None;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Figures of the reader processes.
+#[derive(Default, Debug, Clone, Copy)]
+struct ReaderTotals {
+    polls: u64,
+    polls_after_kill: u64,
+    events_seen: u64,
+    acks_checked: u64,
+    /// Events the reader saw after the kill, each found unchanged in the recovered journal.
+    events_matched: u64,
+    /// Answers that were typed errors a live file explains (the journal not created yet,
+    /// locked by an exclusive writer).
+    expected_errors: u64,
+}
+
+/// Checks what the reader saw against the writer's acknowledged history:
+/// - no `Corrupt` answer, ever (the files are intact: only kill -9 happens to them), and
+///   no other error once the journal exists, except `Locked` beside an exclusive writer;
+/// - an event, once seen, never changes (seqs are never reused) and disappears only as a
+///   purge removes events (see [`purged`]);
+/// - every event the writer acknowledged before a poll was asked for is in its answer,
+///   unless purged since.
+fn check_reader(
+    polls: &[Poll],
+    report: &Report,
+    sharing: Sharing,
+    totals: &mut ReaderTotals,
+) -> Result<(), String> {
+    let mut seen: BTreeMap<u64, (Option<String>, u64)> = BTreeMap::new();
+    for (i, p) in polls.iter().enumerate() {
+        totals.polls += 1;
+        totals.polls_after_kill += u64::from(p.after_kill);
+        let events = match &p.answer {
+            Ok(e) => e,
+            Err(e) if e.starts_with("corrupt") => {
+                return Err(format!("the reader's poll {i} answered Corrupt: {e}"));
+            }
+            Err(e) => {
+                // Beside an exclusive writer readers are refused; before the writer created
+                // the journal (a kill that early) there is no file to read.
+                let locked = sharing == Sharing::Exclusive && e.contains("Locked");
+                let absent = !report.ready && e.contains("Io");
+                if locked || absent {
+                    totals.expected_errors += 1;
+                    continue;
+                }
+                return Err(format!("the reader's poll {i} failed: {e}"));
+            }
+        };
+        totals.events_seen += events.len() as u64;
+        // Seen before: unchanged, or gone with its whole operation after a compaction.
+        for (seq, (op, hash)) in &seen {
+            match events.get(seq) {
+                Some((op2, hash2)) if op2 == op && hash2 == hash => {}
+                Some(other) => {
+                    return Err(format!(
+                        "poll {i}: event {seq} changed from {op:?}/{hash:x} to {other:?} (a seq was reused)"
+                    ));
+                }
+                None => {
+                    if !purged(events, *seq, op.as_deref()) {
+                        let of_op = |evs: &mut dyn Iterator<Item = (u64, &Option<String>)>| {
+                            evs.filter(|(_, o)| *o == op)
+                                .map(|(s, _)| s)
+                                .collect::<Vec<_>>()
+                        };
+                        return Err(format!(
+                            "poll {i} (asked after {} steps, answered after {}): event {seq} of {op:?}, seen before, is gone, and not as a purge leaves events (its events before: {:?}, now: {:?})",
+                            p.asked_steps,
+                            p.answered_steps,
+                            of_op(&mut seen.iter().map(|(s, (o, _))| (*s, o))),
+                            of_op(&mut events.iter().map(|(s, (o, _))| (*s, o))),
+                        ));
+                    }
+                }
+            }
+        }
+        seen.clone_from(events);
+        // Acknowledged before the poll was asked for: present.
+        for ack in &report.acks[..p.asked_acks.min(report.acks.len())] {
+            totals.acks_checked += 1;
+            match events.get(&ack.seq) {
+                Some((Some(op), _)) if *op == ack.op => {}
+                Some(other) => {
+                    return Err(format!(
+                        "poll {i}: acknowledged event {} of `{}` reads as {other:?}",
+                        ack.seq, ack.op
+                    ));
+                }
+                None => {
+                    if !purged(events, ack.seq, Some(&ack.op)) {
+                        return Err(format!(
+                            "poll {i} (asked after {} steps): event {} of `{}`, acknowledged at step {}, is missing",
+                            p.asked_steps, ack.seq, ack.op, ack.step
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether event `seq` of `op` may be missing from `events` because the journal purged it
+/// (an operation whose audit retention passed, by compaction or by the next call that
+/// touches it): a purged operation loses every event it had (events of a reused id come
+/// after them), and a purged revision event is one a later one superseded. A commit lost
+/// in a crash would take the *latest* events instead, leaving earlier ones of the same
+/// operation.
+fn purged(events: &BTreeMap<u64, (Option<String>, u64)>, seq: u64, op: Option<&str>) -> bool {
+    match op {
+        Some(op) => events
+            .iter()
+            .filter(|(_, (o, _))| o.as_deref() == Some(op))
+            .all(|(s, _)| *s > seq),
+        None => events.keys().next_back().is_some_and(|last| *last > seq),
+    }
+}
+
+/// The files' bytes (journal and log), to show that the reader alone changes nothing.
+fn file_bytes(path: &Path) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+    (
+        std::fs::read(path).ok(),
+        std::fs::read(opjournal::FileLog::path_for(path)).ok(),
+    )
 }
 
 // ---------------------------------------------------------------------------------------
@@ -247,6 +639,7 @@ struct Totals {
     open_faults: u64,
     reported_steps: u64,
     checked: WorkloadStats,
+    reader: ReaderTotals,
     violations: u64,
 }
 
@@ -257,6 +650,17 @@ struct Report {
     steps: Vec<String>,
     reopened: u64,
     end: Option<String>,
+    /// Events of acknowledged durable calls.
+    acks: Vec<Ack>,
+}
+
+/// An event the child's acknowledged call made durable.
+#[derive(Clone, Debug)]
+struct Ack {
+    seq: u64,
+    op: String,
+    /// The step (1-based) that acknowledged it.
+    step: usize,
 }
 
 impl Report {
@@ -266,6 +670,16 @@ impl Report {
         } else if let Some(rest) = line.strip_prefix("step ") {
             let kind = rest.split_once(' ').map_or("", |(_, k)| k);
             self.steps.push(kind.to_string());
+        } else if let Some(rest) = line.strip_prefix("ack ") {
+            let mut it = rest.split(' ');
+            let (_, seq, op) = (it.next(), it.next(), it.next());
+            if let (Some(Ok(seq)), Some(op)) = (seq.map(str::parse), op) {
+                self.acks.push(Ack {
+                    seq,
+                    op: op.to_string(),
+                    step: self.steps.len(),
+                });
+            }
         } else if line.starts_with("reopened ") {
             self.reopened += 1;
         } else {
@@ -349,6 +763,7 @@ fn check_after_crash(
     sharing: Sharing,
     path: &Path,
     report: &Report,
+    reader_saw: Option<&BTreeMap<u64, (Option<String>, u64)>>,
     totals: &mut Totals,
 ) -> Result<(), String> {
     if !path.exists() {
@@ -407,6 +822,25 @@ fn check_after_crash(
     w.model.before_reopen();
     let j = open_file(&w, path, sharing).map_err(|e| format!("reopen: {e}"))?;
     w.after_reopen(&j).map_err(|e| format!("recovery: {e}"))?;
+    // What the reader saw of the crashed files is what recovery made of them.
+    if let Some(saw) = reader_saw {
+        let ops: BTreeSet<&str> = saw.values().filter_map(|(op, _)| op.as_deref()).collect();
+        let mut recovered = BTreeMap::new();
+        for op in ops {
+            for ev in j.history(op).map_err(|e| format!("history `{op}`: {e}"))? {
+                recovered.insert(ev.seq, event_hash(&ev));
+            }
+        }
+        for (seq, (op, hash)) in saw {
+            if op.is_some() && recovered.get(seq) != Some(hash) {
+                return Err(format!(
+                    "the reader saw event {seq} of {op:?} in the crashed files; recovery has {:?}",
+                    recovered.get(seq)
+                ));
+            }
+        }
+        totals.reader.events_matched += saw.len() as u64;
+    }
     totals.checked.add(&w.stats);
     Ok(())
 }
@@ -421,7 +855,9 @@ fn keep_failure(keep: &Option<PathBuf>, seed: u64, path: &Path) {
 /// One kill -9 run.
 fn kill_run(args: &Args, exe: &Path, seed: u64, totals: &mut Totals) -> Result<(), String> {
     let mut rng = Rng::new(seed ^ 0x4B11_1000);
-    let sharing = if rng.chance(50) {
+    // The default configuration, with a reader process beside the writer; one run in five
+    // excludes readers (they must then be refused, `Locked`, and change nothing either).
+    let sharing = if rng.chance(80) {
         Sharing::LiveReaders
     } else {
         Sharing::Exclusive
@@ -432,6 +868,7 @@ fn kill_run(args: &Args, exe: &Path, seed: u64, totals: &mut Totals) -> Result<(
     let mut child =
         spawn_child(exe, seed, &path, sharing, steps, None).map_err(|e| format!("spawn: {e}"))?;
     let rx = reader(&mut child);
+    let mut rd = ReaderProc::spawn(exe, &path).map_err(|e| format!("spawn the reader: {e}"))?;
     // Kill after a random number of reported steps (0: maybe before the journal is even
     // created), plus a random sub-millisecond delay.
     let target = rng.below(steps + 1);
@@ -448,7 +885,13 @@ fn kill_run(args: &Args, exe: &Path, seed: u64, totals: &mut Totals) -> Result<(
             killed = true;
             break;
         }
-        match rx.recv_timeout(Duration::from_secs(5)) {
+        // The reader polls all along, once the writer has the journal open (a reader of a
+        // journal no writer has open keeps writers out while it reads).
+        if report.ready {
+            rd.ask(&report, false);
+        }
+        rd.collect(&report, Duration::ZERO);
+        match rx.recv_timeout(Duration::from_millis(2)) {
             Ok(line) => {
                 report.take(&line);
                 if report.end.is_some() {
@@ -456,7 +899,8 @@ fn kill_run(args: &Args, exe: &Path, seed: u64, totals: &mut Totals) -> Result<(
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
-            Err(_) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => break,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
     let _ = child.wait();
@@ -464,6 +908,14 @@ fn kill_run(args: &Args, exe: &Path, seed: u64, totals: &mut Totals) -> Result<(
     while let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
         report.take(&line);
     }
+    // The reader after the kill: it reads the files as the crash left them, and changes
+    // nothing (no writer is left to change them).
+    rd.polls_after_kill(&report, 1);
+    let before = file_bytes(&path);
+    rd.polls_after_kill(&report, 2);
+    let after = file_bytes(&path);
+    let polls = rd.polls.clone();
+    rd.stop();
     totals.reported_steps += report.steps.len() as u64;
     if let Some(end) = &report.end {
         if end.starts_with("violation") || end.starts_with("open-failed") {
@@ -479,7 +931,19 @@ fn kill_run(args: &Args, exe: &Path, seed: u64, totals: &mut Totals) -> Result<(
             totals.kills_before_ready += 1;
         }
     }
-    let r = check_after_crash(seed, sharing, &path, &report, totals);
+    let r = (|| {
+        if before != after {
+            return Err("the reader changed the files after the writer was killed".to_string());
+        }
+        check_reader(&polls, &report, sharing, &mut totals.reader)?;
+        let last_seen = polls
+            .iter()
+            .rev()
+            .find(|p| p.after_kill)
+            .and_then(|p| p.answer.as_ref().ok())
+            .cloned();
+        check_after_crash(seed, sharing, &path, &report, last_seen.as_ref(), totals)
+    })();
     if r.is_err() {
         keep_failure(&args.keep, seed, &path);
     }
@@ -526,7 +990,8 @@ fn strace_run(args: &Args, exe: &Path, seed: u64, totals: &mut Totals) -> Result
     let mut failures = Vec::new();
     for (i, (name, spec)) in strace_specs(&mut rng).into_iter().enumerate() {
         let seed = seed.wrapping_add((i as u64) << 32);
-        let sharing = if rng.chance(50) {
+        // The default configuration in four runs of five, with a reader process.
+        let sharing = if rng.chance(80) {
             Sharing::LiveReaders
         } else {
             Sharing::Exclusive
@@ -537,16 +1002,39 @@ fn strace_run(args: &Args, exe: &Path, seed: u64, totals: &mut Totals) -> Result
         let mut child = spawn_child(exe, seed, &path, sharing, steps, Some(&spec))
             .map_err(|e| format!("spawn strace: {e}"))?;
         let rx = reader(&mut child);
+        let mut rd = ReaderProc::spawn(exe, &path).map_err(|e| format!("spawn the reader: {e}"))?;
         let mut report = Report::default();
-        while let Ok(line) = rx.recv_timeout(Duration::from_secs(60)) {
-            report.take(&line);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if report.ready {
+                rd.ask(&report, false);
+            }
+            rd.collect(&report, Duration::ZERO);
+            match rx.recv_timeout(Duration::from_millis(2)) {
+                Ok(line) => report.take(&line),
+                Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
+                Err(_) => break,
+            }
         }
         let status = child.wait().map_err(|e| e.to_string())?;
+        rd.polls_after_kill(&report, 1);
+        let before = file_bytes(&path);
+        rd.polls_after_kill(&report, 2);
+        let unchanged = before == file_bytes(&path);
+        let polls = rd.polls.clone();
+        rd.stop();
+        let reader_ok = if unchanged {
+            check_reader(&polls, &report, sharing, &mut totals.reader)
+        } else {
+            Err("the reader changed the files after the writer stopped".to_string())
+        };
         totals.faults_injected += 1;
         totals.reported_steps += report.steps.len() as u64;
         totals.child_reopens += report.reopened;
         let end = report.end.clone().unwrap_or_default();
-        let r = if end.starts_with("violation") {
+        let r = if let Err(e) = reader_ok {
+            Err(e)
+        } else if end.starts_with("violation") {
             Err(format!("the child reported: {end}"))
         } else if end.starts_with("open-failed") {
             // The fault hit the journal's creation or first open: nothing was answered;
@@ -578,7 +1066,7 @@ fn strace_run(args: &Args, exe: &Path, seed: u64, totals: &mut Totals) -> Result
             } else {
                 totals.kills += u64::from(!status.success() && end.is_empty());
                 totals.parent_checked += 1;
-                check_after_crash(seed, sharing, &path, &report, totals)
+                check_after_crash(seed, sharing, &path, &report, None, totals)
             }
         };
         if !args.quiet {
@@ -612,6 +1100,9 @@ fn main() {
     };
     if let Some(c) = &args.child {
         std::process::exit(child_main(c));
+    }
+    if let Some(path) = &args.reader {
+        std::process::exit(reader_main(path));
     }
     let exe = match std::env::current_exe() {
         Ok(p) => p,
@@ -655,7 +1146,7 @@ fn main() {
     let elapsed = started.elapsed().as_secs_f64();
     if args.strace {
         println!(
-            "strace faults: {} runs, {} syscall fault scenarios in {elapsed:.1}s ({} faults hit the journal's creation or open; {} children ran to the end, checking {} in-process reopens after an error themselves (each after finding its handle poisoned); {} children were killed by SIGKILL injection or stopped by a persistent fault and checked by the parent); {} steps reported; acknowledged durable calls checked by the parent after a stop: {}; running at the stop and found in doubt: {}; violations: {}",
+            "strace faults: {} runs, {} syscall fault scenarios in {elapsed:.1}s ({} faults hit the journal's creation or open; {} children ran to the end, checking {} in-process reopens after an error themselves (each after finding its handle poisoned); {} children were killed by SIGKILL injection or stopped by a persistent fault and checked by the parent); {} steps reported; acknowledged durable calls checked by the parent after a stop: {}; running at the stop and found in doubt: {}; reader processes: {} polls ({} after the writer stopped, files unchanged by them), {} acknowledged events checked present; violations: {}",
             totals.runs,
             totals.faults_injected,
             totals.open_faults,
@@ -665,11 +1156,14 @@ fn main() {
             totals.reported_steps,
             c.acked_checked,
             c.running_at_cut,
+            totals.reader.polls,
+            totals.reader.polls_after_kill,
+            totals.reader.acks_checked,
             totals.violations
         );
     } else {
         println!(
-            "kill -9: {} runs in {elapsed:.1}s; {} kills (SIGKILL), {} before the journal was open, {} children finished first; {} steps reported by children; acknowledged durable calls checked after a kill: {}; lazily durable or in-flight states lost (allowed): {}; running at the kill and found in doubt: {}; effects applied: {}; violations: {}",
+            "kill -9: {} runs in {elapsed:.1}s; {} kills (SIGKILL), {} before the journal was open, {} children finished first; {} steps reported by children; acknowledged durable calls checked after a kill: {}; lazily durable or in-flight states lost (allowed): {}; running at the kill and found in doubt: {}; effects applied: {}; reader processes: {} polls ({} after the kill, files unchanged by them), {} events seen, {} acknowledged events checked present, {} events seen after the kill found unchanged in the recovered journal, {} answers `Locked` beside an exclusive writer or before the journal existed; violations: {}",
             totals.runs,
             totals.kills,
             totals.kills_before_ready,
@@ -679,6 +1173,12 @@ fn main() {
             c.maybe_lost,
             c.running_at_cut,
             c.applications,
+            totals.reader.polls,
+            totals.reader.polls_after_kill,
+            totals.reader.events_seen,
+            totals.reader.acks_checked,
+            totals.reader.events_matched,
+            totals.reader.expected_errors,
             totals.violations
         );
     }
