@@ -52,7 +52,7 @@
 //!     other => unreachable!("a completed id is replayed, not {other:?}"),
 //! }
 //! journal.delivered("op_7f3")?;
-//! journal.acknowledge("op_7f3")?; // the client saw it
+//! journal.acknowledge("op_7f3", Some("tab-1"))?; // the client saw it
 //! # Ok::<(), opjournal::Error>(())
 //! ```
 //!
