@@ -318,9 +318,7 @@ impl Ctx<'_, '_> {
             self.t.delete_result(seq)?;
         }
         for e in index_entries(rec) {
-            match e {
-                e => self.t.remove_index(id, &e)?,
-            }
+            self.t.remove_index(id, &e)?;
         }
         self.t.delete_receipt(id)?;
         self.fired.purged += 1;

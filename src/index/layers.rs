@@ -35,11 +35,6 @@ impl Base {
         }
     }
 
-    /// The read transaction.
-    pub(crate) fn txn(&self) -> &ReadTransaction {
-        &self.txn
-    }
-
     fn table<T: Table>(&self) -> Result<Option<&RedbTable<T>>> {
         let cell = &self.tables[usize::from(T::ID)];
         if let Some(t) = cell.get() {
@@ -232,9 +227,12 @@ impl Layered for Snapshot<'_> {
     }
 }
 
+/// Entries of a table as a boxed iterator.
+type EntryIter<'a, K, V> = Box<dyn Iterator<Item = Result<(K, V)>> + 'a>;
+
 /// Merges the base's entries with the layers' (already merged, in key order).
 struct Merge<'a, K, V> {
-    base: std::iter::Peekable<Box<dyn Iterator<Item = Result<(K, V)>> + 'a>>,
+    base: std::iter::Peekable<EntryIter<'a, K, V>>,
     over: std::iter::Peekable<std::vec::IntoIter<(K, Option<V>)>>,
 }
 

@@ -335,14 +335,6 @@ macro_rules! tables {
             ($mac:ident) => { $( $mac!($ty); )* };
         }
         pub(crate) use each_table;
-
-        /// The name of the table numbered `id` in log records.
-        pub(crate) fn table_name(id: u8) -> Option<&'static str> {
-            match id {
-                $( $id => Some($name), )*
-                _ => None,
-            }
-        }
     };
 }
 

@@ -177,6 +177,53 @@ impl Journal {
         &self.inner.path
     }
 
+    /// Closes the journal and says whether it closed cleanly: pending deliveries and
+    /// acknowledgements are committed, everything logged is checkpointed into the file, the
+    /// log is removed, and the file is closed (the storage engine syncs its allocator state
+    /// and marks the file closed). Dropping a journal does the same but cannot report a
+    /// failure; use `close` where one matters (a command-line tool's exit status).
+    ///
+    /// (This takes the journal by value; it may change shape when the handle becomes
+    /// `Clone`.)
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Io`] naming what failed (a sync, removing the log, closing the file):
+    /// what was committed is durable in the log or the file, but the journal was not closed
+    /// cleanly and the next open recovers it. [`ErrorKind::Poisoned`] if an earlier commit
+    /// failed (the log stays for the next open to read back).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let journal = opjournal::Journal::open(dir.path().join("project.opj"))?;
+    /// journal.close()?;
+    /// # Ok::<(), opjournal::Error>(())
+    /// ```
+    pub fn close(mut self) -> Result<()> {
+        *lock(&self.inner.gate) = true;
+        self.inner.close()?;
+        // With the handle to itself, close the storage engine too and report its error.
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            return Ok(());
+        };
+        let committed = inner.committed.get_mut().unwrap_or_else(|e| e.into_inner());
+        committed.base = None;
+        let Some(db) = inner.db.take() else {
+            return Ok(());
+        };
+        crate::index::guarded("close", || {
+            db.close().map_err(|e| {
+                Error::from(e).while_doing(
+                    "close the journal file",
+                    "everything committed is durable, but the file is marked as not closed \
+                     cleanly, and the next open recovers it",
+                )
+            })
+        })
+    }
+
     /// The journal's current time: the clock, never below the persisted high-water mark.
     pub fn now(&self) -> Timestamp {
         self.inner.now()
