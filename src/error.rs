@@ -26,6 +26,9 @@ struct Inner {
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
     /// For I/O errors: what the journal was doing ("sync the journal's log").
     during: Option<&'static str>,
+    /// For I/O errors: what it means for the journal, when not the writer's default (that
+    /// the change may not be durable and the handle refuses writes).
+    meaning: Option<&'static str>,
 }
 
 /// What went wrong. Variants carry the values a caller needs to react.
@@ -191,6 +194,7 @@ impl Error {
                 kind,
                 source: None,
                 during: None,
+                meaning: None,
             }),
         }
     }
@@ -204,6 +208,7 @@ impl Error {
                 kind,
                 source: Some(source.into()),
                 during: None,
+                meaning: None,
             }),
         }
     }
@@ -347,6 +352,7 @@ impl Error {
             Error::with_source(self.kind().clone(), message)
         };
         e.inner.during = self.inner.during;
+        e.inner.meaning = self.inner.meaning;
         e
     }
 
@@ -356,6 +362,39 @@ impl Error {
         let mut e = Error::with_source(ErrorKind::Io, err);
         e.inner.during = Some(during);
         e
+    }
+
+    /// An I/O error while doing `during` ("read the journal file"), and what that means for
+    /// the journal ("the journal is unchanged"), which the message says instead of the
+    /// writer's default.
+    pub(crate) fn io_while(
+        during: &'static str,
+        meaning: &'static str,
+        err: std::io::Error,
+    ) -> Self {
+        Error::io_during(during, err).meaning(meaning)
+    }
+
+    /// Names what the journal was doing and what it means, if this is an I/O error that
+    /// does not say yet (a storage-engine error converted with `From`). Other errors are
+    /// returned as they are.
+    pub(crate) fn while_doing(mut self, during: &'static str, meaning: &'static str) -> Self {
+        if matches!(self.kind(), ErrorKind::Io) && self.inner.during.is_none() {
+            self.inner.during = Some(during);
+            self.inner.meaning = Some(meaning);
+        }
+        self
+    }
+
+    fn meaning(mut self, meaning: &'static str) -> Self {
+        self.inner.meaning = Some(meaning);
+        self
+    }
+
+    /// For an I/O error, what the journal was doing when it happened ("sync the repaired
+    /// journal"), if known.
+    pub fn during(&self) -> Option<&'static str> {
+        self.inner.during
     }
 }
 
@@ -498,13 +537,16 @@ impl fmt::Display for Error {
                 "an earlier commit failed with an I/O error, so this handle refuses writes; \
                  drop the journal and open it again"
             ),
-            ErrorKind::Io => match self.inner.during {
-                Some(during) => write!(
+            ErrorKind::Io => match (self.inner.during, self.inner.meaning) {
+                (Some(during), Some(meaning)) => {
+                    write!(f, "I/O error: could not {during}; {meaning}")
+                }
+                (Some(during), None) => write!(
                     f,
                     "I/O error: could not {during}; what it was writing may not be durable, \
                      and this handle refuses further writes: open the journal again"
                 ),
-                None => write!(f, "I/O error on the journal file"),
+                (None, _) => write!(f, "I/O error on the journal file"),
             },
             ErrorKind::Closed => write!(f, "the journal is closed"),
             ErrorKind::Storage => write!(f, "storage engine error"),
@@ -540,9 +582,15 @@ impl From<redb::Error> for Error {
         match err {
             redb::Error::Io(io) => Error::io(io),
             redb::Error::PreviousIo => Error::new(ErrorKind::Poisoned),
-            redb::Error::Corrupted(detail) => {
-                Error::corrupt("(redb)", "(page)", format!("storage engine: {detail}"))
-            }
+            // redb's own words stay in the cause chain, not in the message.
+            redb::Error::Corrupted(detail) => Error::with_source(
+                ErrorKind::Corrupt {
+                    table: "(redb)".into(),
+                    key: "(page)".into(),
+                    detail: "the storage engine found its own structures damaged".into(),
+                },
+                redb::Error::Corrupted(detail),
+            ),
             // Without the path at hand this is no `Locked` (which names the file): opening a
             // journal goes through `index::file::open_error`, which names it. The cause
             // stays reachable, and `is_retryable` recognizes it.
@@ -556,6 +604,20 @@ impl From<redb::Error> for Error {
                     key.name(),
                     value.name()
                 ),
+            ),
+            // A table whose stored definition is not the journal's, a table of the wrong
+            // kind, or the engine's own lock left poisoned by a panic on damaged data: what
+            // a damaged file causes. redb's words stay in the cause chain.
+            e @ (redb::Error::TypeDefinitionChanged { .. }
+            | redb::Error::TableIsMultimap(_)
+            | redb::Error::TableIsNotMultimap(_)
+            | redb::Error::LockPoisoned(_)) => Error::with_source(
+                ErrorKind::Corrupt {
+                    table: "(redb)".into(),
+                    key: "(tables)".into(),
+                    detail: "the storage engine found its own structures damaged".into(),
+                },
+                e,
             ),
             other => Error::with_source(ErrorKind::Storage, other),
         }

@@ -1,14 +1,20 @@
 //! Read-only inspection of a journal file, also while an editor has it open.
 //!
-//! [`Inspector::open`] never modifies the file:
+//! [`Inspector::open`] never modifies the file, and never copies it:
 //! - no writer has it open → the file is opened read-only, and writers are excluded while
 //!   the inspector lives ([`Access::Idle`]);
 //! - a writer opened it with [`Sharing::LiveReaders`](crate::Sharing::LiveReaders) → it is
 //!   opened read-only beside the writer, and each call sees the latest commit
 //!   ([`Access::Live`]);
-//! - it was not closed cleanly (a crash) → a copy is recovered in a temporary directory and
-//!   inspected ([`Access::RecoveredCopy`]); the file itself is recovered by the next writer;
+//! - it was not closed cleanly and the storage engine needs to recover it before reading
+//!   (a file of format 1, whose checkpoints did not save the allocator state) → the recovery
+//!   runs in memory, its writes kept there (at most [`RECOVERY_SCRATCH_BYTES`]), and the
+//!   file is read in place ([`Access::Recovered`]); the next writer recovers the file itself;
 //! - a writer opened it with [`Sharing::Exclusive`](crate::Sharing::Exclusive) → `Locked`.
+//!
+//! Anything that is not a regular file (a directory, a FIFO, a device) is refused before it
+//! is opened. Bytes after the journal's data (redb's header says where it ends) are not part
+//! of it: the journal is read as it is, and [`Inspector::trailing_bytes`] says how many follow.
 //!
 //! The file is input: the storage engine trusts its pages and may panic on a damaged file
 //! (fuzzing found such files). Every method turns such a panic into
@@ -18,7 +24,7 @@
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
-use redb::{Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase};
+use redb::{Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, StorageBackend};
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::engine;
@@ -26,10 +32,15 @@ use crate::engine::stats::{self, Stats};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::file::{check_format, check_redb_magic};
 use crate::index::guarded;
+use crate::index::reading::{Extent, InPlace, Locks, Scratch, existing_journal_file};
 use crate::index::{self, Base, Layered, Layers, Memtable, View};
 use crate::log::FileLog;
 use crate::types::Event;
 use crate::types::{OpResult, Receipt};
+
+/// The most memory the storage engine's recovery may write to when a file that was not
+/// closed cleanly is read in place (its writes are kept in memory, never in the file).
+pub const RECOVERY_SCRATCH_BYTES: u64 = 64 << 20;
 
 /// How an [`Inspector`] reached the file.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -39,8 +50,9 @@ pub enum Access {
     Idle,
     /// A writer has the file open; reads follow its commits.
     Live,
-    /// The file was not closed cleanly: a recovered copy is inspected; the file is unchanged.
-    RecoveredCopy,
+    /// The file was not closed cleanly: the storage engine recovered it in memory, and the
+    /// file is read in place, unchanged. Writers are excluded while the inspector lives.
+    Recovered,
 }
 
 impl Access {
@@ -49,25 +61,43 @@ impl Access {
         match self {
             Access::Idle => "no writer has the journal open",
             Access::Live => "a writer has the journal open; showing its latest commit",
-            Access::RecoveredCopy => {
-                "the journal was not closed cleanly; inspecting a recovered copy (the file is unchanged until a writer opens it)"
+            Access::Recovered => {
+                "the journal was not closed cleanly; it was recovered in memory and read in place (the file is unchanged until a writer opens it)"
             }
         }
     }
 }
 
 pub(crate) enum Handle {
-    ReadOnly(ReadOnlyDatabase),
-    /// A recovered copy; the directory is deleted when the handle drops.
-    Copy(Database, #[allow(dead_code)] tempfile::TempDir),
+    /// `None` only while the handle drops.
+    ReadOnly(Option<ReadOnlyDatabase>),
+    /// Recovered in memory: the storage engine's writes are kept in a [`Scratch`] (`None`
+    /// only while the handle drops).
+    Recovered(Option<Database>),
 }
 
 impl Handle {
     pub(crate) fn begin_read(&self) -> Result<ReadTransaction> {
+        let closed = || Error::new(ErrorKind::Closed);
         Ok(match self {
-            Handle::ReadOnly(db) => db.begin_read()?,
-            Handle::Copy(db, _) => db.begin_read()?,
+            Handle::ReadOnly(db) => db.as_ref().ok_or_else(closed)?.begin_read()?,
+            Handle::Recovered(db) => db.as_ref().ok_or_else(closed)?.begin_read()?,
         })
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // Closing the storage engine's handle may panic on a damaged file (a recovered one
+        // writes its allocator state, to the scratch, when it closes): contain that, so
+        // dropping an inspector never panics. The file is closed either way.
+        let _ = guarded("close", || {
+            match self {
+                Handle::ReadOnly(db) => drop(db.take()),
+                Handle::Recovered(db) => drop(db.take()),
+            }
+            Ok(())
+        });
     }
 }
 
@@ -76,6 +106,7 @@ pub struct Inspector {
     pub(crate) handle: Handle,
     path: PathBuf,
     access: Access,
+    extent: Extent,
     clock: Box<dyn Clock>,
 }
 
@@ -88,50 +119,111 @@ impl std::fmt::Debug for Inspector {
     }
 }
 
+/// Opens `path` for reading with the storage engine, in place: read-only, seen with the
+/// journal's length.
 fn open_ro(
     path: &Path,
+    extent: &Extent,
     mode: redb::ConcurrencyMode,
 ) -> std::result::Result<ReadOnlyDatabase, redb::DatabaseError> {
+    let cap = (extent.trailing() > 0).then(|| extent.journal_len());
+    let file = std::fs::File::open(path)?;
     redb::Builder::new()
         .set_cache_size(crate::config::INSPECT_CACHE_BYTES)
         .set_concurrency_mode(mode)
-        .open_read_only(path)
+        .open_read_only_with_backend(InPlace::new(file, cap)?)
 }
 
-/// Copies `path` into a new temporary directory and opens the copy read-write, which runs
-/// redb's crash recovery on the copy.
-pub(crate) fn recovered_copy(path: &Path) -> Result<(Database, tempfile::TempDir, PathBuf)> {
-    let dir = tempfile::Builder::new()
-        .prefix("opjournal-inspect-")
-        .tempdir()
-        .map_err(Error::io)?;
-    let copy = dir.path().join("journal.opj");
-    std::fs::copy(path, &copy).map_err(Error::io)?;
-    let db = redb::Builder::new()
+/// Opens `path` with the storage engine as a writer would, on a [`Scratch`]: its recovery
+/// runs, and everything it writes stays in memory (at most `limit` bytes). `len` is the
+/// length the engine sees (past the end of the file, zeros).
+pub(crate) fn open_scratch(
+    path: &Path,
+    len: u64,
+    limit: u64,
+    locks: Locks,
+) -> std::result::Result<Database, redb::DatabaseError> {
+    let file = std::fs::File::open(path)?;
+    let scratch = Scratch::new(file, len, limit, locks)?;
+    open_on(scratch)
+}
+
+/// Opens a database on `backend` as a writer would.
+pub(crate) fn open_on(
+    backend: impl StorageBackend,
+) -> std::result::Result<Database, redb::DatabaseError> {
+    redb::Builder::new()
         .set_cache_size(crate::config::INSPECT_CACHE_BYTES)
-        .create(&copy)
-        .map_err(|e| not_openable(path, e))?;
-    Ok((db, dir, copy))
+        .set_concurrency_mode(redb::ConcurrencyMode::ExclusiveWriter)
+        .create_with_backend(backend)
 }
 
-fn not_openable(path: &Path, e: redb::DatabaseError) -> Error {
+pub(crate) fn not_openable(path: &Path, e: redb::DatabaseError) -> Error {
     match e {
         redb::DatabaseError::DatabaseAlreadyOpen | redb::DatabaseError::LockProtocolMismatch => {
             Error::new(ErrorKind::Locked {
                 path: path.to_path_buf(),
             })
         }
-        redb::DatabaseError::Storage(redb::StorageError::Corrupted(detail)) => Error::corrupt(
-            "(redb)",
-            "(file)",
-            format!("the storage engine refuses the file: {detail}"),
+        redb::DatabaseError::Storage(redb::StorageError::Corrupted(detail)) => Error::with_source(
+            ErrorKind::Corrupt {
+                table: "(redb)".into(),
+                key: "(file)".into(),
+                detail: "the storage engine refuses the file: its header or its structures \
+                             are damaged"
+                    .into(),
+            },
+            redb::StorageError::Corrupted(detail),
         ),
         redb::DatabaseError::UpgradeRequired(v) => Error::new(ErrorKind::NotAJournal {
             path: path.to_path_buf(),
             detail: format!("it is a redb file of an older file format ({v})"),
         }),
-        other => Error::from(other),
+        redb::DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::OutOfMemory =>
+        {
+            Error::with_source(
+                ErrorKind::Corrupt {
+                    table: "(redb)".into(),
+                    key: "(file)".into(),
+                    detail: format!(
+                        "the journal was not closed cleanly, and recovering it in memory to read \
+                         it in place needs more than {} MiB: open it with a writer (any \
+                         `opjournal` write command, or the editor) to recover it, or run \
+                         `opjournal repair`",
+                        RECOVERY_SCRATCH_BYTES >> 20
+                    ),
+                },
+                io,
+            )
+        }
+        other => Error::from(other).while_doing(
+            "read the journal file",
+            "the journal is unchanged: check the disk and try again",
+        ),
     }
+}
+
+/// What [`Inspector::with_snapshot_and_log`] found beside the file.
+#[derive(Debug)]
+pub(crate) enum LogRead {
+    /// No log: the journal was closed cleanly.
+    Absent,
+    /// A log, beside a journal of format 1, which has no log cycle.
+    NoCycle,
+    /// The log was read for the cycle `cursor`.
+    Read {
+        cursor: crate::log::Cursor,
+        /// Records laid over the file.
+        records: u64,
+        /// Why the header was not used (another journal's, another format's, none).
+        header_problem: Option<String>,
+        /// A record whose changes do not decode (its lsn, what is wrong): it and the
+        /// records after it are not laid over the file.
+        undecodable: Option<(u64, String)>,
+        /// The log's length in bytes.
+        len: u64,
+    },
 }
 
 /// A panic caught from the caller's closure, to be resumed outside the storage guard.
@@ -172,37 +264,50 @@ impl Inspector {
     }
 
     fn open_unguarded(path: &Path) -> Result<Inspector> {
-        let meta = std::fs::metadata(path).map_err(Error::io)?;
-        if meta.len() == 0 {
-            return Err(Error::new(ErrorKind::NotAJournal {
-                path: path.to_path_buf(),
-                detail: "the file is empty".into(),
-            }));
-        }
+        let meta = existing_journal_file(path)?;
         check_redb_magic(path)?;
-        let (handle, access) = match open_ro(path, redb::ConcurrencyMode::ExclusiveWriter) {
-            Ok(db) => (Handle::ReadOnly(db), Access::Idle),
+        let file = std::fs::File::open(path).map_err(|e| {
+            Error::io_while("open the journal file", "nothing was read or changed", e)
+        })?;
+        let extent = Extent::of(&file, meta.len()).map_err(|e| {
+            Error::io_while(
+                "read the journal file's header",
+                "nothing was read or changed",
+                e,
+            )
+        })?;
+        drop(file);
+        let recover = || -> Result<(Handle, Access)> {
+            // The engine must recover the file before reading it (a writer did not close
+            // it): recover it in memory, reading the file in place.
+            let db = open_scratch(
+                path,
+                extent.journal_len(),
+                RECOVERY_SCRATCH_BYTES,
+                Locks::Forward,
+            )
+            .map_err(|e| not_openable(path, e))?;
+            Ok((Handle::Recovered(Some(db)), Access::Recovered))
+        };
+        let (handle, access) = match open_ro(path, &extent, redb::ConcurrencyMode::ExclusiveWriter)
+        {
+            Ok(db) => (Handle::ReadOnly(Some(db)), Access::Idle),
             Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
-                match open_ro(path, redb::ConcurrencyMode::SingleWriter) {
-                    Ok(db) => (Handle::ReadOnly(db), Access::Live),
-                    Err(redb::DatabaseError::RepairAborted) => {
-                        // The writer that had it is gone mid-way; inspect a recovered copy.
-                        let (db, dir, _) = recovered_copy(path)?;
-                        (Handle::Copy(db, dir), Access::RecoveredCopy)
-                    }
+                match open_ro(path, &extent, redb::ConcurrencyMode::SingleWriter) {
+                    Ok(db) => (Handle::ReadOnly(Some(db)), Access::Live),
+                    // The writer that had it is gone mid-way.
+                    Err(redb::DatabaseError::RepairAborted) => recover()?,
                     Err(e) => return Err(not_openable(path, e)),
                 }
             }
-            Err(redb::DatabaseError::RepairAborted) => {
-                let (db, dir, _) = recovered_copy(path)?;
-                (Handle::Copy(db, dir), Access::RecoveredCopy)
-            }
+            Err(redb::DatabaseError::RepairAborted) => recover()?,
             Err(e) => return Err(not_openable(path, e)),
         };
         let inspector = Inspector {
             handle,
             path: path.to_path_buf(),
             access,
+            extent,
             clock: Box::new(SystemClock),
         };
         inspector.check_journal()?;
@@ -253,13 +358,35 @@ impl Inspector {
         self.access
     }
 
+    /// The number of bytes after the journal's data in the file (appended to it, not part
+    /// of it: the journal is read without them), or 0.
+    pub fn trailing_bytes(&self) -> u64 {
+        self.extent.trailing()
+    }
+
+    /// Where the journal's data ends and the file's length.
+    pub(crate) fn extent(&self) -> Extent {
+        self.extent
+    }
+
     /// Runs `f` on the journal as its writer last committed it: redb as of the last
     /// checkpoint, with the log's records of the same cycle over it (what a writer logged
-    /// a moment ago is there). Reads only: the log is read whole (it is bounded by the
-    /// writer's checkpoint size), and nothing is written anywhere.
+    /// a moment ago is there). Reads only: the log is read record by record, and nothing is
+    /// written anywhere. A log record whose changes do not decode is an error.
     pub(crate) fn with_snapshot<R>(
         &self,
         f: impl FnOnce(&index::Snapshot<'_>, Timestamp) -> Result<R>,
+    ) -> Result<R> {
+        self.with_snapshot_and_log(true, |snap, now, _| f(snap, now))
+    }
+
+    /// As [`Inspector::with_snapshot`], also saying what the log held; with `strict` off, a
+    /// log record whose changes do not decode ends the records laid over the file (as a
+    /// damaged one does) instead of failing, and the [`LogRead`] names it.
+    pub(crate) fn with_snapshot_and_log<R>(
+        &self,
+        strict: bool,
+        f: impl FnOnce(&index::Snapshot<'_>, Timestamp, &LogRead) -> Result<R>,
     ) -> Result<R> {
         let log_path = FileLog::path_for(&self.path);
         let mut attempts = 0;
@@ -271,28 +398,56 @@ impl Inspector {
                 layers: Layers::default(),
             };
             let mut mem = Memtable::default();
-            if let Some(cp) = first.checkpoint()?
-                && let Some(log) = FileLog::open_read_only(&log_path)
-                    .map_err(|e| Error::io_during("open the journal's log", e))?
-            {
-                let bytes = crate::log::read_all(&log)
-                    .map_err(|e| Error::io_during("read the journal's log", e))?;
+            let log = FileLog::open_read_only(&log_path).map_err(|e| {
+                Error::io_while("open the journal's log", "nothing was read or changed", e)
+            })?;
+            let mut read = LogRead::Absent;
+            if let Some(log) = log {
+                let Some(cp) = first.checkpoint()? else {
+                    read = LogRead::NoCycle;
+                    let snap = index::Snapshot {
+                        base: Some(&base),
+                        layers: Layers::default(),
+                    };
+                    let now = self.clock.now().max(snap.state()?.clock_high_water);
+                    return f(&snap, now, &read);
+                };
                 let cursor = crate::log::Cursor {
                     journal_id: cp.journal_id,
                     generation: cp.generation,
                     first_lsn: cp.next_lsn,
                 };
-                crate::log::scan(&bytes, cursor, |r| {
-                    if r.kind != crate::log::KIND_BATCH {
-                        return Err(Error::corrupt(
-                            "log",
-                            format!("record {}", r.lsn),
-                            format!("record kind {} is not one this build reads", r.kind),
-                        ));
+                let mut undecodable = None;
+                let scan = crate::log::scan_storage(&log, cursor, |r| -> Result<()> {
+                    if undecodable.is_some() {
+                        return Ok(());
                     }
-                    mem.apply_encoded(r.payload).map_err(|detail| {
-                        Error::corrupt("log", format!("record {}", r.lsn), detail)
-                    })
+                    let applied = if r.kind != crate::log::KIND_BATCH {
+                        Err(format!(
+                            "record kind {} is not one this build reads",
+                            r.kind
+                        ))
+                    } else {
+                        // Applied to a copy: a record that fails half-way leaves nothing.
+                        let mut next = Memtable::default();
+                        next.apply_encoded(r.payload).map(|()| mem.absorb(next))
+                    };
+                    match applied {
+                        Ok(()) => Ok(()),
+                        Err(detail) if !strict => {
+                            undecodable = Some((r.lsn, detail));
+                            Ok(())
+                        }
+                        Err(detail) => {
+                            Err(Error::corrupt("log", format!("record {}", r.lsn), detail))
+                        }
+                    }
+                })
+                .map_err(|e| {
+                    e.while_doing(
+                        "read the journal's log",
+                        "nothing was changed: check the disk and try again",
+                    )
                 })?;
                 // A checkpoint since the snapshot began may have started the log over (its
                 // records are in redb now, past this snapshot): read both again.
@@ -306,13 +461,22 @@ impl Inspector {
                 if moved && attempts < 100 {
                     continue;
                 }
+                read = LogRead::Read {
+                    cursor,
+                    records: undecodable
+                        .as_ref()
+                        .map_or(scan.records, |(lsn, _)| lsn - cursor.first_lsn),
+                    header_problem: scan.header_problem,
+                    undecodable,
+                    len: scan.len,
+                };
             }
             let snap = index::Snapshot {
                 base: Some(&base),
                 layers: Layers::new(&[&mem]),
             };
             let now = self.clock.now().max(snap.state()?.clock_high_water);
-            return f(&snap, now);
+            return f(&snap, now, &read);
         }
     }
 

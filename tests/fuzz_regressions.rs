@@ -377,8 +377,8 @@ fn open_on_custom_storage_answers_corrupt_when_the_storage_engine_panics() {
 }
 
 /// Found by the `open_file` fuzz target (a journal with its log, mutated, after about
-/// 14,000 executions): the file needs recovery, so the inspector reads a recovered copy,
-/// whose database writes its allocator state when it closes; on this damaged file redb
+/// 14,000 executions): the file needs recovery, so the inspector recovers it in memory,
+/// and the database writes its allocator state (to memory) when it closes; on this damaged file redb
 /// asserts there (`bit < self.len` in its allocator bitmap), and the panic escaped the
 /// inspector's drop, so `opjournal stats` would crash on its way out. The inspector now
 /// closes its database under the storage guard.
@@ -400,7 +400,7 @@ fn dropping_an_inspector_of_a_damaged_file_never_panics() {
     std::fs::write(opjournal::FileLog::path_for(&path), log).unwrap_or_else(|e| panic!("{e}"));
     let outcome = std::panic::catch_unwind(|| {
         let insp = Inspector::open(&path).expect("the damaged journal opens for inspection");
-        assert_eq!(insp.access(), opjournal::Access::RecoveredCopy);
+        assert_eq!(insp.access(), opjournal::Access::Recovered);
         let _ = insp.stats();
         let _ = insp.for_each_receipt(|_| Ok(true));
         let _ = opjournal::verify_inspected(&insp, &mut |_, _| {});

@@ -1,12 +1,16 @@
 //! `verify` and `repair`: the file is input, so every record is checked, every index is
-//! compared with what replaying the event journal gives, and damage is reported by table
-//! and key, never by a panic.
+//! checked against the event journal, and damage is reported by table and key, never by a
+//! panic. Both read the file in place, never copy it, and hold bounded memory.
 
 mod repair;
 mod salvage;
+mod source;
 mod verify;
 
-pub use repair::{LostOperation, RepairOptions, RepairReport, repair};
-#[cfg(feature = "internals")]
+pub use repair::{EngineAccess, LostOperation, RepairOptions, RepairReport, repair};
 pub(crate) use salvage::scan_frames;
-pub use verify::{Finding, Integrity, VerifyReport, verify, verify_inspected};
+pub use salvage::{IntactRecords, intact_records};
+pub use verify::{
+    Finding, INTEGRITY_SCRATCH_BYTES, Integrity, LogCheck, MAX_FINDINGS, VerifyReport, verify,
+    verify_inspected,
+};

@@ -1,38 +1,74 @@
-//! `repair`: rebuild every index from the event journal, quarantine what is damaged.
+//! `repair`: rebuild the journal from its event journal into a new file beside it, with an
+//! exact report of every operation that does not answer as before.
+//!
+//! # How
+//!
+//! The damaged file is read in place and never written ([`super::source`]): the storage
+//! engine reads what it can, around damaged pages, and the log's records of the current
+//! cycle are laid over it. The repaired journal is built into a new file beside it
+//! (`.<name>.repair-<pid>`), streaming:
+//!
+//! 1. **events**, in seq order, each checked (CRC, decode, its own seq, times that never go
+//!    backwards) and applied with the writer's own code (`engine::apply`) into batches that
+//!    are written to the new file every few MiB. An event that does not fit its operation's
+//!    history, or does not decode, is quarantined (kept as found in the `quarantine` table).
+//!    Where the engine could not read the events table, intact event records are salvaged
+//!    from the raw bytes, but only with evidence that they are live (the `op_events` index
+//!    lists them, or cannot be read): an event of a purged operation never comes back.
+//! 2. **results**: a payload is copied only if the rebuilt receipt refers to it; one
+//!    salvaged from the raw bytes only if the file's own receipt (not a stale copy) refers to
+//!    it and is not retired. A payload that retention dropped is never revived.
+//! 3. **every operation**, in id order, is compared with what the damaged file answered
+//!    (its receipt, clocks applied, and whether its result could be read), and with the
+//!    events its `op_events` entries list. Lost events make an operation in doubt (unless
+//!    its outcome survived, which is kept); a lost result makes it answer expired; a scope
+//!    revision never moves back. Every operation that does not answer exactly as before is
+//!    named in [`RepairReport::lost`] with what it was, what it is and why.
+//! 4. the new file is committed durably, then, unless this is a dry run, linked as the
+//!    backup's name's original is kept (`FILE.<time>.bak`, unless `--no-backup`) and renamed
+//!    over the journal; the log (its records are in the new file) moves with the backup.
+//!
+//! Memory holds a batch (a few MiB), the storage engines' caches, one entry per damaged
+//! operation and the report, whatever the journal's size; records salvaged from raw bytes
+//! (only where the engine cannot read) are held until they are written.
+//!
+//! An I/O error (reading the journal, writing or syncing the new file) stops the repair and
+//! is returned naming the operation: the journal is left as it was. Only damage (CRC and
+//! decode failures, the engine's `Corrupted`, its panics) leads to quarantine and salvage.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase};
 use serde::Serialize;
 
-use crate::clock::Timestamp;
+use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::codec::{self, FORMAT_VERSION, RecordKind};
 use crate::config::Config;
 use crate::engine::{self, Ctx};
 use crate::error::{Error, ErrorKind, Result};
-use crate::index::file::{check_format, check_redb_magic};
-use crate::index::{self, Layered, Layers, Table, View, WriteTables, guarded};
-use crate::journal::open::{absorb_log, prepare};
-use crate::log::FileLog;
-use crate::record::IntentDigest;
+use crate::index::file::check_redb_magic;
+use crate::index::reading::{Extent, existing_journal_file};
+use crate::index::{self, Base, Layered, Layers, Memtable, Table, TableKey, View, WriteTables};
+use crate::log::{self, FileLog};
 use crate::record::{
-    CheckpointRecord, EventKind, ExecRecord, FormatRecord, ReceiptRecord, StateRecord,
+    CheckpointRecord, Event, EventKind, ExecRecord, FormatRecord, IntentDigest, ReceiptRecord,
+    RevisionCause, ScopeRecord, StateRecord,
 };
-// ---------------------------------------------------------------------------------------
-// Repair.
-// ---------------------------------------------------------------------------------------
 
-use super::salvage::salvage;
+use super::salvage::scan_file;
+use super::source::{Gap, Rung, Source};
 use super::verify::{Finding, corrupt_detail};
 
 /// How [`repair`] runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RepairOptions {
-    /// Report what would be done, on a temporary copy, without touching the file.
+    /// Build the repaired journal and report, without replacing the file (the repaired copy
+    /// is deleted).
     pub dry_run: bool,
-    /// Copy the file to a backup before writing (default `true`).
+    /// Keep the file as it was under a backup name (default `true`).
     pub backup: bool,
 }
 
@@ -45,276 +81,1909 @@ impl Default for RepairOptions {
     }
 }
 
-/// An operation that repair could not restore as it was.
+/// An operation that does not answer after the repair exactly as it did before.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LostOperation {
     /// The operation id.
     pub operation_id: String,
-    /// What it answers now (`in_doubt`, `expired`).
+    /// What it answers now: `in_doubt`, `expired`, `kept` (its outcome survived, something
+    /// else changed), `restored` (its receipt was missing or wrong and now answers as its
+    /// events say), `unknown` (nothing of it could be kept).
     pub now: String,
-    /// What was lost.
+    /// What it answered before (its state, or why it could not be read).
+    pub was: String,
+    /// What was lost or changed, and why.
     pub detail: String,
 }
 
+/// How the storage engine read the damaged file.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum EngineAccess {
+    /// Read-only, in place.
+    InPlace,
+    /// The file was not closed cleanly (or its allocator state is damaged): the engine
+    /// recovered it in memory, the file untouched.
+    RecoveredInMemory,
+    /// The file is shorter than its header says: read at its full length, the missing
+    /// pages zero.
+    Truncated,
+    /// The first bytes of its header were damaged and were rebuilt in memory.
+    HeaderRebuilt,
+    /// The engine could not read the file: every record was salvaged from its raw bytes.
+    Refused,
+}
+
 /// What [`repair`] did.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct RepairReport {
-    /// Where the backup copy was written.
+    /// Where the file as it was is kept (`None`: no backup, or a dry run).
     pub backup: Option<PathBuf>,
-    /// Whether this was a dry run (nothing written to the file).
+    /// Whether this was a dry run (the file was not replaced).
     pub dry_run: bool,
-    /// Whether the storage engine refused the file, so records were salvaged by scanning
-    /// its bytes into a new file.
+    /// How the storage engine read the file.
+    pub engine: EngineAccess,
+    /// Whether records were salvaged from the raw bytes (where the engine could not read).
     pub salvaged: bool,
-    /// Whether the storage engine's own check failed and it rolled back to its last intact
-    /// commit.
+    /// Always `false`: repair no longer rolls the storage engine back (kept for
+    /// compatibility).
     pub storage_rolled_back: bool,
-    /// Whether the storage engine's page checksums failed with no intact commit to roll back
-    /// to, so the records were read as they are (each still checked by its CRC) and repaired
-    /// in place.
+    /// Always `false` (kept for compatibility): page damage shows as
+    /// [`RepairReport::unreadable`] ranges.
     pub page_checksums_failed: bool,
     /// Records moved to the quarantine table (they failed CRC/decode, or did not fit the
     /// history).
     pub quarantined: Vec<Finding>,
-    /// Operations not restored as they were.
+    /// Every operation that does not answer exactly as before, with what changed.
     pub lost: Vec<LostOperation>,
-    /// Records of the log (what a writer logged and never checkpointed) written into the
-    /// file before the repair.
+    /// Key ranges of the file's tables the storage engine could not read. An operation whose
+    /// every record lay there leaves no trace to name it by: these ranges are where such
+    /// operations were.
+    pub unreadable: Vec<Finding>,
+    /// Scopes whose revision differs from what the file recorded (a revision never moves
+    /// back: a lost one is kept by a checkpoint event).
+    pub scopes: Vec<Finding>,
+    /// Records of the log (what a writer logged and never checkpointed) taken into the
+    /// repaired journal.
     pub log_records: u64,
+    /// Records of the log dropped: after a damaged one, or behind a damaged header.
+    pub log_records_dropped: u64,
+    /// Bytes that followed the journal's data, not copied into the repaired journal.
+    pub trailing_bytes_trimmed: u64,
     /// Events replayed.
     pub events_replayed: u64,
     /// Receipts rebuilt.
     pub receipts_rebuilt: u64,
     /// Scopes rebuilt.
     pub scopes_rebuilt: u64,
-    /// Result payloads without a receipt, removed.
+    /// Result payloads without a live receipt, not copied.
     pub orphan_results_removed: u64,
 }
 
-/// Rebuilds every index of the journal at `path` from its event journal.
+impl Default for RepairReport {
+    fn default() -> Self {
+        RepairReport {
+            backup: None,
+            dry_run: false,
+            engine: EngineAccess::InPlace,
+            salvaged: false,
+            storage_rolled_back: false,
+            page_checksums_failed: false,
+            quarantined: Vec::new(),
+            lost: Vec::new(),
+            unreadable: Vec::new(),
+            scopes: Vec::new(),
+            log_records: 0,
+            log_records_dropped: 0,
+            trailing_bytes_trimmed: 0,
+            events_replayed: 0,
+            receipts_rebuilt: 0,
+            scopes_rebuilt: 0,
+            orphan_results_removed: 0,
+        }
+    }
+}
+
+impl RepairReport {
+    /// Whether repair found anything to repair (a dry run that finds something exits 1).
+    pub fn found_damage(&self) -> bool {
+        !self.quarantined.is_empty()
+            || !self.lost.is_empty()
+            || !self.unreadable.is_empty()
+            || !self.scopes.is_empty()
+            || self.salvaged
+            || self.log_records_dropped > 0
+            || self.trailing_bytes_trimmed > 0
+            || self.engine != EngineAccess::InPlace
+                && self.engine != EngineAccess::RecoveredInMemory
+    }
+}
+
+/// The most memory a batch of changes takes before it is written to the new file.
+const BATCH_BYTES: usize = 8 << 20;
+/// The storage engine's cache for the new file.
+const NEW_FILE_CACHE: usize = 32 << 20;
+/// Events are checked for time order in windows of this many (twice this many are held).
+const TIME_WINDOW: usize = 16_384;
+
+/// Rebuilds the journal at `path` from its event journal, into a new file that replaces it.
 ///
-/// A backup copy is written first (unless `backup` is off). Records that fail CRC or
-/// decode, and events that do not fit the history, move to the `quarantine` table.
-/// Operations whose events were lost become `InDoubt` (unless their outcome survived), and
-/// terminal operations whose result payload was lost answer `Expired`. When the storage
-/// engine refuses the file, every CRC-valid record is salvaged by scanning the bytes into
-/// a new file that replaces it (the original stays as the backup).
+/// The file is read in place and never written; the repaired journal is built beside it and
+/// renamed over it once it is durable, the original kept as the backup (`FILE.<time>.bak`,
+/// unless `backup` is off) together with its log. Records that fail CRC or decode, and
+/// events that do not fit the history, move to the `quarantine` table. Operations whose
+/// events were lost become `InDoubt` (unless their outcome survived, which is kept), and
+/// terminal operations whose result payload was lost answer `Expired`; every operation that
+/// does not answer exactly as before is named in [`RepairReport::lost`]. A payload that
+/// retention dropped is never revived, and a scope revision never moves back. Where the
+/// storage engine cannot read, intact records are salvaged from the raw bytes. Bytes after
+/// the journal's data are not copied. After a repair that returns `Ok`, [`verify`] finds
+/// the journal clean.
+///
+/// Memory is bounded by a batch of a few MiB, the storage engines' caches and the report
+/// (see the module documentation of `check::repair` for the one exception: records salvaged
+/// from raw bytes).
+///
+/// [`verify`]: crate::verify
 ///
 /// # Errors
 ///
-/// [`ErrorKind::Locked`] if a writer has the file open; [`ErrorKind::NotAJournal`];
-/// [`ErrorKind::Corrupt`] if nothing can be salvaged; [`ErrorKind::Io`].
+/// - [`ErrorKind::Locked`] if a writer has the file open;
+/// - [`ErrorKind::NotAJournal`] for what is not a journal (not a regular file, empty, not a
+///   redb file and no intact journal record in it, another redb database);
+/// - [`ErrorKind::UnsupportedFormat`] for a journal of a newer format (never rewritten);
+/// - [`ErrorKind::Corrupt`] when the storage engine refuses the file and no intact event
+///   can be salvaged from its bytes;
+/// - [`ErrorKind::Io`] for an I/O error, naming the operation (read, write, sync, rename):
+///   the journal is left as it was.
+///
+/// Nothing is written before these refusals.
+///
+/// # Example
+///
+/// ```
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("project.opj");
+/// drop(opjournal::Journal::open(&path)?);
+/// let report = opjournal::repair(&path, &Default::default(), &mut |_, _| {})?;
+/// assert!(report.lost.is_empty());
+/// assert!(opjournal::verify(&path)?.is_clean());
+/// # Ok::<(), opjournal::Error>(())
+/// ```
 pub fn repair(
     path: impl AsRef<Path>,
     options: &RepairOptions,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<RepairReport> {
     let path = path.as_ref();
-    let meta = std::fs::metadata(path).map_err(Error::io)?;
-    if meta.len() == 0 {
-        return Err(Error::new(ErrorKind::NotAJournal {
-            path: path.to_path_buf(),
-            detail: "the file is empty".into(),
-        }));
-    }
+    let meta = existing_journal_file(path)?;
+    let file = File::open(path).map_err(|e| {
+        Error::io_while(
+            "open the journal file",
+            "the repair stopped and nothing was changed",
+            e,
+        )
+    })?;
+    let extent = Extent::of(&file, meta.len()).map_err(|e| {
+        Error::io_while(
+            "read the journal file",
+            "the repair stopped and nothing was changed",
+            e,
+        )
+    })?;
+    let is_redb = check_redb_magic(path).is_ok();
+    let mut src = Source::open(path, extent)?;
     let mut report = RepairReport {
         dry_run: options.dry_run,
+        trailing_bytes_trimmed: extent.trailing(),
         ..RepairReport::default()
     };
-    // A dry run repairs a private copy.
-    let _dry_dir;
-    let target: PathBuf = if options.dry_run {
-        let dir = tempfile::Builder::new()
-            .prefix("opjournal-repair-")
-            .tempdir()
-            .map_err(Error::io)?;
-        let copy = dir.path().join("journal.opj");
-        std::fs::copy(path, &copy).map_err(Error::io)?;
-        copy_log(path, &copy)?;
-        _dry_dir = Some(dir);
-        copy
-    } else {
-        _dry_dir = None;
-        path.to_path_buf()
+    report.engine = match src.rung {
+        Some(Rung::InPlace) => EngineAccess::InPlace,
+        Some(Rung::Recovered) => EngineAccess::RecoveredInMemory,
+        Some(Rung::Padded) => EngineAccess::Truncated,
+        Some(Rung::Patched | Rung::PatchedDefaults) => EngineAccess::HeaderRebuilt,
+        None => EngineAccess::Refused,
     };
-    let looks_like_redb = check_redb_magic(&target).is_ok();
-    if looks_like_redb {
-        refuse_foreign(path, &target)?;
-    }
-    if !options.dry_run && options.backup {
-        // Refuse early if a writer holds the file, before copying it.
-        if looks_like_redb {
-            match redb::Builder::new()
-                .set_concurrency_mode(redb::ConcurrencyMode::ExclusiveWriter)
-                .open_read_only(&target)
-            {
-                Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
-                    return Err(Error::new(ErrorKind::Locked {
-                        path: path.to_path_buf(),
-                    }));
-                }
-                Ok(db) => drop(db),
-                Err(_) => {}
-            }
+    refuse_foreign(&src, path)?;
+    if !src.readable() {
+        // Only raw bytes: refuse what holds no intact journal event (nothing to salvage),
+        // and a newer build's records, before anything is written.
+        let summary = scan_file(&file, extent.journal_len(), |_, _, _| Ok(()))?;
+        if let Some(v) = summary.newer {
+            return Err(Error::new(ErrorKind::UnsupportedFormat {
+                found: u32::from(v),
+                supported: u32::from(FORMAT_VERSION),
+            }));
         }
-        let backup = backup_path(path);
-        std::fs::copy(path, &backup).map_err(Error::io)?;
-        copy_log(path, &backup)?;
-        report.backup = Some(backup);
-    }
-    let open = |check: bool| {
-        guarded("open", || {
-            let mut db = redb::Builder::new().open(&target).map_err(|e| match e {
-                redb::DatabaseError::DatabaseAlreadyOpen => Error::new(ErrorKind::Locked {
+        if summary.events == 0 {
+            if !is_redb {
+                return Err(Error::new(ErrorKind::NotAJournal {
                     path: path.to_path_buf(),
-                }),
-                other => Error::from(other),
-            })?;
-            let intact = !check || db.check_integrity().map_err(Error::from)?;
-            Ok((db, intact))
-        })
-    };
-    let mut opened = if looks_like_redb {
-        open(true)
+                    detail: "it does not start with the redb file signature".into(),
+                }));
+            }
+            let mut e = Error::corrupt(
+                "(file)",
+                path.display(),
+                "the storage engine refuses the file and no intact event could be salvaged \
+                 from its bytes",
+            );
+            if let Some(refused) = src.refused.take() {
+                e = Error::with_source(e.kind().clone(), refused);
+            }
+            return Err(e);
+        }
+    }
+    let dropped_ops = absorb_log(&mut src, &mut report)?;
+    let target = Target::create(path, options.dry_run)?;
+    let mut candidates: Option<Candidates> = if src.readable() {
+        None
     } else {
-        Err(Error::corrupt("(redb)", "(header)", "no redb signature"))
+        Some(Candidates::scan(&file, &src, &TableGaps::all())?)
     };
-    if looks_like_redb
-        && let Err(e) = &opened
-        && matches!(e.kind(), ErrorKind::Corrupt { .. })
-        && let Ok(db) = open(false)
-    {
-        // The page check failed with no intact commit to roll back to (damaged pages in the
-        // last commit). The records may still read one by one, each checked by its CRC:
-        // repairing them in place names exactly what was damaged, which a salvage cannot.
-        report.page_checksums_failed = true;
-        opened = Ok(db);
-    }
-    match opened {
-        Ok((db, intact)) => {
-            report.storage_rolled_back = !intact;
-            let done = guarded("repair", || {
-                // What a writer logged and never checkpointed goes into the file first.
-                if let Some(log) = FileLog::open_read_only(&FileLog::path_for(&target))
-                    .map_err(|e| Error::io_during("open the journal's log", e))?
-                {
-                    let (absorbed, damage) = absorb_log(&db, &log)?;
-                    report.log_records = absorbed;
-                    if let Some(problem) = damage {
-                        report.quarantined.push(Finding {
-                            table: "log".into(),
-                            key: FileLog::path_for(path).display().to_string(),
-                            problem: format!(
-                                "{problem}; it and the records after it were not applied"
-                            ),
-                        });
-                    }
-                }
-                repair_db(&db, &mut report, progress)?;
-                // A format 1 file is rewritten as this format (its records now are).
-                prepare(&db, path, &Config::default())
-            });
-            if done.is_ok() {
-                // Everything the log held is in the file now.
-                let _ = std::fs::remove_file(FileLog::path_for(&target));
-            }
-            // Close under the guard too (both found by fuzzing): a storage-engine panic
-            // caught above leaves its locks poisoned, and closing a file with a damaged
-            // allocator state panics on its own. The repair's commit is durable either
-            // way; the next open rebuilds the allocator state from the trees.
-            let _ = guarded("close", || {
-                drop(db);
-                Ok(())
-            });
-            match done {
-                Ok(()) => Ok(report),
-                Err(e) if matches!(e.kind(), ErrorKind::Corrupt { .. }) => {
-                    salvage(path, &target, &mut report, progress)?;
-                    Ok(report)
-                }
-                Err(e) => Err(e),
+    let rebuilt = loop {
+        let db = target.database()?;
+        let mut b = Build::new(db, &mut src, &mut report, candidates.as_ref())?;
+        b.events(progress)?;
+        match b.finish(&dropped_ops)? {
+            Finished::Done(db) => break db,
+            Finished::Again(wanted) => {
+                // Records the storage engine could not read (unreadable ranges, damaged
+                // values, events and results the indexes list that are not there): look
+                // for intact copies in the raw bytes, and rebuild with them.
+                candidates = Some(Candidates::scan(&file, &src, &wanted)?);
             }
         }
-        Err(e) if matches!(e.kind(), ErrorKind::Locked { .. }) => Err(e),
-        Err(_) => {
-            salvage(path, &target, &mut report, progress)?;
-            Ok(report)
-        }
-    }
+    };
+    rebuilt.close().map_err(|e| {
+        Error::from(e).while_doing(
+            "close the repaired journal",
+            "the repair stopped and the journal is unchanged (the repaired copy was removed)",
+        )
+    })?;
+    drop(src);
+    target.install(path, options, &mut report)?;
+    Ok(report)
 }
 
 /// Refuses, before anything is written, a redb database that is not a journal and a
-/// journal of a newer format. A file the storage engine cannot read is left to repair.
-fn refuse_foreign(path: &Path, target: &Path) -> Result<()> {
-    let verdict = guarded("open", || {
-        let db = match redb::Builder::new()
-            .set_concurrency_mode(redb::ConcurrencyMode::ExclusiveWriter)
-            .open_read_only(target)
-        {
-            Ok(db) => db,
-            Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
-                return Err(Error::new(ErrorKind::Locked {
-                    path: path.to_path_buf(),
-                }));
-            }
-            Err(_) => return Ok(()),
-        };
-        let txn = db.begin_read()?;
-        let names: Vec<String> = {
-            use redb::TableHandle;
-            txn.list_tables()?.map(|h| h.name().to_string()).collect()
-        };
-        if !names.iter().any(|n| n == "meta") {
-            if names.is_empty() {
-                return Ok(());
-            }
-            return Err(Error::new(ErrorKind::NotAJournal {
-                path: path.to_path_buf(),
-                detail: "it is a redb database without the journal's `meta` table".into(),
-            }));
-        }
-        let meta = txn.open_table(<index::Meta as Table>::def())?;
-        // A newer format is refused, never rewritten as this one (the newer build's
-        // records would be lost); a damaged format record is left to repair.
-        let format = match meta.get("format")? {
-            Some(v) => match index::decode_format(v.value()) {
-                Ok(f) => Some(f),
-                Err(e) if matches!(e.kind(), ErrorKind::UnsupportedFormat { .. }) => {
-                    return Err(e);
-                }
-                Err(_) => None,
+/// journal of a newer format.
+fn refuse_foreign(src: &Source, path: &Path) -> Result<()> {
+    if !src.readable() {
+        return Ok(());
+    }
+    let names = match src.table_names() {
+        Ok(n) => n,
+        // Damage for repair itself to deal with.
+        Err(_) => return Ok(()),
+    };
+    if !names.iter().any(|n| n == "meta") {
+        return Err(Error::new(ErrorKind::NotAJournal {
+            path: path.to_path_buf(),
+            detail: if names.is_empty() {
+                "it is an empty redb database".into()
+            } else {
+                "it is a redb database without the journal's `meta` table".into()
             },
-            None => None,
-        };
-        if let Some(f) = format {
-            check_format(path, Some(f), true)?;
-        }
-        Ok(())
-    });
-    match verdict {
-        Err(e)
-            if matches!(
-                e.kind(),
-                ErrorKind::NotAJournal { .. }
-                    | ErrorKind::UnsupportedFormat { .. }
-                    | ErrorKind::Locked { .. }
-            ) =>
-        {
-            Err(e)
-        }
-        // Anything else is damage for repair itself to deal with.
+        }));
+    }
+    match src.view(|v| v.format()) {
+        Err(e) if matches!(e.kind(), ErrorKind::UnsupportedFormat { .. }) => Err(e),
+        // A damaged format record is left to repair.
         _ => Ok(()),
     }
 }
 
-/// Copies the log of the journal at `from` (if there is one) beside `to`, as `to`'s log.
-fn copy_log(from: &Path, to: &Path) -> Result<()> {
-    let log = FileLog::path_for(from);
-    if log.exists() {
-        std::fs::copy(&log, FileLog::path_for(to)).map_err(Error::io)?;
+/// Reads the log's records of the file's current cycle into the source (as recovery would:
+/// up to a damaged or undecodable record), and names the operations whose changes are in
+/// the records recovery drops.
+fn absorb_log(src: &mut Source, report: &mut RepairReport) -> Result<BTreeSet<String>> {
+    let mut dropped_ops = BTreeSet::new();
+    let Some(log) = FileLog::open_read_only(&FileLog::path_for(&src.path)).map_err(|e| {
+        Error::io_while(
+            "open the journal's log",
+            "the repair stopped and nothing was changed",
+            e,
+        )
+    })?
+    else {
+        return Ok(dropped_ops);
+    };
+    let Ok(Some(cp)) = src.view(|v| v.checkpoint()) else {
+        return Ok(dropped_ops);
+    };
+    let cursor = log::Cursor {
+        journal_id: cp.journal_id,
+        generation: cp.generation,
+        first_lsn: cp.next_lsn,
+    };
+    let io = |e: Error| {
+        e.while_doing(
+            "read the journal's log",
+            "the repair stopped and nothing was changed",
+        )
+    };
+    let mut mem = Memtable::default();
+    let mut bad: Option<(u64, String)> = None;
+    let mut records = 0u64;
+    log::scan_storage(&log, cursor, |r| -> Result<()> {
+        if bad.is_some() {
+            return Ok(());
+        }
+        let mut next = Memtable::default();
+        let applied = if r.kind == log::KIND_BATCH {
+            next.apply_encoded(r.payload)
+        } else {
+            Err(format!(
+                "record kind {} is not one this build writes",
+                r.kind
+            ))
+        };
+        match applied {
+            Ok(()) => {
+                mem.absorb(next);
+                records += 1;
+            }
+            Err(detail) => bad = Some((r.lsn, detail)),
+        }
+        Ok(())
+    })
+    .map_err(io)?;
+    src.mem = mem;
+    report.log_records = records;
+    let note_ops = |m: &Memtable, ops: &mut BTreeSet<String>| {
+        for op in index::Receipts::map(m).keys() {
+            ops.insert(op.clone());
+        }
+        for (op, _) in index::OpEvents::map(m).keys() {
+            ops.insert(op.clone());
+        }
+    };
+    let log_key = FileLog::path_for(&src.path).display().to_string();
+    let dropped = log::dropped(&log, cursor, |r| -> Result<()> {
+        let mut m = Memtable::default();
+        if m.apply_encoded(r.payload).is_ok() {
+            note_ops(&m, &mut dropped_ops);
+        }
+        Ok(())
+    })
+    .map_err(io)?;
+    if let Some((lsn, detail)) = bad {
+        // The records from this one on were not absorbed: a writer's open refuses them.
+        let after = log::scan_storage(&log, cursor, |r| -> Result<()> {
+            if r.lsn >= lsn {
+                let mut m = Memtable::default();
+                if m.apply_encoded(r.payload).is_ok() {
+                    note_ops(&m, &mut dropped_ops);
+                }
+            }
+            Ok(())
+        })
+        .map_err(io)?;
+        let n = after.records.saturating_sub(lsn - cursor.first_lsn);
+        report.log_records_dropped += n;
+        report.quarantined.push(Finding::new(
+            "log",
+            format!("record {lsn}"),
+            format!(
+                "its changes do not decode ({detail}): it and the {} record(s) after it were \
+                 not taken",
+                n.saturating_sub(1)
+            ),
+        ));
     }
-    Ok(())
+    if dropped.records > 0 {
+        report.log_records_dropped += dropped.records;
+        let problem = if dropped.header_damaged {
+            format!(
+                "the log's header is damaged: the {} record(s) after it were not taken",
+                dropped.records
+            )
+        } else {
+            format!(
+                "damaged (its CRC does not match): it and the {} valid record(s) after it were \
+                 not taken",
+                dropped.records
+            )
+        };
+        let key = dropped
+            .damaged_lsn
+            .map_or(log_key, |lsn| format!("record {lsn}"));
+        report.quarantined.push(Finding::new("log", key, problem));
+    }
+    Ok(dropped_ops)
+}
+
+/// Records found in the raw bytes where the storage engine could not read the events,
+/// results or meta tables, waiting to be taken with evidence.
+#[derive(Default)]
+struct Candidates {
+    events: BTreeMap<u64, Event>,
+    results: BTreeMap<u64, Vec<u8>>,
+    /// The latest checkpoint and state records found (largest generation, largest
+    /// sequence), for a meta table that cannot be read.
+    checkpoint: Option<CheckpointRecord>,
+    state: Option<StateRecord>,
+}
+
+impl Candidates {
+    /// Scans the file for the records of the tables' unreadable ranges.
+    fn scan(file: &File, src: &Source, gaps: &TableGaps) -> Result<Candidates> {
+        let mut c = Candidates::default();
+        scan_file(file, src.extent.journal_len(), |_, kind, frame| {
+            match kind {
+                RecordKind::Event => {
+                    if let Ok(ev) = index::decode_event_frame(frame)
+                        && (gaps.events.iter().any(|g| g.contains(&ev.seq))
+                            || gaps.event_keys.contains(&ev.seq))
+                    {
+                        c.events.entry(ev.seq).or_insert(ev);
+                    }
+                }
+                RecordKind::Result => {
+                    if let Ok((h, _)) = decode_result_frame(frame)
+                        && (gaps.results.iter().any(|g| g.contains(&h.completed_seq))
+                            || gaps.result_keys.contains(&h.completed_seq))
+                    {
+                        c.results
+                            .entry(h.completed_seq)
+                            .or_insert_with(|| frame.to_vec());
+                    }
+                }
+                RecordKind::Meta if gaps.meta => {
+                    // A meta record does not name its key: it is a checkpoint or state
+                    // record if it decodes as exactly one of them (each decode consumes
+                    // every byte, so their field counts tell them apart).
+                    if let Ok((version, payload)) = codec::unframe_versioned(RecordKind::Meta, frame) {
+                        let cp = codec::decode_payload::<CheckpointRecord>(version, payload).ok();
+                        let st = codec::decode_payload::<StateRecord>(version, payload).ok();
+                        match (cp, st) {
+                            (Some(cp), None) => {
+                                if c.checkpoint
+                                    .as_ref()
+                                    .is_none_or(|old| old.generation < cp.generation)
+                                {
+                                    c.checkpoint = Some(cp);
+                                }
+                            }
+                            (None, Some(s)) => {
+                                if c.state.as_ref().is_none_or(|old| old.next_seq < s.next_seq) {
+                                    c.state = Some(s);
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+            Ok(())
+        })?;
+        Ok(c)
+    }
+}
+
+/// The unreadable ranges of the tables whose records a raw scan may find.
+#[derive(Default, Clone)]
+struct TableGaps {
+    events: Vec<Gap<u64>>,
+    /// Events whose key is in the table but whose stored value is damaged: an intact copy
+    /// elsewhere in the file (the key proves it live) replaces it.
+    event_keys: BTreeSet<u64>,
+    results: Vec<Gap<u64>>,
+    result_keys: BTreeSet<u64>,
+    meta: bool,
+}
+
+impl TableGaps {
+    /// Every table unreadable (the engine refuses the file).
+    fn all() -> TableGaps {
+        let all = || {
+            vec![Gap {
+                after: None,
+                before: None,
+                why: String::new(),
+            }]
+        };
+        TableGaps {
+            events: all(),
+            event_keys: BTreeSet::new(),
+            results: all(),
+            result_keys: BTreeSet::new(),
+            meta: true,
+        }
+    }
+}
+
+/// How a build ended.
+enum Finished {
+    /// The repaired journal, committed.
+    Done(Database),
+    /// Records to look for in the raw bytes before building again.
+    Again(TableGaps),
+}
+
+impl TableGaps {
+    fn is_empty(&self) -> bool {
+        self.events.is_empty()
+            && self.event_keys.is_empty()
+            && self.results.is_empty()
+            && self.result_keys.is_empty()
+            && !self.meta
+    }
+}
+
+/// What is known of an operation's damage while rebuilding.
+#[derive(Default, Debug)]
+struct OpDamage {
+    /// Its events that were quarantined (damaged, out of order, not fitting).
+    quarantined: u32,
+    /// Some of its events were salvaged without the evidence of its index.
+    uncertain: bool,
+}
+
+/// The repaired journal being built.
+struct Build<'s> {
+    db: Database,
+    base: Base,
+    pending: Memtable,
+    src: &'s mut Source,
+    report: &'s mut RepairReport,
+    candidates: Option<&'s Candidates>,
+    damaged: BTreeMap<String, OpDamage>,
+    quarantine_next: u64,
+    state: StateRecord,
+    now: Timestamp,
+    max_seq: u64,
+    max_at: Timestamp,
+    /// Event keys whose record is intact but carries another seq (the key was damaged).
+    misfiled: bool,
+    /// What to look for in the raw bytes if this build is not given candidates.
+    wanted: TableGaps,
+    /// The ranges of the file's `op_events` index that could not be read (known when raw
+    /// candidates are weighed: an entry there is not evidence either way).
+    op_event_gaps: Vec<Gap<(String, u64)>>,
+    cfg: Config,
+}
+
+fn write_err(e: Error) -> Error {
+    e.while_doing(
+        "write the repaired journal",
+        "the repair stopped and the journal is unchanged (the partial copy was removed)",
+    )
+}
+
+impl<'s> Build<'s> {
+    fn new(
+        db: Database,
+        src: &'s mut Source,
+        report: &'s mut RepairReport,
+        candidates: Option<&'s Candidates>,
+    ) -> Result<Build<'s>> {
+        report.quarantined.retain(|f| f.table == "log");
+        report.lost.clear();
+        report.unreadable.clear();
+        report.scopes.clear();
+        report.events_replayed = 0;
+        report.orphan_results_removed = 0;
+        report.salvaged = !src.readable();
+        {
+            let txn = db.begin_write().map_err(|e| write_err(e.into()))?;
+            index::create_tables(&txn).map_err(write_err)?;
+            txn.commit().map_err(|e| write_err(e.into()))?;
+        }
+        let base = Base::new(db.begin_read().map_err(|e| write_err(e.into()))?);
+        let old_state = src
+            .view(|v| v.state())
+            .ok()
+            .or_else(|| candidates.and_then(|c| c.state.clone()));
+        let now = SystemClock.now().max(
+            old_state
+                .as_ref()
+                .map_or(Timestamp(0), |s| s.clock_high_water),
+        );
+        Ok(Build {
+            db,
+            base,
+            pending: Memtable::default(),
+            src,
+            report,
+            candidates,
+            damaged: BTreeMap::new(),
+            quarantine_next: 1,
+            state: old_state.unwrap_or(StateRecord {
+                clock_high_water: Timestamp(0),
+                next_seq: 1,
+            }),
+            now,
+            max_seq: 0,
+            max_at: Timestamp(0),
+            misfiled: false,
+            wanted: TableGaps::default(),
+            op_event_gaps: Vec::new(),
+            cfg: Config::default(),
+        })
+    }
+
+    /// Writes the batch into the new file (not yet durably) once it has grown.
+    fn maybe_flush(&mut self) -> Result<()> {
+        if self.pending.bytes() >= BATCH_BYTES {
+            self.flush(false)?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, durable: bool) -> Result<()> {
+        let mut txn = self.db.begin_write().map_err(|e| write_err(e.into()))?;
+        if !durable {
+            txn.set_durability(redb::Durability::None)
+                .map_err(|e| write_err(e.into()))?;
+        }
+        index::checkpoint(&txn, &self.pending).map_err(write_err)?;
+        txn.commit().map_err(|e| {
+            Error::from(e).while_doing(
+                "sync the repaired journal",
+                "the repair stopped and the journal is unchanged (the partial copy was removed)",
+            )
+        })?;
+        self.pending = Memtable::default();
+        self.base = Base::new(self.db.begin_read().map_err(|e| write_err(e.into()))?);
+        Ok(())
+    }
+
+    /// Runs `f` on a batch over the new file's changes so far; its changes are kept if it
+    /// returns `Ok`.
+    fn batch<R>(&mut self, f: impl FnOnce(&mut WriteTables<'_>) -> Result<R>) -> Result<R> {
+        let mut t = WriteTables::over(Some(&self.base), Layers::new(&[&self.pending]));
+        let r = f(&mut t)?;
+        let changes = t.into_changes();
+        self.pending.absorb(changes);
+        Ok(r)
+    }
+
+    fn quarantine(&mut self, table: &str, key: String, problem: String, raw: &[u8]) {
+        // A quarantined value: a framed record whose payload is (table, key, problem) in
+        // bincode, followed by the raw bytes as they were found (like a result payload, so
+        // the decode limit does not apply to them).
+        let mut payload = codec::encode_payload(&(table, key.as_str(), problem.as_str()));
+        payload.extend_from_slice(raw);
+        let n = self.quarantine_next;
+        self.quarantine_next += 1;
+        self.pending
+            .set::<index::Quarantine>(n, Some(codec::frame(RecordKind::Quarantine, &payload)));
+        self.report
+            .quarantined
+            .push(Finding::new(table, key, problem));
+    }
+
+    fn damage(&mut self, op: &str) -> &mut OpDamage {
+        self.damaged.entry(op.to_string()).or_default()
+    }
+
+    fn unreadable<K: TableKey>(&mut self, table: &str, gaps: &[Gap<K>]) {
+        for g in gaps {
+            self.report.unreadable.push(Finding::new(
+                table,
+                g.describe(),
+                format!("the storage engine could not read these entries: {}", g.why),
+            ));
+        }
+    }
+
+    /// Phase 1: every event, in seq order. What could not be read is noted in `wanted`.
+    fn events(&mut self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+        let total = self
+            .src
+            .view(|v| v.count::<index::Events>())
+            .unwrap_or_default();
+        // The old quarantine first: its entries keep their order.
+        let mut old_q: Vec<(u64, Vec<u8>)> = Vec::new();
+        let q_gaps = self.src.read_table::<index::Quarantine>(|k, v| {
+            old_q.push((k, v));
+            Ok(())
+        })?;
+        self.unreadable("quarantine", &q_gaps);
+        for (_, v) in old_q {
+            let n = self.quarantine_next;
+            self.quarantine_next += 1;
+            self.pending.set::<index::Quarantine>(n, Some(v));
+        }
+        let cands: Vec<Event> = self
+            .candidates
+            .map(|c| c.events.values().cloned().collect())
+            .unwrap_or_default();
+        if !cands.is_empty() && self.src.readable() {
+            self.op_event_gaps = self.src.read_table::<index::OpEvents>(|_, ()| Ok(()))?;
+        }
+        let mut cands = cands.into_iter().peekable();
+        let mut window: Vec<Pending> = Vec::new();
+        let mut floor = Timestamp(0);
+        let mut seen = 0u64;
+        let mut gaps: Vec<Gap<u64>> = Vec::new();
+        let mut after: Option<u64> = None;
+        let mut buffer: Vec<(u64, Vec<u8>)> = Vec::new();
+        // The tree's events and the raw candidates merge in seq order; the tree's copy wins.
+        loop {
+            let chunk = self
+                .src
+                .read_range::<index::Events>(after.as_ref(), 4096, &mut buffer)?;
+            let mut items = Vec::with_capacity(buffer.len());
+            for (seq, raw) in buffer.drain(..) {
+                seen += 1;
+                if seen.is_multiple_of(4096) {
+                    progress(seen, total);
+                }
+                while cands.peek().is_some_and(|c| c.seq < seq) {
+                    if let Some(ev) = cands.next()
+                        && let Some(item) = self.candidate(ev)?
+                    {
+                        items.push(item);
+                    }
+                }
+                if cands.peek().is_some_and(|c| c.seq == seq) {
+                    cands.next();
+                }
+                if let Some(item) = self.tree_event(seq, raw) {
+                    items.push(item);
+                }
+            }
+            for item in items {
+                window.push(item);
+                if window.len() >= 2 * TIME_WINDOW {
+                    self.decide(&mut window, TIME_WINDOW, &mut floor)?;
+                }
+            }
+            gaps.extend(chunk.gaps);
+            match chunk.resume {
+                Some(k) => after = Some(k),
+                None => break,
+            }
+        }
+        for ev in cands {
+            if let Some(item) = self.candidate(ev)? {
+                window.push(item);
+            }
+        }
+        let n = window.len();
+        self.decide(&mut window, n, &mut floor)?;
+        progress(seen, total);
+        if self.misfiled {
+            self.wanted.events.push(Gap {
+                after: None,
+                before: None,
+                why: String::new(),
+            });
+        }
+        self.wanted.events.extend(gaps.iter().cloned());
+        self.wanted.meta = self.src.view(|v| v.state()).is_err();
+        self.unreadable("events", &gaps);
+        Ok(())
+    }
+
+    /// An event read from the tree, checked; `None` when it was quarantined.
+    fn tree_event(&mut self, seq: u64, raw: Vec<u8>) -> Option<Pending> {
+        match index::decode_event(seq, &raw) {
+            Ok(ev) => Some(Pending { ev, raw }),
+            Err(e)
+                if self.candidates.is_some_and(|c| c.events.contains_key(&seq))
+                    && index::decode_event_frame(&raw).is_err() =>
+            {
+                // The stored value is damaged, but an intact copy of the event is elsewhere
+                // in the file, and the key proves it live: the copy is used.
+                let ev = self.candidates.and_then(|c| c.events.get(&seq).cloned())?;
+                self.quarantine(
+                    "events",
+                    seq.to_string(),
+                    format!(
+                        "{}; an intact copy of the event was found in the file and used",
+                        corrupt_detail(&e)
+                    ),
+                    &raw,
+                );
+                self.report.salvaged = true;
+                let raw = codec::encode(RecordKind::Event, &ev);
+                Some(Pending { ev, raw })
+            }
+            Err(e) => {
+                if index::decode_event_frame(&raw).is_err() {
+                    self.wanted.event_keys.insert(seq);
+                }
+                let intact = index::decode_event_frame(&raw).ok();
+                if let Some(ev) = &intact
+                    && ev.seq != seq
+                {
+                    // An intact record under a damaged key: it goes back under its own seq
+                    // (a raw candidate), unless the table has it there.
+                    self.misfiled = true;
+                    if let Some(c) = self.candidates
+                        && c.events.contains_key(&ev.seq)
+                    {
+                        return None;
+                    }
+                }
+                let owner = intact.and_then(|ev| ev.operation_id).or_else(|| {
+                    self.src
+                        .view(|v| {
+                            let mut owner = None;
+                            for entry in v.all::<index::OpEvents>()? {
+                                let ((op, s), ()) = entry?;
+                                if s == seq {
+                                    owner = Some(op);
+                                    break;
+                                }
+                            }
+                            Ok(owner)
+                        })
+                        .ok()
+                        .flatten()
+                });
+                let problem = match &owner {
+                    Some(op) => format!("{} (an event of `{op}`)", corrupt_detail(&e)),
+                    None => corrupt_detail(&e),
+                };
+                self.quarantine("events", seq.to_string(), problem, &raw);
+                if let Some(op) = owner {
+                    self.damage(&op).quarantined += 1;
+                }
+                None
+            }
+        }
+    }
+
+    /// A raw candidate event, taken only with evidence that it is live.
+    fn candidate(&mut self, ev: Event) -> Result<Option<Pending>> {
+        let evidence: std::result::Result<bool, ()> = match (&ev.operation_id, &ev.kind) {
+            (Some(op), _) => {
+                let key = (op.clone(), ev.seq);
+                match self.src.view(|v| v.get::<index::OpEvents>(&key)) {
+                    Ok(Some(())) => Ok(true),
+                    // Absent where the index could not be read proves nothing.
+                    Ok(None) if self.op_event_gaps.iter().any(|g| g.contains(&key)) => Err(()),
+                    Ok(None) => Ok(false),
+                    Err(_) => Err(()),
+                }
+            }
+            (
+                None,
+                EventKind::RevisionAdvanced {
+                    scope, purge_at, ..
+                },
+            ) => self
+                .src
+                .view(|v| {
+                    Ok(v.get::<index::ScopeTimers>(&(purge_at.0, ev.seq))?
+                        .is_some()
+                        || v.scope(scope)?.is_some_and(|s| s.anchor_seq == ev.seq))
+                })
+                .map_err(|_| ()),
+            (None, _) => Ok(true),
+        };
+        match evidence {
+            Ok(false) => Ok(None),
+            live => {
+                self.report.salvaged = true;
+                if live.is_err()
+                    && let Some(op) = &ev.operation_id
+                {
+                    self.damage(op).uncertain = true;
+                }
+                let raw = codec::encode(RecordKind::Event, &ev);
+                Ok(Some(Pending { ev, raw }))
+            }
+        }
+    }
+
+    /// Decides the first `n` events of `window`: those in the longest run whose times never
+    /// go backwards (from `floor` on) are applied, the others quarantined.
+    fn decide(&mut self, window: &mut Vec<Pending>, n: usize, floor: &mut Timestamp) -> Result<()> {
+        let times: Vec<(usize, Timestamp)> = window
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.ev.at >= *floor)
+            .map(|(i, p)| (i, p.ev.at))
+            .collect();
+        let keep = time_ordered(&times);
+        let n = n.min(window.len());
+        for (i, p) in window.drain(..n).enumerate() {
+            if keep.contains(&i) {
+                *floor = p.ev.at;
+                self.apply(p)?;
+            } else {
+                let problem = format!(
+                    "recorded at {} out of time order with the events around it",
+                    p.ev.at
+                );
+                if let Some(op) = &p.ev.operation_id {
+                    self.damage(op).quarantined += 1;
+                }
+                self.quarantine("events", p.ev.seq.to_string(), problem, &p.raw);
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, p: Pending) -> Result<()> {
+        let ev = p.ev;
+        let r = {
+            let mut t = WriteTables::over(Some(&self.base), Layers::new(&[&self.pending]));
+            t.put_event(&ev)?;
+            match engine::apply(&mut t, &ev) {
+                Ok(()) => Ok(t.into_changes()),
+                Err(e) => Err(e),
+            }
+        };
+        match r {
+            Ok(changes) => {
+                self.pending.absorb(changes);
+                self.report.events_replayed += 1;
+                self.max_seq = self.max_seq.max(ev.seq);
+                self.max_at = self.max_at.max(ev.at);
+                self.maybe_flush()
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::Corrupt { .. }) => {
+                if let Some(op) = &ev.operation_id {
+                    self.damage(op).quarantined += 1;
+                }
+                self.quarantine("events", ev.seq.to_string(), corrupt_detail(&e), &p.raw);
+                Ok(())
+            }
+            Err(e) => Err(write_err(e)),
+        }
+    }
+
+    /// The new file's receipt of `op`.
+    fn new_receipt(&self, op: &str) -> Result<Option<ReceiptRecord>> {
+        let snap = index::Snapshot {
+            base: Some(&self.base),
+            layers: Layers::new(&[&self.pending]),
+        };
+        snap.receipt(op)
+    }
+
+    /// Phase 2: the result payloads that a rebuilt receipt refers to.
+    fn results(&mut self) -> Result<()> {
+        let mut found: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut after = None;
+        let mut gaps = Vec::new();
+        let mut damaged: Vec<(u64, Vec<u8>)> = Vec::new();
+        loop {
+            let chunk = self
+                .src
+                .read_range::<index::Results>(after.as_ref(), 64, &mut found)?;
+            for (seq, raw) in std::mem::take(&mut found) {
+                match decode_result_frame(&raw) {
+                    Ok((h, _)) if h.completed_seq == seq => {
+                        self.take_result(seq, &raw, Provenance::Tree)?;
+                    }
+                    _ => damaged.push((seq, raw)),
+                }
+            }
+            gaps.extend(chunk.gaps);
+            match chunk.resume {
+                Some(k) => after = Some(k),
+                None => break,
+            }
+        }
+        // Intact copies elsewhere in the file: of a damaged value (its key proves it live),
+        // of the unreadable ranges, and of payloads a rebuilt receipt refers to that are not
+        // in the table (looked for when the build is given candidates).
+        self.wanted.results.extend(gaps.iter().cloned());
+        self.wanted
+            .result_keys
+            .extend(damaged.iter().map(|(k, _)| *k));
+        let mut cands: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+        if let Some(c) = self.candidates {
+            cands.extend(c.results.iter().map(|(k, v)| (*k, v.clone())));
+        }
+        for (seq, raw) in damaged {
+            let detail = match index::decode_result(seq, &raw) {
+                Err(e) => corrupt_detail(&e),
+                Ok(_) => "unreadable".into(),
+            };
+            match cands.remove(&seq) {
+                Some(copy) => {
+                    self.quarantine(
+                        "results",
+                        seq.to_string(),
+                        format!(
+                            "{detail}; an intact copy of the payload was found in the file and used"
+                        ),
+                        &raw,
+                    );
+                    self.take_result(seq, &copy, Provenance::KeyCopy)?;
+                }
+                None => self.quarantine("results", seq.to_string(), detail, &raw),
+            }
+        }
+        for (seq, raw) in cands {
+            let present = {
+                let snap = index::Snapshot {
+                    base: Some(&self.base),
+                    layers: Layers::new(&[&self.pending]),
+                };
+                snap.get::<index::Results>(&seq)?.is_some()
+            };
+            if !present {
+                self.take_result(seq, &raw, Provenance::Raw)?;
+            }
+        }
+        self.unreadable("results", &gaps);
+        Ok(())
+    }
+
+    fn take_result(&mut self, seq: u64, raw: &[u8], from: Provenance) -> Result<()> {
+        let Ok((header, bytes)) = decode_result_frame(raw) else {
+            return Ok(());
+        };
+        if header.completed_seq != seq {
+            return Ok(());
+        }
+        let op = header.operation_id.clone();
+        let matches = |rec: &ReceiptRecord| match &rec.state {
+            ExecRecord::Done(d) => {
+                d.result_seq == Some(seq)
+                    && d.retired_at.is_none()
+                    && bytes.len() as u64 == d.result.len
+                    && crc32fast::hash(&bytes) == d.result.crc32
+                    && header.changed_assets.len() as u32 == d.result.assets
+            }
+            _ => false,
+        };
+        let rebuilt = self.new_receipt(&op)?;
+        let referenced = rebuilt.as_ref().is_some_and(matches);
+        // A payload found only in the raw bytes may be a stale copy of one that retention
+        // dropped: it is taken only while its retention has not passed (retention is the only
+        // thing that drops a live operation's payload), and only if the file's own receipt,
+        // where it can be read, does not say otherwise.
+        let evidence = from != Provenance::Raw || {
+            let retained = rebuilt.as_ref().is_some_and(|r| match &r.state {
+                ExecRecord::Done(d) => d.deadlines.retain > self.now,
+                _ => false,
+            });
+            let contradicted = match self.src.view(|v| v.receipt(&op)) {
+                Ok(Some(stored)) => !matches(&stored),
+                Ok(None) => true,
+                Err(_) => false,
+            };
+            retained && !contradicted
+        };
+        if referenced && evidence {
+            if from != Provenance::Tree {
+                self.report.salvaged = true;
+            }
+            let result = crate::types::OpResult {
+                bytes,
+                changed_assets: header.changed_assets,
+            };
+            self.batch(|t| t.put_result(seq, &op, &result))?;
+            self.maybe_flush()?;
+        } else if from == Provenance::Tree {
+            let live_but_different = rebuilt.as_ref().is_some_and(|r| {
+                matches!(&r.state, ExecRecord::Done(d) if d.result_seq == Some(seq) && d.retired_at.is_none())
+            });
+            if live_but_different {
+                self.quarantine(
+                    "results",
+                    seq.to_string(),
+                    format!("payload of `{op}` does not match its completion event"),
+                    raw,
+                );
+            } else {
+                self.report.orphan_results_removed += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Phases 3 and 4, then the meta records and a durable commit.
+    fn finish(mut self, dropped_ops: &BTreeSet<String>) -> Result<Finished> {
+        self.results()?;
+        // The other tables are rebuilt from the events; their damaged values are
+        // quarantined and their unreadable ranges reported.
+        self.check_other_tables()?;
+        let actions = self.compare_operations(dropped_ops)?;
+        if self.candidates.is_none() && !self.wanted.is_empty() {
+            return Ok(Finished::Again(std::mem::take(&mut self.wanted)));
+        }
+        let scope_actions = self.compare_scopes()?;
+        self.apply_actions(actions, scope_actions)?;
+        self.write_meta()?;
+        self.flush(true)?;
+        self.report.receipts_rebuilt = self.count_new::<index::Receipts>()?;
+        self.report.scopes_rebuilt = self.count_new::<index::Scopes>()?;
+        Ok(Finished::Done(self.db))
+    }
+
+    fn count_new<T: Table>(&self) -> Result<u64> {
+        index::Snapshot {
+            base: Some(&self.base),
+            layers: Layers::default(),
+        }
+        .count::<T>()
+    }
+
+    /// Damaged values and unreadable ranges of the index tables (rebuilt from the events).
+    fn check_other_tables(&mut self) -> Result<()> {
+        let mut bad: Vec<(String, String, Vec<u8>)> = Vec::new();
+        let g = self.src.read_table::<index::Receipts>(|k, v| {
+            if let Err(e) = index::decode_receipt(&k, &v) {
+                bad.push((k, corrupt_detail(&e), v));
+            }
+            Ok(())
+        })?;
+        for (k, d, v) in bad.drain(..) {
+            self.quarantine("receipts", k, d, &v);
+        }
+        self.unreadable("receipts", &g);
+        let g = self.src.read_table::<index::Scopes>(|k, v| {
+            if let Err(e) = index::decode_scope(&k, &v) {
+                bad.push((k, corrupt_detail(&e), v));
+            }
+            Ok(())
+        })?;
+        for (k, d, v) in bad.drain(..) {
+            self.quarantine("scopes", k, d, &v);
+        }
+        self.unreadable("scopes", &g);
+        let g = self.src.read_table::<index::Meta>(|k, v| {
+            let ok = match k.as_str() {
+                "format" => index::decode_format(&v).map(|_| ()),
+                "state" => index::decode_meta::<StateRecord>("state", &v).map(|_| ()),
+                "checkpoint" => {
+                    index::decode_meta::<CheckpointRecord>("checkpoint", &v).map(|_| ())
+                }
+                _ => Err(Error::corrupt("meta", &k, "not an entry of the meta table")),
+            };
+            if let Err(e) = ok {
+                bad.push((k, corrupt_detail(&e), v));
+            }
+            Ok(())
+        })?;
+        for (k, d, v) in bad.drain(..) {
+            self.quarantine("meta", k, d, &v);
+        }
+        self.unreadable("meta", &g);
+        let g = self.src.read_table::<index::OpEvents>(|_, ()| Ok(()))?;
+        self.unreadable("op_events", &g);
+        Ok(())
+    }
+
+    /// Phase 3: every operation compared with what the file answered. Returns the events
+    /// to append (in id order).
+    fn compare_operations(&mut self, dropped_ops: &BTreeSet<String>) -> Result<Vec<Action>> {
+        let mut actions = Vec::new();
+        // Every operation of the new file, in id order (a snapshot of what phase 1 built).
+        self.flush(false)?;
+        let ids_of_new = |b: &Build<'_>, from: Option<&String>, n: usize| -> Result<Vec<String>> {
+            let snap = index::Snapshot {
+                base: Some(&b.base),
+                layers: Layers::default(),
+            };
+            let lo = match from {
+                Some(f) => std::ops::Bound::Excluded(f),
+                None => std::ops::Bound::Unbounded,
+            };
+            let mut out = Vec::new();
+            for entry in snap.range::<index::Receipts>(lo, std::ops::Bound::Unbounded)? {
+                out.push(entry?.0);
+                if out.len() >= n {
+                    break;
+                }
+            }
+            Ok(out)
+        };
+        let mut checked: BTreeSet<String> = BTreeSet::new();
+        let mut last: Option<String> = None;
+        loop {
+            let ids = ids_of_new(self, last.as_ref(), 1024)?;
+            let Some(l) = ids.last().cloned() else { break };
+            for id in ids {
+                if let Some(a) = self.compare_one(&id, dropped_ops)? {
+                    actions.push(a);
+                }
+                if self.damaged.contains_key(&id) || dropped_ops.contains(&id) {
+                    checked.insert(id);
+                }
+            }
+            last = Some(l);
+        }
+        // Operations the file knew (a receipt, or events its index lists) that the new file
+        // does not have.
+        let mut known: Vec<String> = Vec::new();
+        let g1 = self.src.read_table::<index::Receipts>(|k, _| {
+            known.push(k);
+            Ok(())
+        })?;
+        let mut last_op: Option<String> = None;
+        let g2 = self.src.read_table::<index::OpEvents>(|(op, _), ()| {
+            if last_op.as_ref() != Some(&op) {
+                last_op = Some(op.clone());
+                known.push(op);
+            }
+            Ok(())
+        })?;
+        let _ = (g1, g2);
+        known.sort();
+        known.dedup();
+        for id in known {
+            if self.new_receipt(&id)?.is_none()
+                && let Some(a) = self.compare_one(&id, dropped_ops)?
+            {
+                actions.push(a);
+            }
+        }
+        // Damaged operations whose id is known only from their quarantined events.
+        let rest: Vec<String> = self
+            .damaged
+            .keys()
+            .filter(|k| !checked.contains(*k))
+            .cloned()
+            .collect();
+        for id in rest {
+            if self.new_receipt(&id)?.is_none()
+                && !actions.iter().any(|a| a.op() == id)
+                && let Some(a) = self.compare_one(&id, dropped_ops)?
+            {
+                actions.push(a);
+            }
+        }
+        Ok(actions)
+    }
+
+    /// Compares one operation; names it in the report if it does not answer as before, and
+    /// returns the event that settles it, if one is needed.
+    fn compare_one(&mut self, id: &str, dropped_ops: &BTreeSet<String>) -> Result<Option<Action>> {
+        let now = self.now;
+        let after = self.new_receipt(id)?;
+        let new_seqs: BTreeSet<u64> = {
+            let snap = index::Snapshot {
+                base: Some(&self.base),
+                layers: Layers::new(&[&self.pending]),
+            };
+            snap.op_event_seqs(id)?.into_iter().collect()
+        };
+        let before = self.src.view(|v| v.receipt(id));
+        let orig_seqs = self.src.view(|v| v.op_event_seqs(id));
+        let before_result = match &before {
+            Ok(Some(rec)) => match &rec.state {
+                ExecRecord::Done(d) => match d.result_seq {
+                    Some(seq) => self
+                        .src
+                        .view(|v| v.result(seq, id))
+                        .ok()
+                        .flatten()
+                        .is_some(),
+                    None => false,
+                },
+                _ => false,
+            },
+            _ => false,
+        };
+        let damage = self.damaged.get(id);
+        let quarantined = damage.map_or(0, |d| d.quarantined);
+        let uncertain = damage.is_some_and(|d| d.uncertain);
+        let missing: u32 = match &orig_seqs {
+            Ok(seqs) => {
+                let gone: Vec<u64> = seqs
+                    .iter()
+                    .filter(|s| !new_seqs.contains(s))
+                    .copied()
+                    .collect();
+                // Listed by the index but not read: an intact copy may be in the raw bytes.
+                self.wanted.event_keys.extend(gone.iter().copied());
+                gone.len() as u32
+            }
+            Err(_) => 0,
+        };
+        let lost_events = quarantined.max(missing);
+        let index_readable = orig_seqs.is_ok();
+        let in_log_drop = dropped_ops.contains(id);
+        let complete = index_readable && lost_events == 0 && !uncertain;
+
+        let describe_view = |rec: Option<&ReceiptRecord>| -> String {
+            match rec.and_then(|r| engine::effective(r.clone(), now)) {
+                None => "unknown".into(),
+                Some(r) => match engine::view(&r) {
+                    None => "unknown (released)".into(),
+                    Some(v) => status_text(&v),
+                },
+            }
+        };
+        let was = match &before {
+            Ok(Some(r)) => {
+                let mut s = describe_view(Some(r));
+                if matches!(r.state, ExecRecord::Done(ref d) if d.result_seq.is_some())
+                    && !before_result
+                    && !s.starts_with("retired")
+                {
+                    s.push_str(", its result unreadable");
+                }
+                s
+            }
+            Ok(None) => "unknown (no receipt)".into(),
+            Err(e) => format!("unreadable ({})", corrupt_detail(e)),
+        };
+
+        // What settles an operation whose history is incomplete.
+        let mut action = None;
+        let mut now_rec = after.clone();
+        if !complete || in_log_drop {
+            let info = after
+                .clone()
+                .or_else(|| before.as_ref().ok().cloned().flatten());
+            let keeps_outcome =
+                matches!(after.as_ref().map(|r| &r.state), Some(ExecRecord::Done(_)));
+            let before_gone = matches!(before, Ok(None)) && after.is_none();
+            if !keeps_outcome
+                && !before_gone
+                && (lost_events > 0 || uncertain || in_log_drop || info.is_some())
+            {
+                let a = Action::Salvage {
+                    op: id.to_string(),
+                    info: info.clone().map(Box::new),
+                    lost: lost_events.max(1),
+                };
+                now_rec = a.simulate(after.as_ref(), now);
+                action = Some(a);
+            }
+        }
+        // A live terminal receipt without its payload answers expired.
+        if action.is_none()
+            && let Some(rec) = &after
+            && let ExecRecord::Done(d) = &rec.state
+            && d.retired_at.is_none()
+            && let Some(seq) = d.result_seq
+        {
+            let has = {
+                let snap = index::Snapshot {
+                    base: Some(&self.base),
+                    layers: Layers::new(&[&self.pending]),
+                };
+                snap.get::<index::Results>(&seq)?.is_some()
+            };
+            if !has {
+                self.wanted.result_keys.insert(seq);
+                let a = Action::Retire {
+                    op: id.to_string(),
+                    seq,
+                };
+                now_rec = a.simulate(after.as_ref(), now);
+                action = Some(a);
+            }
+        }
+        // Name it unless it answers exactly as before.
+        let after_view = now_rec
+            .as_ref()
+            .and_then(|r| engine::effective(r.clone(), now))
+            .and_then(|r| engine::view(&r));
+        let before_view = match &before {
+            Ok(b) => Some(
+                b.as_ref()
+                    .and_then(|r| engine::effective(r.clone(), now))
+                    .and_then(|r| engine::view(&r)),
+            ),
+            Err(_) => None,
+        };
+        let after_result = match &action {
+            Some(Action::Retire { .. }) | Some(Action::Salvage { .. }) => false,
+            _ => match now_rec.as_ref().map(|r| &r.state) {
+                Some(ExecRecord::Done(d)) => d.result_seq.is_some(),
+                _ => false,
+            },
+        };
+        let same = match &before_view {
+            Some(bv) => *bv == after_view && before_result == after_result,
+            // The file's receipt could not be read: the rebuilt one is exact when its whole
+            // history is.
+            None => complete && !in_log_drop,
+        };
+        if same && complete && !in_log_drop {
+            return Ok(action);
+        }
+        let now_name = match (&action, &after_view) {
+            (Some(Action::Salvage { .. }), _) => "in_doubt",
+            (Some(Action::Retire { .. }), _) => "expired",
+            (None, None) => "unknown",
+            (None, Some(_)) if !complete => "kept",
+            (None, Some(_)) => "restored",
+        };
+        let mut why = Vec::new();
+        if lost_events > 0 {
+            why.push(format!(
+                "{lost_events} of its events could not be read or did not fit its history"
+            ));
+        }
+        if !index_readable {
+            why.push("the index of its events could not be read".to_string());
+        }
+        if uncertain {
+            why.push(
+                "some of its events were salvaged from the raw bytes without their index"
+                    .to_string(),
+            );
+        }
+        if in_log_drop {
+            why.push("some of its changes were in log records that were dropped".to_string());
+        }
+        if matches!(action, Some(Action::Retire { .. })) {
+            let was_retired = matches!(
+                &before,
+                Ok(Some(r)) if engine::effective(r.clone(), now).is_some_and(|e| {
+                    matches!(&e.state, ExecRecord::Done(d) if d.retired_at.is_some())
+                })
+            );
+            why.push(if was_retired {
+                "the event that retired it was lost; it stays retired (its dropped payload is \
+                 not revived)"
+                    .to_string()
+            } else {
+                "its result payload was damaged or missing".to_string()
+            });
+        }
+        if why.is_empty() {
+            why.push("its stored receipt disagreed with its events".to_string());
+        }
+        let now_text = match &action {
+            Some(Action::Salvage { .. }) => {
+                "in doubt: its outcome is not known for sure, so it is held until resolved"
+                    .to_string()
+            }
+            _ => describe_view(now_rec.as_ref()),
+        };
+        self.report.lost.push(LostOperation {
+            operation_id: id.to_string(),
+            now: now_name.to_string(),
+            was,
+            detail: format!("{}; now {now_text}", why.join("; ")),
+        });
+        Ok(action)
+    }
+
+    /// Phase 4: a scope revision never moves back.
+    fn compare_scopes(&mut self) -> Result<Vec<(String, u64)>> {
+        let mut stored: Vec<ScopeRecord> = Vec::new();
+        let _ = self.src.read_table::<index::Scopes>(|k, v| {
+            if let Ok(s) = index::decode_scope(&k, &v) {
+                stored.push(s);
+            }
+            Ok(())
+        })?;
+        let mut out = Vec::new();
+        for s in stored {
+            let snap = index::Snapshot {
+                base: Some(&self.base),
+                layers: Layers::new(&[&self.pending]),
+            };
+            let now_rev = snap.scope_revision(&s.scope)?;
+            if now_rev < s.revision {
+                self.report.scopes.push(Finding::new(
+                    "scopes",
+                    &s.scope,
+                    format!(
+                        "the events that moved it to revision {} were lost (they give {now_rev}); \
+                         a checkpoint event keeps it at {}",
+                        s.revision, s.revision
+                    ),
+                ));
+                out.push((s.scope, s.revision));
+            } else if now_rev > s.revision {
+                self.report.scopes.push(Finding::new(
+                    "scopes",
+                    &s.scope,
+                    format!(
+                        "recorded at revision {}, its events give {now_rev}",
+                        s.revision
+                    ),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    fn apply_actions(&mut self, actions: Vec<Action>, scopes: Vec<(String, u64)>) -> Result<()> {
+        let now = self.now.max(self.max_at);
+        self.now = now;
+        self.state.next_seq = self.state.next_seq.max(self.max_seq + 1);
+        self.state.clock_high_water = self.state.clock_high_water.max(now);
+        for chunk in actions.chunks(1024) {
+            let cfg = self.cfg.clone();
+            let mut state = self.state.clone();
+            self.batch(|t| {
+                let mut ctx = Ctx {
+                    t,
+                    now,
+                    cfg: &cfg,
+                    state: &mut state,
+                    fired: Default::default(),
+                };
+                for a in chunk {
+                    match a {
+                        Action::Salvage { op, .. } => {
+                            ctx.append(Some(op), a.event_kind())?;
+                        }
+                        Action::Retire { op, seq } => {
+                            ctx.t.delete_result(*seq)?;
+                            ctx.append(Some(op), EventKind::Retired)?;
+                        }
+                    }
+                }
+                Ok(())
+            })?;
+            self.state = state;
+            self.maybe_flush()?;
+        }
+        if !scopes.is_empty() {
+            let cfg = self.cfg.clone();
+            let mut state = self.state.clone();
+            let purge_at = now.saturating_add(cfg.audit_retention);
+            self.batch(|t| {
+                let mut ctx = Ctx {
+                    t,
+                    now,
+                    cfg: &cfg,
+                    state: &mut state,
+                    fired: Default::default(),
+                };
+                for (scope, revision) in &scopes {
+                    ctx.append(
+                        None,
+                        EventKind::RevisionAdvanced {
+                            scope: scope.clone(),
+                            revision: *revision,
+                            cause: RevisionCause::Checkpoint,
+                            purge_at,
+                        },
+                    )?;
+                }
+                Ok(())
+            })?;
+            self.state = state;
+        }
+        Ok(())
+    }
+
+    /// The meta records: the format (upgraded to this one), the state, and a checkpoint
+    /// that keeps the journal id and starts a new log cycle (a log left from the old one is
+    /// then recognized as stale).
+    fn write_meta(&mut self) -> Result<()> {
+        let old_format = self.src.view(|v| v.format()).ok().flatten();
+        let old_cp = self
+            .src
+            .view(|v| v.checkpoint())
+            .ok()
+            .flatten()
+            .or_else(|| self.candidates.and_then(|c| c.checkpoint.clone()));
+        let now = self.now;
+        let format = match old_format {
+            Some(f) if f.format_version == u32::from(FORMAT_VERSION) => f,
+            Some(old) => {
+                let mut state = self.state.clone();
+                let cfg = self.cfg.clone();
+                self.batch(|t| {
+                    let mut ctx = Ctx {
+                        t,
+                        now,
+                        cfg: &cfg,
+                        state: &mut state,
+                        fired: Default::default(),
+                    };
+                    ctx.append(
+                        None,
+                        EventKind::FormatUpgraded {
+                            from: old.format_version,
+                            to: u32::from(FORMAT_VERSION),
+                        },
+                    )
+                    .map(drop)
+                })?;
+                self.state = state;
+                FormatRecord {
+                    format_version: u32::from(FORMAT_VERSION),
+                    upgraded: Some(crate::record::Upgrade {
+                        from: old.format_version,
+                        at: now,
+                    }),
+                    ..old
+                }
+            }
+            None => FormatRecord {
+                format_version: u32::from(FORMAT_VERSION),
+                created_at: Timestamp(0),
+                created_by: format!("opjournal {} repair", env!("CARGO_PKG_VERSION")),
+                upgraded: None,
+            },
+        };
+        let cp = match old_cp {
+            Some(cp) => CheckpointRecord {
+                journal_id: cp.journal_id,
+                generation: cp.generation + 1,
+                next_lsn: cp.next_lsn
+                    + self.report.log_records
+                    + self.report.log_records_dropped
+                    + 1,
+            },
+            None => CheckpointRecord {
+                journal_id: crate::log::new_journal_id(),
+                generation: 1,
+                next_lsn: 1,
+            },
+        };
+        let state = self.state.clone();
+        self.batch(|t| {
+            t.put_format(&format)?;
+            t.put_state(&state)?;
+            t.put_checkpoint(&cp)
+        })
+    }
+}
+
+/// A result record's header and payload, wherever it was found (its key unchecked).
+fn decode_result_frame(
+    bytes: &[u8],
+) -> std::result::Result<(crate::record::ResultHeader, Vec<u8>), codec::FrameError> {
+    let (version, payload) = codec::unframe_versioned(RecordKind::Result, bytes)?;
+    let (header, used): (crate::record::ResultHeader, usize) =
+        codec::decode_prefix(version, payload)?;
+    Ok((header, payload[used..].to_vec()))
+}
+
+/// An event appended to settle an operation.
+enum Action {
+    /// Its events were lost: in doubt until resolved.
+    Salvage {
+        op: String,
+        info: Option<Box<ReceiptRecord>>,
+        lost: u32,
+    },
+    /// Its result payload was lost: retired (answers expired).
+    Retire { op: String, seq: u64 },
+}
+
+impl Action {
+    fn op(&self) -> &str {
+        match self {
+            Action::Salvage { op, .. } | Action::Retire { op, .. } => op,
+        }
+    }
+
+    /// The receipt after this action, as the fold will give it.
+    /// The event that settles the operation.
+    fn event_kind(&self) -> EventKind {
+        match self {
+            Action::Salvage { info, lost, .. } => {
+                let (attempt, intent_name, intent_hash, scope, session) = match info {
+                    Some(r) => (
+                        r.attempt,
+                        r.intent_name.clone(),
+                        r.intent_hash,
+                        r.scope.clone(),
+                        r.session.clone(),
+                    ),
+                    None => (1, "(lost)".to_string(), IntentDigest::LOST, None, None),
+                };
+                EventKind::Salvaged {
+                    attempt,
+                    intent_name,
+                    intent_hash,
+                    scope,
+                    session,
+                    lost_events: *lost,
+                }
+            }
+            Action::Retire { .. } => EventKind::Retired,
+        }
+    }
+
+    /// The receipt after this action, as the fold will give it.
+    fn simulate(&self, after: Option<&ReceiptRecord>, now: Timestamp) -> Option<ReceiptRecord> {
+        let kind = self.event_kind();
+        let ev = Event {
+            seq: u64::MAX,
+            at: now,
+            operation_id: Some(self.op().to_string()),
+            kind,
+        };
+        engine::transition(after, &ev).ok()
+    }
+}
+
+/// Where a result payload was found.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Provenance {
+    /// In the results table.
+    Tree,
+    /// An intact copy in the raw bytes, of a key whose stored value is damaged.
+    KeyCopy,
+    /// In the raw bytes, in a range of the table that could not be read.
+    Raw,
+}
+
+/// An event waiting for its time-order decision, with the bytes it was found as.
+struct Pending {
+    ev: Event,
+    raw: Vec<u8>,
+}
+
+/// A one-line description of a public receipt's state.
+fn status_text(r: &crate::types::Receipt) -> String {
+    let name = |v: serde_json::Value| v.as_str().unwrap_or("?").to_string();
+    let mut s = name(serde_json::to_value(r.status).unwrap_or_default());
+    if let Some(rev) = r.result_revision {
+        s.push_str(&format!(" at revision {rev}"));
+    }
+    if let Some(d) = &r.delivery {
+        s.push_str(&format!(
+            ", {}",
+            name(serde_json::to_value(d).unwrap_or_default())
+        ));
+        if r.delivery_count > 0 {
+            s.push_str(&format!(
+                " ({} {})",
+                r.delivery_count,
+                if r.delivery_count == 1 {
+                    "delivery"
+                } else {
+                    "deliveries"
+                }
+            ));
+        }
+    }
+    s
+}
+
+/// The new file, beside the journal, removed unless installed.
+struct Target {
+    path: PathBuf,
+    /// For a dry run outside the journal's directory (not writable): its directory.
+    _dir: Option<tempfile::TempDir>,
+    keep: bool,
+}
+
+impl Target {
+    fn create(journal: &Path, dry_run: bool) -> Result<Target> {
+        let dir = match journal.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = journal
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "journal".into());
+        let path = dir.join(format!(".{name}.repair-{}", std::process::id()));
+        let create = |p: &Path| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(p)
+                .map(drop)
+        };
+        match create(&path) {
+            Ok(()) => Ok(Target {
+                path,
+                _dir: None,
+                keep: false,
+            }),
+            Err(e) if dry_run => {
+                // A dry run in a directory it cannot write to builds its copy elsewhere.
+                let tmp = tempfile::Builder::new()
+                    .prefix("opjournal-repair-")
+                    .tempdir()
+                    .map_err(|_| {
+                        Error::io_while(
+                            "create the repaired journal beside the file",
+                            "nothing was changed",
+                            e,
+                        )
+                    })?;
+                let path = tmp.path().join("journal.opj");
+                Ok(Target {
+                    path,
+                    _dir: Some(tmp),
+                    keep: false,
+                })
+            }
+            Err(e) => Err(Error::io_while(
+                "create the repaired journal beside the file",
+                "the repair stopped and nothing was changed",
+                e,
+            )),
+        }
+    }
+
+    /// A new, empty database at the target (again empty on every call).
+    fn database(&self) -> Result<Database> {
+        let _ = std::fs::remove_file(&self.path);
+        redb::Builder::new()
+            .set_cache_size(NEW_FILE_CACHE)
+            .create(&self.path)
+            .map_err(|e| {
+                Error::from(e).while_doing(
+                    "create the repaired journal beside the file",
+                    "the repair stopped and nothing was changed",
+                )
+            })
+    }
+
+    /// Puts the repaired journal in place of the file (not for a dry run): the file is kept
+    /// under the backup name first (a hard link, so the journal's name never goes missing),
+    /// then the new file is renamed over it and the directory synced. The log moves with the
+    /// backup (its records are in the new file).
+    fn install(
+        mut self,
+        journal: &Path,
+        options: &RepairOptions,
+        report: &mut RepairReport,
+    ) -> Result<()> {
+        if options.dry_run {
+            return Ok(());
+        }
+        let failed = |what: &'static str| {
+            move |e: std::io::Error| {
+                Error::io_while(
+                    what,
+                    "the repair stopped and the journal is unchanged (the repaired copy was removed)",
+                    e,
+                )
+            }
+        };
+        if let Ok(meta) = std::fs::metadata(journal) {
+            std::fs::set_permissions(&self.path, meta.permissions())
+                .map_err(failed("give the repaired journal the file's permissions"))?;
+        }
+        File::open(&self.path)
+            .and_then(|f| f.sync_all())
+            .map_err(failed("sync the repaired journal"))?;
+        let log = FileLog::path_for(journal);
+        if options.backup {
+            let backup = backup_path(journal);
+            match std::fs::hard_link(journal, &backup) {
+                Ok(()) => {}
+                Err(_) => {
+                    std::fs::copy(journal, &backup)
+                        .map_err(failed("write the backup of the journal"))?;
+                }
+            }
+            if log.exists() {
+                std::fs::copy(&log, FileLog::path_for(&backup))
+                    .map_err(failed("write the backup of the journal's log"))?;
+            }
+            report.backup = Some(backup);
+        }
+        std::fs::rename(&self.path, journal)
+            .map_err(failed("rename the repaired journal over the file"))?;
+        self.keep = true;
+        // The repaired journal holds everything the log held: a log left now would be of an
+        // older cycle (ignored), but it goes.
+        if log.exists() {
+            std::fs::remove_file(&log).map_err(|e| {
+                Error::io_while(
+                    "remove the journal's old log",
+                    "the journal was repaired; the old log beside it is of an earlier cycle and is ignored",
+                    e,
+                )
+            })?;
+        }
+        crate::log::sync_parent(journal).map_err(|e| {
+            Error::io_while(
+                "sync the journal's directory",
+                "the journal was repaired, but a power loss now could bring back the file as it was",
+                e,
+            )
+        })?;
+        Ok(())
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 fn backup_path(path: &Path) -> PathBuf {
@@ -338,494 +2007,9 @@ fn backup_path(path: &Path) -> PathBuf {
     }
 }
 
-fn quarantine(
-    q: &mut redb::Table<'_, u64, &'static [u8]>,
-    report: &mut RepairReport,
-    table: &str,
-    key: String,
-    problem: String,
-    raw: &[u8],
-) -> Result<()> {
-    let n = match q.last()? {
-        Some((k, _)) => k.value() + 1,
-        None => 1,
-    };
-    // A quarantined value: a framed record whose payload is (table, key, problem) in
-    // bincode, followed by the raw bytes as they were found (like a result payload, so the
-    // decode limit does not apply to them).
-    let mut payload = codec::encode_payload(&(table, key.as_str(), problem.as_str()));
-    payload.extend_from_slice(raw);
-    q.insert(n, codec::frame(RecordKind::Quarantine, &payload).as_slice())?;
-    report.quarantined.push(Finding {
-        table: table.to_string(),
-        key,
-        problem,
-    });
-    Ok(())
-}
-
-fn collect_raw<K, T>(table: &T) -> Result<Vec<(K, Vec<u8>)>>
-where
-    K: redb::Key + 'static,
-    for<'a> K::SelfType<'a>: ToOwnedKey<Owned = K>,
-    T: ReadableTable<K, &'static [u8]>,
-{
-    let mut out = Vec::new();
-    for entry in table.iter()? {
-        let (k, v) = entry?;
-        out.push((k.value().to_owned_key(), v.value().to_vec()));
-    }
-    Ok(out)
-}
-
-/// Owned forms of the key types used by the raw scans.
-trait ToOwnedKey {
-    type Owned;
-    fn to_owned_key(&self) -> Self::Owned;
-}
-impl ToOwnedKey for u64 {
-    type Owned = u64;
-    fn to_owned_key(&self) -> u64 {
-        *self
-    }
-}
-
-/// Reads every raw entry of `def` and deletes the table (the caller recreates it).
-fn take_table(
-    txn: &redb::WriteTransaction,
-    def: TableDefinition<u64, &'static [u8]>,
-) -> Result<Vec<(u64, Vec<u8>)>> {
-    let entries = {
-        let t = txn.open_table(def)?;
-        collect_raw(&t)?
-    };
-    txn.delete_table(def)?;
-    Ok(entries)
-}
-
-fn string_keys(
-    table: &impl ReadableTable<&'static str, &'static [u8]>,
-) -> Result<Vec<(String, Vec<u8>)>> {
-    let mut out = Vec::new();
-    for entry in table.iter()? {
-        let (k, v) = entry?;
-        out.push((k.value().to_string(), v.value().to_vec()));
-    }
-    Ok(out)
-}
-
-const INDEX_TABLES: [&str; 8] = [
-    "receipts",
-    "scopes",
-    "op_events",
-    "timers",
-    "scope_timers",
-    "windows",
-    "scope_holds",
-    "in_doubt",
-];
-
-/// Repairs an open database in one write transaction.
-pub(crate) fn repair_db(
-    db: &Database,
-    report: &mut RepairReport,
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<()> {
-    let txn = db.begin_write()?;
-    let names: Vec<String> = {
-        use redb::TableHandle;
-        txn.list_tables()?.map(|h| h.name().to_string()).collect()
-    };
-    if !names.iter().any(|n| n == "meta") {
-        return Err(Error::new(ErrorKind::NotAJournal {
-            path: PathBuf::new(),
-            detail: "it is a redb database without the journal's `meta` table".into(),
-        }));
-    }
-    let cfg = Config::default();
-    {
-        // The kept tables are rewritten from their raw entries, so that no page of the old
-        // tree survives: a damaged page (a flipped key, a broken page header) leaves the file
-        // even when the values on it read fine.
-        let old_quarantine = take_table(&txn, <index::Quarantine as Table>::def())?;
-        let old_events = take_table(&txn, <index::Events as Table>::def())?;
-        let old_results = take_table(&txn, <index::Results as Table>::def())?;
-        let old_meta = {
-            let t = txn.open_table(<index::Meta as Table>::def())?;
-            string_keys(&t)?
-        };
-        txn.delete_table(<index::Meta as Table>::def())?;
-        let mut q = txn.open_table(<index::Quarantine as Table>::def())?;
-        for (n, raw) in &old_quarantine {
-            q.insert(*n, raw.as_slice())?;
-        }
-        // What the old indexes knew, for naming operations whose events are damaged.
-        let mut seq_owner: HashMap<u64, String> = HashMap::new();
-        if let Ok(t) = txn.open_table(<index::OpEvents as Table>::def()) {
-            for entry in t.iter()? {
-                let (k, _) = entry?;
-                let (op, seq) = k.value();
-                seq_owner.insert(seq, op.to_string());
-            }
-        }
-        let mut stored_receipts: HashMap<String, ReceiptRecord> = HashMap::new();
-        if let Ok(t) = txn.open_table(<index::Receipts as Table>::def()) {
-            for (id, raw) in string_keys(&t)? {
-                match index::decode_receipt(&id, &raw) {
-                    Ok(r) => {
-                        stored_receipts.insert(id, r);
-                    }
-                    Err(e) => quarantine(&mut q, report, "receipts", id, corrupt_detail(&e), &raw)?,
-                }
-            }
-        }
-        if let Ok(t) = txn.open_table(<index::Scopes as Table>::def()) {
-            for (name, raw) in string_keys(&t)? {
-                if let Err(e) = index::decode_scope(&name, &raw) {
-                    quarantine(&mut q, report, "scopes", name, corrupt_detail(&e), &raw)?;
-                }
-            }
-        }
-        // Damaged events and results move to quarantine. A record whose key was damaged but
-        // whose value is intact (its CRC covers the seq it carries) goes back under its seq.
-        let mut damaged: BTreeMap<String, u32> = BTreeMap::new();
-        {
-            let mut events = txn.open_table(<index::Events as Table>::def())?;
-            let mut misplaced = Vec::new();
-            for (key, raw) in old_events {
-                match index::decode_event(key, &raw) {
-                    Ok(_) => {
-                        events.insert(key, raw.as_slice())?;
-                    }
-                    Err(e) => misplaced.push((key, raw, e)),
-                }
-            }
-            for (key, raw, e) in misplaced {
-                let intact = index::decode_event_frame(&raw).ok();
-                if let Some(ev) = &intact
-                    && events.get(ev.seq)?.is_none()
-                {
-                    events.insert(ev.seq, raw.as_slice())?;
-                    continue;
-                }
-                let owner = match &intact {
-                    Some(ev) => ev.operation_id.clone(),
-                    None => seq_owner.get(&key).cloned(),
-                };
-                let problem = match &owner {
-                    Some(op) => format!("{} (an event of `{op}`)", corrupt_detail(&e)),
-                    None => corrupt_detail(&e),
-                };
-                quarantine(&mut q, report, "events", key.to_string(), problem, &raw)?;
-                if let Some(op) = owner {
-                    *damaged.entry(op).or_default() += 1;
-                }
-            }
-        }
-        {
-            let mut results = txn.open_table(<index::Results as Table>::def())?;
-            let mut misplaced = Vec::new();
-            for (key, raw) in old_results {
-                match index::decode_result(key, &raw) {
-                    Ok(_) => {
-                        results.insert(key, raw.as_slice())?;
-                    }
-                    Err(e) => misplaced.push((key, raw, e)),
-                }
-            }
-            for (key, raw, e) in misplaced {
-                let seq = codec::unframe_versioned(RecordKind::Result, &raw)
-                    .ok()
-                    .and_then(|(v, p)| {
-                        codec::decode_prefix::<crate::record::ResultHeader>(v, p).ok()
-                    })
-                    .map(|(h, _)| h.completed_seq);
-                if let Some(seq) = seq
-                    && results.get(seq)?.is_none()
-                {
-                    results.insert(seq, raw.as_slice())?;
-                    continue;
-                }
-                quarantine(
-                    &mut q,
-                    report,
-                    "results",
-                    key.to_string(),
-                    corrupt_detail(&e),
-                    &raw,
-                )?;
-            }
-        }
-        // Meta: the format and state records, if they decode; anything else is set aside.
-        {
-            let mut meta = txn.open_table(<index::Meta as Table>::def())?;
-            let mut format_ok = false;
-            for (key, raw) in old_meta {
-                let checked = match key.as_str() {
-                    "format" => index::decode_format(&raw).map(|_| ()),
-                    "state" => index::decode_meta::<StateRecord>("state", &raw).map(|_| ()),
-                    "checkpoint" => {
-                        index::decode_meta::<CheckpointRecord>("checkpoint", &raw).map(|_| ())
-                    }
-                    _ => Err(Error::corrupt(
-                        "meta",
-                        &key,
-                        "not an entry of the meta table",
-                    )),
-                };
-                match checked {
-                    Ok(()) => {
-                        format_ok |= key == "format";
-                        meta.insert(key.as_str(), raw.as_slice())?;
-                    }
-                    Err(e) => quarantine(&mut q, report, "meta", key, corrupt_detail(&e), &raw)?,
-                }
-            }
-            if !format_ok {
-                meta.insert(
-                    "format",
-                    codec::encode(
-                        RecordKind::Meta,
-                        &FormatRecord {
-                            format_version: u32::from(FORMAT_VERSION),
-                            created_at: Timestamp(0),
-                            created_by: format!("opjournal {} repair", env!("CARGO_PKG_VERSION")),
-                            upgraded: None,
-                        },
-                    )
-                    .as_slice(),
-                )?;
-            }
-        }
-        for name in INDEX_TABLES {
-            // Deletion goes by name; the definition's types are not checked.
-            txn.delete_table(TableDefinition::<&str, &[u8]>::new(name))?;
-        }
-        drop(q);
-        // The replay runs in a batch in memory, over the checked events and results; what
-        // it changes is written into the transaction at the end.
-        let mut t = WriteTables::over(None, Layers::default());
-        let mut seqs: Vec<u64> = Vec::new();
-        {
-            let events = txn.open_table(<index::Events as Table>::def())?;
-            for entry in events.iter()? {
-                let (k, v) = entry?;
-                seqs.push(k.value());
-                t.put_raw::<index::Events>(k.value(), v.value().to_vec());
-            }
-            let results = txn.open_table(<index::Results as Table>::def())?;
-            for entry in results.iter()? {
-                let (k, v) = entry?;
-                t.put_raw::<index::Results>(k.value(), v.value().to_vec());
-            }
-            let meta = txn.open_table(<index::Meta as Table>::def())?;
-            for entry in meta.iter()? {
-                let (k, v) = entry?;
-                t.put_raw::<index::Meta>(k.value().to_string(), v.value().to_vec());
-            }
-        }
-        let old_state = match t.get::<index::Meta>(&"state".to_string())? {
-            Some(v) => index::decode_meta::<StateRecord>("state", &v).ok(),
-            None => None,
-        };
-        // Replay.
-        let events_raw = seqs.len() as u64;
-        let mut replayed = 0u64;
-        let mut max_seq = 0u64;
-        let mut max_at = Timestamp(0);
-        // The journal's clock never runs backwards, so an event recorded before the one
-        // ahead of it does not belong to this history (verify reports it). Keep the longest
-        // run of events in time order: one event with a wrong time costs that event only.
-        let in_order = {
-            let mut times = Vec::with_capacity(seqs.len());
-            for &seq in &seqs {
-                if let Some(ev) = t.event(seq)? {
-                    times.push((seq, ev.at));
-                }
-            }
-            time_ordered(&times)
-        };
-        let mut misfits: Vec<(u64, String, Vec<u8>, Option<String>)> = Vec::new();
-        for seq in seqs {
-            let Some(ev) = t.event(seq)? else { continue };
-            max_seq = max_seq.max(seq);
-            let owner = ev.operation_id.clone();
-            if !in_order.contains(&seq) {
-                let raw = codec::encode(RecordKind::Event, &ev);
-                let problem = format!(
-                    "recorded at {} out of time order with the events around it",
-                    ev.at
-                );
-                misfits.push((seq, problem, raw, owner));
-                continue;
-            }
-            max_at = max_at.max(ev.at);
-            // Later events of an operation with a damaged event still apply when they fit;
-            // those that do not are quarantined below.
-            t.put_event(&ev)?;
-            match engine::apply(&mut t, &ev) {
-                Ok(()) => replayed += 1,
-                Err(e) => {
-                    let raw = codec::encode(RecordKind::Event, &ev);
-                    misfits.push((seq, corrupt_detail(&e), raw, owner));
-                }
-            }
-            if replayed.is_multiple_of(4096) {
-                progress(replayed, events_raw);
-            }
-        }
-        progress(replayed, events_raw);
-        report.events_replayed = replayed;
-        if !misfits.is_empty() {
-            let mut q = txn.open_table(<index::Quarantine as Table>::def())?;
-            for (seq, problem, raw, owner) in &misfits {
-                quarantine(
-                    &mut q,
-                    report,
-                    "events",
-                    seq.to_string(),
-                    problem.clone(),
-                    raw,
-                )?;
-                t.delete_event(*seq)?;
-                if let Some(op) = owner {
-                    t.remove_op_event(op, *seq);
-                    *damaged.entry(op.clone()).or_default() += 1;
-                }
-            }
-        }
-        let mut state = StateRecord {
-            clock_high_water: old_state
-                .as_ref()
-                .map_or(max_at, |s| s.clock_high_water.max(max_at)),
-            next_seq: old_state
-                .as_ref()
-                .map_or(max_seq + 1, |s| s.next_seq.max(max_seq + 1)),
-        };
-        let now = state.clock_high_water;
-        let mut ctx = Ctx {
-            t: &mut t,
-            now,
-            cfg: &cfg,
-            state: &mut state,
-            fired: Default::default(),
-        };
-        // Operations with damaged events: keep a surviving outcome, otherwise in doubt.
-        for (op, lost) in &damaged {
-            let rebuilt = ctx.t.receipt(op)?;
-            if let Some(r) = &rebuilt
-                && let ExecRecord::Done(_) = r.state
-            {
-                report.lost.push(LostOperation {
-                    operation_id: op.clone(),
-                    now: "kept".into(),
-                    detail: format!(
-                        "{lost} damaged event(s) quarantined; the recorded outcome survived, so it is kept (a delivery or acknowledgement may repeat)"
-                    ),
-                });
-                continue;
-            }
-            let info = rebuilt.clone().or_else(|| stored_receipts.get(op).cloned());
-            let (attempt, intent_name, intent_hash, scope, session) = match &info {
-                Some(r) => (
-                    r.attempt,
-                    r.intent_name.clone(),
-                    r.intent_hash,
-                    r.scope.clone(),
-                    r.session.clone(),
-                ),
-                None => (1, "(lost)".to_string(), IntentDigest::LOST, None, None),
-            };
-            ctx.append(
-                Some(op),
-                EventKind::Salvaged {
-                    attempt,
-                    intent_name,
-                    intent_hash,
-                    scope,
-                    session,
-                    lost_events: *lost,
-                },
-            )?;
-            report.lost.push(LostOperation {
-                operation_id: op.clone(),
-                now: "in_doubt".into(),
-                detail: format!(
-                    "{lost} damaged event(s) quarantined; its outcome is unknown, so it is in doubt until resolved"
-                ),
-            });
-        }
-        // Results: each live terminal receipt needs its payload; orphans go.
-        let mut referenced = BTreeSet::new();
-        let mut lost_results = Vec::new();
-        let ids: Vec<String> = {
-            let mut v = Vec::new();
-            for entry in ctx.t.all::<index::Receipts>()? {
-                v.push(entry?.0);
-            }
-            v
-        };
-        for id in &ids {
-            let Some(rec) = ctx.t.receipt(id)? else {
-                continue;
-            };
-            if let ExecRecord::Done(d) = &rec.state
-                && let Some(seq) = d.result_seq
-            {
-                let ok = match ctx.t.get::<index::Results>(&seq)? {
-                    Some(v) => match index::decode_result(seq, &v) {
-                        Ok((h, bytes)) => {
-                            h.operation_id == *id
-                                && bytes.len() as u64 == d.result.len
-                                && crc32fast::hash(&bytes) == d.result.crc32
-                        }
-                        Err(_) => false,
-                    },
-                    None => false,
-                };
-                if ok {
-                    referenced.insert(seq);
-                } else {
-                    lost_results.push((id.clone(), seq));
-                }
-            }
-        }
-        for (id, seq) in lost_results {
-            ctx.t.delete_result(seq)?;
-            ctx.append(Some(&id), EventKind::Retired)?;
-            report.lost.push(LostOperation {
-                operation_id: id,
-                now: "expired".into(),
-                detail: "its result payload was damaged or missing; the outcome and revisions are kept and it answers as expired".into(),
-            });
-        }
-        let result_keys: Vec<u64> = {
-            let mut v = Vec::new();
-            for entry in ctx.t.all::<index::Results>()? {
-                v.push(entry?.0);
-            }
-            v
-        };
-        for seq in result_keys {
-            if !referenced.contains(&seq) {
-                ctx.t.delete_result(seq)?;
-                report.orphan_results_removed += 1;
-            }
-        }
-        let state = ctx.state.clone();
-        t.put_state(&state)?;
-        report.receipts_rebuilt = t.count::<index::Receipts>()?;
-        report.scopes_rebuilt = t.count::<index::Scopes>()?;
-        index::checkpoint(&txn, &t.into_changes())?;
-        index::create_tables(&txn)?;
-    }
-    txn.commit()?;
-    Ok(())
-}
-
-/// The seqs of the longest run of `events` (in seq order) whose times never decrease
+/// The indexes of the longest run of `events` (in order) whose times never decrease
 /// (patience sorting, `O(n log n)`).
-fn time_ordered(events: &[(u64, Timestamp)]) -> BTreeSet<u64> {
+fn time_ordered(events: &[(usize, Timestamp)]) -> BTreeSet<usize> {
     // tails[k]: the event ending the best run of length k + 1 found so far.
     let mut tails: Vec<usize> = Vec::new();
     let mut prev: Vec<Option<usize>> = vec![None; events.len()];

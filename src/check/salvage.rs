@@ -1,29 +1,23 @@
-//! Salvage: records found by scanning the raw bytes when the storage engine refuses
-//! the file.
+//! Salvage: records found by scanning the raw bytes of a file, for the parts of a journal
+//! that the storage engine cannot read (a damaged page, a truncated file, a damaged header).
+//!
+//! Every stored value is framed with a magic, a version, a kind, a length and a CRC, so an
+//! intact record is recognized wherever it lies. A frame found this way may be the live
+//! record or a stale copy on a page a later commit freed: `repair` takes one only where the
+//! engine could not read the table, and only with evidence that it is live (see
+//! `check::repair`).
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::fs::File;
 
-use super::repair::{RepairReport, repair_db};
-use crate::clock::Timestamp;
 use crate::codec::{self, FORMAT_VERSION, RecordKind};
 use crate::error::{Error, Result};
-use crate::index::{self, Layers, WriteTables};
-use crate::record::{Event, FormatRecord, StateRecord};
 
 /// Scans raw bytes for framed records whose CRC holds.
 pub(crate) fn scan_frames(bytes: &[u8]) -> Vec<(RecordKind, &[u8])> {
     let mut out = Vec::new();
     let mut i = 0usize;
     while i + codec::HEADER_LEN <= bytes.len() {
-        if bytes[i] == codec::MAGIC[0]
-            && bytes[i + 1] == codec::MAGIC[1]
-            && bytes[i + 2] >= 1
-            && bytes[i + 2] <= FORMAT_VERSION
-            && let Some(kind) = RecordKind::from_byte(bytes[i + 3])
-        {
-            let len = u32::from_le_bytes([bytes[i + 4], bytes[i + 5], bytes[i + 6], bytes[i + 7]])
-                as usize;
+        if let Some((kind, len)) = frame_at(&bytes[i..i + codec::HEADER_LEN]) {
             let end = i + codec::HEADER_LEN + len;
             if end <= bytes.len() && codec::unframe(kind, &bytes[i..end]).is_ok() {
                 out.push((kind, &bytes[i..end]));
@@ -36,78 +30,233 @@ pub(crate) fn scan_frames(bytes: &[u8]) -> Vec<(RecordKind, &[u8])> {
     out
 }
 
-/// Salvages every CRC-valid event and result of `source` into a new journal that
-/// replaces `dest` (`dest` is `source`, or its dry-run copy).
-pub(crate) fn salvage(
-    original: &Path,
-    dest: &Path,
-    report: &mut RepairReport,
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<()> {
-    let bytes = std::fs::read(dest).map_err(Error::io)?;
-    let mut events: BTreeMap<u64, Event> = BTreeMap::new();
-    let mut results: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
-    for (kind, frame) in scan_frames(&bytes) {
-        match kind {
-            RecordKind::Event => {
-                if let Ok(ev) = index::decode_event_frame(frame) {
-                    events.entry(ev.seq).or_insert(ev);
+/// The kind and payload length a frame header at the start of `head` declares, if it looks
+/// like one (magic, a version this build or an older one wrote, a known kind). Frames of a
+/// newer version are recognized by [`newer_frame_at`].
+fn frame_at(head: &[u8]) -> Option<(RecordKind, usize)> {
+    if head[0] != codec::MAGIC[0] || head[1] != codec::MAGIC[1] {
+        return None;
+    }
+    if head[2] < 1 || head[2] > FORMAT_VERSION {
+        return None;
+    }
+    let kind = RecordKind::from_byte(head[3])?;
+    let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
+    Some((kind, len))
+}
+
+/// The largest frame the scan reads: a result payload is at most 64 MiB, plus its header.
+const MAX_FRAME: usize = (64 << 20) + (1 << 20);
+/// Bytes read at a time.
+const WINDOW: usize = 1 << 20;
+
+/// What a scan of a file's bytes found besides the frames it reported.
+#[derive(Debug, Default)]
+pub(crate) struct ScanSummary {
+    /// Intact frames found.
+    pub frames: u64,
+    /// Intact event frames found.
+    pub events: u64,
+    /// The highest format version of an intact frame newer than this build's, if any.
+    pub newer: Option<u8>,
+}
+
+/// Calls `each(offset, kind, frame)` for every intact frame in the first `len` bytes of
+/// `file`, in file order, reading a window at a time (memory holds a window and at most one
+/// frame, whatever the file's size). `each` returning an error ends the scan with it.
+///
+/// # Errors
+///
+/// An I/O error reading the file (named as such); `each`'s error.
+pub(crate) fn scan_file(
+    file: &File,
+    len: u64,
+    mut each: impl FnMut(u64, RecordKind, &[u8]) -> Result<()>,
+) -> Result<ScanSummary> {
+    let mut summary = ScanSummary::default();
+    let mut buf = vec![0u8; WINDOW + codec::HEADER_LEN];
+    let mut frame = Vec::new();
+    // `base` is the file offset of buf[0]; `filled` how many bytes of buf hold data.
+    let mut base = 0u64;
+    let mut filled;
+    let read_err = |e| {
+        Error::io_while(
+            "read the journal file",
+            "the repair stopped and nothing was changed: check the disk and try again",
+            e,
+        )
+    };
+    'windows: while base < len {
+        let want = usize::try_from((len - base).min(buf.len() as u64)).unwrap_or(buf.len());
+        read_at(file, &mut buf[..want], base).map_err(read_err)?;
+        filled = want;
+        let mut i = 0usize;
+        // Positions up to WINDOW are handled in this window; the header overlap lets a frame
+        // header that starts near the end be read whole.
+        while i < filled.min(WINDOW) && i + codec::HEADER_LEN <= filled {
+            let head = &buf[i..i + codec::HEADER_LEN];
+            let at = base + i as u64;
+            if head[0] == codec::MAGIC[0] && head[1] == codec::MAGIC[1] {
+                let len_field = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
+                let total = codec::HEADER_LEN + len_field;
+                if total <= MAX_FRAME && at + total as u64 <= len {
+                    let newer = head[2] > FORMAT_VERSION;
+                    let kind = frame_at(head).map(|(k, _)| k);
+                    if kind.is_some() || newer {
+                        let bytes: &[u8] = if i + total <= filled {
+                            &buf[i..i + total]
+                        } else {
+                            frame.resize(total, 0);
+                            read_at(file, &mut frame, at).map_err(read_err)?;
+                            &frame
+                        };
+                        if newer {
+                            if matches!(
+                                codec::unframe_any(bytes),
+                                Err(codec::FrameError::NewerVersion(_))
+                            ) {
+                                summary.newer = summary.newer.max(Some(head[2]));
+                            }
+                        } else if let Some(kind) = kind
+                            && codec::unframe(kind, bytes).is_ok()
+                        {
+                            summary.frames += 1;
+                            if kind == RecordKind::Event {
+                                summary.events += 1;
+                            }
+                            each(at, kind, bytes)?;
+                            let next = at + total as u64;
+                            if next >= base + WINDOW as u64 {
+                                base = next;
+                                continue 'windows;
+                            }
+                            i += total;
+                            continue;
+                        }
+                    }
                 }
             }
-            RecordKind::Result => {
-                if let Ok((version, payload)) = codec::unframe_versioned(kind, frame)
-                    && let Ok((h, _)) =
-                        codec::decode_prefix::<crate::record::ResultHeader>(version, payload)
-                {
-                    results
-                        .entry(h.completed_seq)
-                        .or_insert_with(|| frame.to_vec());
-                }
-            }
-            _ => {}
+            i += 1;
         }
+        base += WINDOW as u64;
     }
-    if events.is_empty() {
-        return Err(Error::corrupt(
-            "(file)",
-            original.display(),
-            "the storage engine refuses the file and no intact event could be salvaged from its bytes",
-        ));
-    }
-    report.salvaged = true;
-    let mut tmp_name = dest.as_os_str().to_os_string();
-    tmp_name.push(".salvage");
-    let tmp = PathBuf::from(tmp_name);
-    let _ = std::fs::remove_file(&tmp);
+    Ok(summary)
+}
+
+/// Intact journal records found in a file's raw bytes: what `repair` can salvage when the
+/// storage engine refuses the file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IntactRecords {
+    /// Intact records of every kind (stale copies on freed pages included).
+    pub records: u64,
+    /// Intact event records among them.
+    pub events: u64,
+}
+
+/// Scans the journal file at `path` for intact records, reading it a window at a time (up
+/// to the end of the journal's data: bytes appended after it are not scanned).
+///
+/// # Errors
+///
+/// [`crate::ErrorKind::NotAJournal`] for what is not a regular file (a FIFO, a device, a
+/// directory), [`crate::ErrorKind::Io`] when it cannot be read.
+pub fn intact_records(path: impl AsRef<std::path::Path>) -> Result<IntactRecords> {
+    let path = path.as_ref();
+    let meta = crate::index::reading::existing_journal_file(path)?;
+    let file = File::open(path)
+        .map_err(|e| Error::io_while("open the journal file", "nothing was read or changed", e))?;
+    let extent = crate::index::reading::Extent::of(&file, meta.len())
+        .map_err(|e| Error::io_while("read the journal file", "nothing was changed", e))?;
+    let summary = scan_file(&file, extent.journal_len(), |_, _, _| Ok(()))?;
+    Ok(IntactRecords {
+        records: summary.frames,
+        events: summary.events,
+    })
+}
+
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    #[cfg(unix)]
     {
-        let db = redb::Builder::new().create(&tmp)?;
-        let txn = db.begin_write()?;
-        {
-            let mut t = WriteTables::over(None, Layers::default());
-            t.put_format(&FormatRecord {
-                format_version: u32::from(FORMAT_VERSION),
-                created_at: Timestamp(0),
-                created_by: format!("opjournal {} salvage", env!("CARGO_PKG_VERSION")),
-                upgraded: None,
-            })?;
-            let max_seq = events.keys().next_back().copied().unwrap_or(0);
-            let max_at = events.values().map(|e| e.at).max().unwrap_or(Timestamp(0));
-            t.put_state(&StateRecord {
-                clock_high_water: max_at,
-                next_seq: max_seq + 1,
-            })?;
-            for ev in events.values() {
-                t.put_event(ev)?;
-            }
-            for (seq, frame) in &results {
-                t.put_raw::<index::Results>(*seq, frame.clone());
-            }
-            index::checkpoint(&txn, &t.into_changes())?;
-            index::create_tables(&txn)?;
-        }
-        txn.commit()?;
-        repair_db(&db, report, progress)?;
+        std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
     }
-    std::fs::rename(&tmp, dest).map_err(Error::io)?;
-    Ok(())
+    #[cfg(windows)]
+    {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = std::os::windows::fs::FileExt::seek_read(
+                file,
+                &mut buf[done..],
+                offset + done as u64,
+            )?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_scan_finds_the_frames_a_bytes_scan_finds_across_windows() -> Result<()> {
+        let mut bytes = Vec::new();
+        let mut expected = Vec::new();
+        let mut n = 0u32;
+        // Frames of many sizes, some straddling the window boundaries, with noise between.
+        while bytes.len() < 3 * WINDOW + 5000 {
+            bytes.extend(std::iter::repeat_n(0x4f, (n % 7) as usize));
+            let payload = vec![n as u8; (n as usize * 977) % 70_000];
+            let f = codec::frame(RecordKind::Result, &payload);
+            expected.push((bytes.len() as u64, f.clone()));
+            bytes.extend_from_slice(&f);
+            n += 1;
+        }
+        let dir = tempfile::tempdir().map_err(Error::io)?;
+        let path = dir.path().join("raw");
+        std::fs::write(&path, &bytes).map_err(Error::io)?;
+        let file = File::open(&path).map_err(Error::io)?;
+        let mut found = Vec::new();
+        let summary = scan_file(&file, bytes.len() as u64, |at, _, f| {
+            found.push((at, f.to_vec()));
+            Ok(())
+        })?;
+        assert_eq!(found, expected);
+        assert_eq!(summary.frames, expected.len() as u64);
+        let in_memory: Vec<Vec<u8>> = scan_frames(&bytes)
+            .into_iter()
+            .map(|(_, f)| f.to_vec())
+            .collect();
+        assert_eq!(
+            in_memory,
+            expected.into_iter().map(|(_, f)| f).collect::<Vec<_>>()
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_newer_frame_is_noticed_and_not_reported() -> Result<()> {
+        let mut f = codec::frame(RecordKind::Meta, b"from the future");
+        f[2] = FORMAT_VERSION + 1;
+        // Fix the CRC over the new version byte.
+        let mut h = crc32fast::Hasher::new();
+        h.update(&f[0..8]);
+        h.update(&f[12..]);
+        let crc = h.finalize();
+        f[8..12].copy_from_slice(&crc.to_le_bytes());
+        let dir = tempfile::tempdir().map_err(Error::io)?;
+        let path = dir.path().join("raw");
+        std::fs::write(&path, &f).map_err(Error::io)?;
+        let file = File::open(&path).map_err(Error::io)?;
+        let summary = scan_file(&file, f.len() as u64, |_, _, _| Ok(()))?;
+        assert_eq!(
+            (summary.frames, summary.newer),
+            (0, Some(FORMAT_VERSION + 1))
+        );
+        Ok(())
+    }
 }

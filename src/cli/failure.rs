@@ -92,6 +92,24 @@ pub(crate) fn explain(err: &Error, path: &Path, mode: Mode) -> CliError {
         Mode::Write => "writing",
     };
     match err.kind() {
+        // An I/O error that names what the journal was doing says it, with what it means.
+        ErrorKind::Io
+            if err.during().is_some()
+                && !matches!(
+                    std::error::Error::source(err)
+                        .and_then(|s| s.downcast_ref::<std::io::Error>())
+                        .map(std::io::Error::kind),
+                    Some(
+                        std::io::ErrorKind::NotFound
+                            | std::io::ErrorKind::PermissionDenied
+                            | std::io::ErrorKind::IsADirectory
+                    )
+                ) =>
+        {
+            CliError::new(format!("{err} (`{file}`)"))
+                .causes_of(err)
+                .hint("check the disk and the file system, then run the command again")
+        }
         ErrorKind::Io => {
             let io = std::error::Error::source(err).and_then(|s| s.downcast_ref::<std::io::Error>());
             match io.map(std::io::Error::kind) {
@@ -117,6 +135,10 @@ pub(crate) fn explain(err: &Error, path: &Path, mode: Mode) -> CliError {
                     .causes_of(err)
                     .hint("check the disk and the file system, then run the command again"),
             }
+        }
+        ErrorKind::NotAJournal { detail, .. } if detail.contains("not a regular file") => {
+            CliError::new(format!("`{file}` is not an opjournal journal: {detail}"))
+                .hint("check the path: pass the journal file itself (a regular file, usually `*.opj`)")
         }
         ErrorKind::NotAJournal { detail, .. } => {
             CliError::new(format!("`{file}` is not an opjournal journal: {detail}")).hint(

@@ -24,7 +24,7 @@ use crate::record::StateRecord;
 pub(crate) use clocks::effective;
 pub(crate) use commands::*;
 pub(crate) use compaction::compact_batch;
-pub(crate) use fold::transition;
+pub(crate) use fold::{index_entries, transition};
 pub(crate) use reads::*;
 
 /// Counts of what compaction (or any materialization) fired.

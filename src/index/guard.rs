@@ -15,18 +15,37 @@ pub(crate) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
+/// A panic of the storage engine, as the cause of a `Corrupt` error: its text is the
+/// engine's own (`entered unreachable code`, a `Utf8Error`), which says nothing to a user,
+/// so it stays in the cause chain and the message says what it means.
+#[derive(Debug)]
+pub(crate) struct EnginePanic(pub(crate) String);
+
+impl std::fmt::Display for EnginePanic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the storage engine stopped on damaged data: {}", self.0)
+    }
+}
+
+impl std::error::Error for EnginePanic {}
+
 /// Runs `f`, turning a panic inside the storage engine (which may trust a damaged file)
-/// into a `Corrupt` error.
+/// into a `Corrupt` error whose cause is the panic.
 pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     match std::panic::catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
-        Err(p) => Err(Error::corrupt(
-            "(redb)",
-            what,
-            format!(
-                "the storage engine failed on damaged data: {}",
-                panic_message(p)
-            ),
-        )),
+        Err(p) => Err(engine_panic(what, panic_message(p))),
     }
+}
+
+/// The `Corrupt` error for a storage-engine panic with message `message` during `what`.
+fn engine_panic(what: &str, message: String) -> Error {
+    Error::with_source(
+        crate::error::ErrorKind::Corrupt {
+            table: "(redb)".into(),
+            key: crate::error::shorten(what, 120),
+            detail: "the storage engine failed on damaged data".into(),
+        },
+        EnginePanic(message),
+    )
 }

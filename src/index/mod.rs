@@ -10,13 +10,14 @@
 pub(crate) mod file;
 mod guard;
 mod layers;
+pub(crate) mod reading;
 mod tables;
 
 pub(crate) use guard::guarded;
 pub(crate) use layers::{Base, Layered, Layers, Snapshot};
 pub(crate) use tables::{
     Events, Holds, InDoubt, Memtable, Meta, OpEvents, Quarantine, Receipts, Results, ScopeTimers,
-    Scopes, Table, TableKey, Timers, Windows,
+    Scopes, Table, TableKey, TableValue, Timers, Windows,
 };
 
 use std::ops::Bound;
@@ -418,16 +419,6 @@ impl<'a> WriteTables<'a> {
     fn set<T: Table>(&mut self, key: T::K, value: Option<T::V>) {
         self.dirty = true;
         self.own.set::<T>(key, value);
-    }
-
-    /// Sets a raw value, as read from another table (for `repair`).
-    pub(crate) fn put_raw<T: Table>(&mut self, key: T::K, value: T::V) {
-        self.set::<T>(key, Some(value));
-    }
-
-    /// Removes one `op_events` entry.
-    pub(crate) fn remove_op_event(&mut self, op: &str, seq: u64) {
-        self.set::<OpEvents>((op.to_string(), seq), None);
     }
 
     pub(crate) fn put_format(&mut self, f: &FormatRecord) -> Result<()> {

@@ -474,7 +474,13 @@ impl Inner {
         self.flush()?;
         self.persist_clock()?;
         self.exclusive(|| {
-            self.checkpoint()?;
+            self.checkpoint().map_err(|e| {
+                e.while_doing(
+                    "write the log's records into the journal file at close",
+                    "everything committed is durable in the log, which stays for the next open \
+                     to read back",
+                )
+            })?;
             if let Some(log) = lock(&self.log).take() {
                 log.discard()
                     .map_err(|e| Error::io_during("remove the journal's log", e))?;

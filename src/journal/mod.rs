@@ -174,9 +174,9 @@ impl Journal {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidInput`] while other handles exist; [`ErrorKind::Io`] if writing
-    /// the checkpoint or removing the log failed (nothing is lost: the next open reads the
-    /// log again); [`ErrorKind::Poisoned`] if an earlier write failed on this handle (the
+    /// [`ErrorKind::InvalidInput`] while other handles exist; [`ErrorKind::Io`] naming what
+    /// failed (writing the checkpoint, removing the log, closing the file): nothing is lost,
+    /// the next open reads the log again or recovers the file; [`ErrorKind::Poisoned`] if an earlier write failed on this handle (the
     /// log is kept for the next open).
     ///
     /// # Example
@@ -204,8 +204,32 @@ impl Journal {
                 ),
             ))
         } else {
-            self.close_last()
+            self.close_last()?;
+            self.close_file()
         }
+    }
+
+    /// With the last handle to the open journal, closes the storage engine too and reports
+    /// its error (it syncs its allocator state and marks the file closed). A background
+    /// compactor that still holds the journal closes it when it stops.
+    fn close_file(&mut self) -> Result<()> {
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            return Ok(());
+        };
+        let committed = inner.committed.get_mut().unwrap_or_else(|e| e.into_inner());
+        committed.base = None;
+        let Some(db) = inner.db.take() else {
+            return Ok(());
+        };
+        crate::index::guarded("close", || {
+            db.close().map_err(|e| {
+                Error::from(e).while_doing(
+                    "close the journal file",
+                    "everything committed is durable, but the file is marked as not closed \
+                     cleanly, and the next open recovers it",
+                )
+            })
+        })
     }
 
     /// Closes the journal: the caller holds its last handle.

@@ -67,7 +67,7 @@ impl FileLog {
 }
 
 /// Syncs the directory holding `path`, so a file created or removed there stays so.
-fn sync_parent(path: &Path) -> io::Result<()> {
+pub(crate) fn sync_parent(path: &Path) -> io::Result<()> {
     #[cfg(unix)]
     {
         let dir = match path.parent() {

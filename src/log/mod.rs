@@ -54,6 +54,7 @@ use std::io;
 use std::sync::Mutex;
 
 pub use file::FileLog;
+pub(crate) use file::sync_parent;
 
 /// Where a journal's log lives: a file beside the redb file ([`FileLog`]), or, for tests,
 /// an in-memory or fault-injecting disk passed to
@@ -371,26 +372,7 @@ pub(crate) fn scan<E>(
             out.stopped = End::Clean;
             break;
         }
-        let problem = if head[0..2] != RECORD_MAGIC {
-            Some("no record magic".to_string())
-        } else if head[2] != crate::codec::FORMAT_VERSION {
-            Some(format!("record version {}", head[2]))
-        } else if u64_at(head, 8) != cursor.generation {
-            Some(format!(
-                "generation {} (the current one is {})",
-                u64_at(head, 8),
-                cursor.generation
-            ))
-        } else if u64_at(head, 16) != out.next_lsn {
-            Some(format!(
-                "lsn {} where {} comes next",
-                u64_at(head, 16),
-                out.next_lsn
-            ))
-        } else {
-            None
-        };
-        if let Some(p) = problem {
+        if let Some(p) = head_problem(head, cursor, out.next_lsn) {
             out.stopped = End::Stale(format!("at offset {at}: {p}"));
             break;
         }
@@ -422,6 +404,212 @@ pub(crate) fn scan<E>(
         out.records += 1;
         at = end as usize;
         out.end = end;
+    }
+    Ok(out)
+}
+
+/// Why a record header is not the next record of `cursor`'s cycle (`None`: it is).
+fn head_problem(head: &[u8], cursor: Cursor, next_lsn: u64) -> Option<String> {
+    if head[0..2] != RECORD_MAGIC {
+        Some("no record magic".to_string())
+    } else if head[2] != crate::codec::FORMAT_VERSION {
+        Some(format!("record version {}", head[2]))
+    } else if u64_at(head, 8) != cursor.generation {
+        Some(format!(
+            "generation {} (the current one is {})",
+            u64_at(head, 8),
+            cursor.generation
+        ))
+    } else if u64_at(head, 16) != next_lsn {
+        Some(format!(
+            "lsn {} where {next_lsn} comes next",
+            u64_at(head, 16)
+        ))
+    } else {
+        None
+    }
+}
+
+/// Reads the records of `cursor`'s cycle from `storage` as [`scan`] reads them from bytes,
+/// record by record: memory holds one record at a time, whatever the log's length (a log
+/// with bytes appended to it is read only as far as its records go).
+///
+/// # Errors
+///
+/// The storage's I/O error; `each`'s error.
+pub(crate) fn scan_storage<E: From<io::Error>>(
+    storage: &dyn LogStorage,
+    cursor: Cursor,
+    mut each: impl FnMut(Record<'_>) -> Result<(), E>,
+) -> Result<Scan, E> {
+    let len = storage.len()?;
+    let mut head = vec![0u8; usize::try_from(len.min(START)).unwrap_or(0)];
+    storage.read_at(0, &mut head)?;
+    // The header (and nothing after it) decides what `scan` would do with no records.
+    let mut out = scan::<()>(&head, cursor, |_| Ok(())).unwrap_or_else(|()| Scan {
+        header: None,
+        header_problem: None,
+        end: START,
+        next_lsn: cursor.first_lsn,
+        prev_crc: seed(cursor.journal_id, cursor.generation),
+        records: 0,
+        stopped: End::Eof,
+        len,
+    });
+    out.len = len;
+    out.stopped = End::Eof;
+    let ours = out.header.is_some() && out.header_problem.is_none();
+    if !ours {
+        return Ok(out);
+    }
+    let mut at = START;
+    let mut buf = Vec::new();
+    loop {
+        let mut rh = [0u8; RECORD_HEADER_LEN];
+        if at + RECORD_HEADER_LEN as u64 > len {
+            out.stopped = End::Eof;
+            break;
+        }
+        storage.read_at(at, &mut rh)?;
+        if rh.iter().all(|b| *b == 0) {
+            out.stopped = End::Clean;
+            break;
+        }
+        if let Some(p) = head_problem(&rh, cursor, out.next_lsn) {
+            out.stopped = End::Stale(format!("at offset {at}: {p}"));
+            break;
+        }
+        let plen = u64::from(u32_at(&rh, 4));
+        let end = at
+            .saturating_add(RECORD_HEADER_LEN as u64)
+            .saturating_add(plen);
+        if plen > MAX_PAYLOAD || end > len {
+            out.stopped = End::Stale(format!(
+                "at offset {at}: a payload of {plen} bytes runs past the end of the log"
+            ));
+            break;
+        }
+        buf.resize(plen as usize, 0);
+        storage.read_at(at + RECORD_HEADER_LEN as u64, &mut buf)?;
+        let crc = record_crc(out.prev_crc, &rh[0..24], &buf);
+        if crc != u32_at(&rh, 24) {
+            out.stopped = End::Stale(format!(
+                "at offset {at}: the CRC does not match (a torn or stale record)"
+            ));
+            break;
+        }
+        each(Record {
+            lsn: out.next_lsn,
+            kind: rh[3],
+            payload: &buf,
+        })?;
+        out.prev_crc = crc;
+        out.next_lsn += 1;
+        out.records += 1;
+        at = end;
+        out.end = end;
+    }
+    Ok(out)
+}
+
+/// What lies past the records that recovery keeps, for `verify` and `repair`: records of
+/// the current cycle that recovery drops because one before them is damaged, or because the
+/// log's header is.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Dropped {
+    /// The header is damaged (or missing) while records of the current cycle follow it: a
+    /// writer's open starts the log over and discards them.
+    pub header_damaged: bool,
+    /// The lsn of the damaged record that ends the valid prefix, when records follow it.
+    pub damaged_lsn: Option<u64>,
+    /// The records after the damage whose own CRCs hold, chained from the damaged record's
+    /// stored CRC.
+    pub records: u64,
+}
+
+/// Reads `storage` record by record (never the whole log at once) for what recovery drops:
+/// when the valid prefix ends at a record that carries the expected magic, version,
+/// generation and lsn but fails its CRC (damage, not a torn tail: a torn tail has nothing
+/// valid after it), the records after it that continue the chain from its stored CRC; when
+/// the header is damaged, the records of the current cycle after it. Calls `each` with
+/// every such record.
+///
+/// # Errors
+///
+/// The storage's I/O error; `each`'s error.
+pub(crate) fn dropped<E: From<io::Error>>(
+    storage: &dyn LogStorage,
+    cursor: Cursor,
+    mut each: impl FnMut(Record<'_>) -> Result<(), E>,
+) -> Result<Dropped, E> {
+    let len = storage.len()?;
+    let mut out = Dropped::default();
+    let mut head = [0u8; HEADER_LEN];
+    if len >= HEADER_LEN as u64 {
+        storage.read_at(0, &mut head)?;
+    }
+    let header = if len >= HEADER_LEN as u64 {
+        Header::decode(&head).ok()
+    } else {
+        None
+    };
+    if header.is_some_and(|h| {
+        h.journal_id != cursor.journal_id || h.version != u32::from(crate::codec::FORMAT_VERSION)
+    }) {
+        // Another journal's log, or another format's: none of its records are this cycle's.
+        return Ok(out);
+    }
+    let header_ok = header.is_some();
+    let mut at = START;
+    let mut next_lsn = cursor.first_lsn;
+    let mut prev = seed(cursor.journal_id, cursor.generation);
+    let mut buf = Vec::new();
+    // First the valid prefix (as recovery reads it), then, past one damaged record, the rest.
+    let mut past_damage = !header_ok;
+    loop {
+        let mut rh = [0u8; RECORD_HEADER_LEN];
+        if at + RECORD_HEADER_LEN as u64 > len {
+            break;
+        }
+        storage.read_at(at, &mut rh)?;
+        if rh.iter().all(|b| *b == 0) || head_problem(&rh, cursor, next_lsn).is_some() {
+            break;
+        }
+        let plen = u64::from(u32_at(&rh, 4));
+        let end = at + RECORD_HEADER_LEN as u64 + plen;
+        if plen > MAX_PAYLOAD || end > len {
+            break;
+        }
+        buf.resize(plen as usize, 0);
+        storage.read_at(at + RECORD_HEADER_LEN as u64, &mut buf)?;
+        let stored = u32_at(&rh, 24);
+        let intact = record_crc(prev, &rh[0..24], &buf) == stored;
+        if !intact {
+            if past_damage && out.damaged_lsn.is_some() {
+                break;
+            }
+            if !header_ok {
+                // Without a header nothing is chained from: the first record must hold.
+                break;
+            }
+            out.damaged_lsn = Some(next_lsn);
+            past_damage = true;
+        } else if past_damage {
+            out.records += 1;
+            each(Record {
+                lsn: next_lsn,
+                kind: rh[3],
+                payload: &buf,
+            })?;
+        }
+        prev = stored;
+        next_lsn += 1;
+        at = end;
+    }
+    if !header_ok {
+        out.header_damaged = out.records > 0;
+    } else if out.records == 0 {
+        out.damaged_lsn = None;
     }
     Ok(out)
 }

@@ -148,7 +148,7 @@ pub(crate) fn access_name(a: Access) -> &'static str {
     match a {
         Access::Idle => "idle",
         Access::Live => "live",
-        Access::RecoveredCopy => "recovered_copy",
+        Access::Recovered => "recovered",
         _ => "other",
     }
 }
@@ -160,13 +160,38 @@ pub(crate) fn inspect(path: &Path) -> Result<Inspector, Failure> {
     if insp.access() != Access::Idle {
         note(insp.access().describe());
     }
+    note_trailing(&insp);
     Ok(insp)
+}
+
+/// Says on stderr what follows the journal's data in its file, if anything does.
+pub(crate) fn note_trailing(insp: &Inspector) {
+    let n = insp.trailing_bytes();
+    if n > 0 {
+        note(format!(
+            "{n} bytes follow the journal's data in `{}`: they are not part of the journal and were not read (a writer refuses the file until `opjournal repair` trims them)",
+            insp.path().display()
+        ));
+    }
 }
 
 /// Opens the journal read-only to check it before a write command opens it for writing
 /// (a writer would create a missing file, and commits on open).
 pub(crate) fn inspect_before_writing(path: &Path) -> Result<Inspector, Failure> {
-    Inspector::open(path).map_err(|e| explain(&e, path, Mode::Read).into())
+    let insp = Inspector::open(path).map_err(|e| explain(&e, path, Mode::Read))?;
+    let n = insp.trailing_bytes();
+    if n > 0 {
+        return Err(super::failure::CliError::new(format!(
+            "{n} bytes follow the journal's data in `{}`: a writer cannot open the file with them",
+            path.display()
+        ))
+        .hint(format!(
+            "`opjournal repair {}` trims them (the journal's data is intact; read-only commands read it as it is)",
+            path.display()
+        ))
+        .into());
+    }
+    Ok(insp)
 }
 
 /// A library error while reading the journal at `path`.

@@ -1,66 +1,32 @@
 //! `opjournal repair FILE`: backup, rebuild every index from the event journal, quarantine
 //! damaged records, report what was lost; salvage when the storage engine refuses the file.
 
-use opjournal::{ErrorKind, Inspector};
-use opjournal::{RepairOptions, RepairReport};
+use opjournal::ErrorKind;
+use opjournal::{EngineAccess, RepairOptions, RepairReport};
 use serde_json::{Value, json};
 
-use super::verify::{findings_table, intact_frames};
+use super::verify::findings_table;
 use super::{Outcome, Run, Summary, write_err};
 use crate::cli::RepairArgs;
-use crate::cli::failure::{CliError, Failure, Mode, explain};
+use crate::cli::failure::{CliError, Failure};
 use crate::cli::format::{clean, count};
 use crate::cli::output::{Align, Out, Table};
 use crate::cli::progress::Progress;
 
-/// The first bytes of every redb file.
-const REDB_SIGNATURE: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
-
-fn starts_with_signature(path: &std::path::Path) -> std::io::Result<bool> {
-    use std::io::Read as _;
-    let mut head = Vec::with_capacity(REDB_SIGNATURE.len());
-    std::fs::File::open(path)?
-        .take(REDB_SIGNATURE.len() as u64)
-        .read_to_end(&mut head)?;
-    Ok(head == REDB_SIGNATURE)
-}
-
 pub(super) fn run(args: &RepairArgs, out: &mut Out) -> Run {
     let summary = Summary::start("repair", &args.file);
     let file = &args.file;
-    let io_err =
-        |e: std::io::Error| Failure::Error(explain(&opjournal::Error::from(e), file, Mode::Write));
-    // Refused before a backup of it is written: a newer journal, and a file that does not
-    // read as a journal and holds no intact journal event (another redb database, any other
-    // file). A damaged journal goes on to repair.
-    let meta = std::fs::metadata(file).map_err(io_err)?;
-    if meta.len() > 0 {
-        if starts_with_signature(file).map_err(io_err)? {
-            if let Err(e) = Inspector::open(file)
-                && (matches!(e.kind(), ErrorKind::UnsupportedFormat { .. })
-                    || (matches!(e.kind(), ErrorKind::NotAJournal { .. })
-                        && intact_frames(file).map_err(io_err)?.events == 0))
-            {
-                return Err(explain(&e, file, Mode::Write).into());
-            }
-        } else if intact_frames(file).map_err(io_err)?.events == 0 {
-            return Err(CliError::new(format!(
-                "`{}` is not an opjournal journal: it does not start with the redb file signature and holds no intact journal event",
-                file.display()
-            ))
-            .hint("check the path; if this file was a journal, it is damaged beyond salvage: restore it from a backup")
-            .into());
-        }
-    }
     let mut options = RepairOptions::default();
     options.dry_run = args.dry_run;
     options.backup = !args.no_backup;
+    // The library refuses, before writing anything, what is not a journal (not a regular
+    // file, empty, no intact journal record), a newer format, and a file a writer holds.
     let bar = Progress::bar("repairing", "events");
     let report = opjournal::repair(file, &options, &mut |done, total| bar.set(done, total));
     drop(bar);
     let report = match report {
         Ok(r) => r,
-        Err(e) if matches!(e.kind(), ErrorKind::Corrupt { .. }) => {
+        Err(e) if matches!(e.kind(), ErrorKind::Corrupt { table, .. } if table == "(file)") => {
             return Err(CliError::new(format!(
                 "`{}` is damaged beyond salvage: the storage engine refuses it and no intact journal event was found in its bytes",
                 file.display()
@@ -70,14 +36,9 @@ pub(super) fn run(args: &RepairArgs, out: &mut Out) -> Run {
         }
         Err(e) => return Err(write_err(file)(e)),
     };
-    let damaged = !report.quarantined.is_empty()
-        || !report.lost.is_empty()
-        || report.salvaged
-        || report.storage_rolled_back
-        || report.page_checksums_failed;
     // A dry run that finds damage reports problems (exit 1), like verify; a repair that ran
     // has fixed what it reports.
-    let outcome = if args.dry_run && damaged {
+    let outcome = if args.dry_run && report.found_damage() {
         Outcome::Problems
     } else {
         Outcome::Clean
@@ -85,11 +46,17 @@ pub(super) fn run(args: &RepairArgs, out: &mut Out) -> Run {
     let counts = json!({
         "dry_run": report.dry_run,
         "backup": report.backup,
+        "engine": report.engine,
         "salvaged": report.salvaged,
         "storage_rolled_back": report.storage_rolled_back,
         "page_checksums_failed": report.page_checksums_failed,
         "quarantined": report.quarantined.len(),
         "lost": report.lost.len(),
+        "unreadable": report.unreadable.len(),
+        "scopes_changed": report.scopes.len(),
+        "log_records": report.log_records,
+        "log_records_dropped": report.log_records_dropped,
+        "trailing_bytes_trimmed": report.trailing_bytes_trimmed,
         "events_replayed": report.events_replayed,
         "receipts_rebuilt": report.receipts_rebuilt,
         "scopes_rebuilt": report.scopes_rebuilt,
@@ -101,6 +68,15 @@ pub(super) fn run(args: &RepairArgs, out: &mut Out) -> Run {
                 "quarantined",
                 &serde_json::to_value(q).unwrap_or(Value::Null),
             )?;
+        }
+        for u in &report.unreadable {
+            out.record(
+                "unreadable",
+                &serde_json::to_value(u).unwrap_or(Value::Null),
+            )?;
+        }
+        for sc in &report.scopes {
+            out.record("scope", &serde_json::to_value(sc).unwrap_or(Value::Null))?;
         }
         for l in &report.lost {
             out.record("lost", &serde_json::to_value(l).unwrap_or(Value::Null))?;
@@ -126,23 +102,53 @@ fn human(out: &mut Out, args: &RepairArgs, report: &RepairReport) -> Result<(), 
     } else if !report.dry_run {
         rows.push(("  backup", "none (--no-backup)".into()));
     }
-    if report.salvaged {
+    rows.push((
+        "  storage",
+        match report.engine {
+            EngineAccess::InPlace => "read in place".to_string(),
+            EngineAccess::RecoveredInMemory => {
+                "not closed cleanly: recovered in memory and read in place".into()
+            }
+            EngineAccess::Truncated => {
+                "the file is shorter than its header says: read at its full length, the missing pages unreadable".into()
+            }
+            EngineAccess::HeaderRebuilt => {
+                "the file's header was damaged: rebuilt in memory".into()
+            }
+            EngineAccess::Refused => {
+                "the storage engine refused the file: every intact record was salvaged from its bytes".into()
+            }
+            _ => "read".into(),
+        },
+    ));
+    if report.salvaged && report.engine != EngineAccess::Refused {
         rows.push((
-            "  storage",
-            "the storage engine refused the file: every intact record was salvaged from its bytes into a new file".into(),
+            "  salvaged",
+            "records of the parts the storage engine could not read were taken from the raw bytes, where their index shows them live".into(),
         ));
-    } else if report.page_checksums_failed {
+    }
+    if report.log_records > 0 || report.log_records_dropped > 0 {
         rows.push((
-            "  storage",
-            "page checksums failed in the last commit: every record was read as it is, checked by its CRC, and the damaged ones set aside".into(),
+            "  log",
+            format!(
+                "{} taken from the log{}",
+                count(report.log_records, "record", "records"),
+                if report.log_records_dropped > 0 {
+                    format!(", {} dropped (see below)", report.log_records_dropped)
+                } else {
+                    String::new()
+                }
+            ),
         ));
-    } else if report.storage_rolled_back {
+    }
+    if report.trailing_bytes_trimmed > 0 {
         rows.push((
-            "  storage",
-            "page checksums failed: the storage engine rolled back to its last intact commit (later commits are lost)".into(),
+            "  trimmed",
+            format!(
+                "{} bytes that followed the journal's data",
+                report.trailing_bytes_trimmed
+            ),
         ));
-    } else {
-        rows.push(("  storage", "page checksums passed".into()));
     }
     rows.push((
         "  rebuilt",
@@ -177,6 +183,22 @@ fn human(out: &mut Out, args: &RepairArgs, report: &RepairReport) -> Result<(), 
         ))?;
         findings_table(out, &report.quarantined)?;
     }
+    if !report.unreadable.is_empty() {
+        out.line("")?;
+        out.line(format!(
+            "unreadable: {} the storage engine could not read (an operation whose every record lay there left nothing to name it by):",
+            count(report.unreadable.len() as u64, "range", "ranges")
+        ))?;
+        findings_table(out, &report.unreadable)?;
+    }
+    if !report.scopes.is_empty() {
+        out.line("")?;
+        out.line(format!(
+            "scopes: {} whose revision differs from what the file recorded:",
+            count(report.scopes.len() as u64, "scope", "scopes")
+        ))?;
+        findings_table(out, &report.scopes)?;
+    }
     out.line("")?;
     if report.lost.is_empty() {
         out.line("lost: nothing; every operation was restored as it was")?;
@@ -188,13 +210,15 @@ fn human(out: &mut Out, args: &RepairArgs, report: &RepairReport) -> Result<(), 
         let mut table = Table::new(&[
             ("OPERATION", Align::Left),
             ("NOW", Align::Left),
-            ("WHAT WAS LOST", Align::Left),
+            ("WAS", Align::Left),
+            ("WHAT CHANGED", Align::Left),
         ])
         .indent(2);
         for l in &report.lost {
             table.push(vec![
                 clean(&l.operation_id),
                 clean(&l.now),
+                clean(&l.was),
                 clean(&l.detail),
             ]);
         }

@@ -74,7 +74,7 @@ pub(super) fn run(args: &ResolveArgs, out: &mut Out) -> Run {
         .resolve(&args.id, resolution)
         .map_err(write_err(&args.file))?;
     let now = journal.now();
-    drop(journal);
+    journal.close().map_err(write_err(&args.file))?;
     let counts = json!({"operation_id": args.id});
     if out.json() {
         out.record(

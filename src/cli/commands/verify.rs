@@ -3,9 +3,8 @@
 
 use std::path::Path;
 
-use opjournal::codec::{self, RecordKind};
+use opjournal::{Finding, Integrity, LogCheck, VerifyReport};
 use opjournal::{ErrorKind, Inspector};
-use opjournal::{Finding, Integrity, VerifyReport};
 use serde_json::json;
 
 use super::{Outcome, Run, Summary, note, read_err};
@@ -14,42 +13,6 @@ use crate::cli::failure::{Failure, Mode, explain};
 use crate::cli::format::{clean, count};
 use crate::cli::output::{Align, Out, Table};
 use crate::cli::progress::Progress;
-
-/// Intact journal records found by scanning a file's raw bytes.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Frames {
-    pub events: u64,
-    pub all: u64,
-}
-
-/// Scans `path`'s bytes for framed records whose CRC holds: what `repair` can salvage when
-/// the storage engine refuses the file.
-pub(crate) fn intact_frames(path: &Path) -> std::io::Result<Frames> {
-    let bytes = std::fs::read(path)?;
-    let mut found = Frames::default();
-    let mut i = 0usize;
-    while i + codec::HEADER_LEN <= bytes.len() {
-        if bytes[i..i + 2] == codec::MAGIC
-            && (1..=codec::FORMAT_VERSION).contains(&bytes[i + 2])
-            && let Some(kind) = RecordKind::from_byte(bytes[i + 3])
-        {
-            let len = u32::from_le_bytes([bytes[i + 4], bytes[i + 5], bytes[i + 6], bytes[i + 7]]);
-            let end = i
-                .saturating_add(codec::HEADER_LEN)
-                .saturating_add(len as usize);
-            if end <= bytes.len() && codec::unframe(kind, &bytes[i..end]).is_ok() {
-                found.all += 1;
-                if kind == RecordKind::Event {
-                    found.events += 1;
-                }
-                i = end;
-                continue;
-            }
-        }
-        i += 1;
-    }
-    Ok(found)
-}
 
 /// Whether an error opening the file means it cannot be inspected at all (exit 2), rather
 /// than that it is a damaged journal (a finding, exit 1).
@@ -63,6 +26,10 @@ fn cannot_inspect(e: &opjournal::Error) -> bool {
             )
         }
         ErrorKind::Locked { .. } | ErrorKind::UnsupportedFormat { .. } => true,
+        // Not a file to look inside (a FIFO, a device, a directory), or an empty one.
+        ErrorKind::NotAJournal { detail, .. } => {
+            detail.contains("not a regular file") || detail == "the file is empty"
+        }
         _ => false,
     }
 }
@@ -77,6 +44,7 @@ pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
     if insp.access() != opjournal::Access::Idle {
         note(insp.access().describe());
     }
+    super::note_trailing(&insp);
     summary.access(insp.access());
     let bar = Progress::bar("verifying", "events");
     let report = opjournal::verify_inspected(&insp, &mut |done, total| bar.set(done, total))
@@ -87,8 +55,7 @@ pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
     } else {
         Outcome::Problems
     };
-    let problems =
-        report.findings.len() as u64 + u64::from(matches!(report.integrity, Integrity::Failed(_)));
+    let problems = report.problems();
     let counts = json!({
         "problems": problems,
         "events": report.events,
@@ -97,11 +64,17 @@ pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
         "scopes": report.scopes,
         "index_entries": report.index_entries,
         "quarantined": report.quarantined,
+        "trailing_bytes": report.trailing_bytes,
+        "more_findings": report.more_findings,
     });
     if out.json() {
         out.record(
             "integrity",
             &serde_json::to_value(&report.integrity).unwrap_or_default(),
+        )?;
+        out.record(
+            "log",
+            &serde_json::to_value(&report.log).unwrap_or_default(),
         )?;
         for f in &report.findings {
             out.record("finding", &serde_json::to_value(f).unwrap_or_default())?;
@@ -127,7 +100,7 @@ fn human(out: &mut Out, file: &Path, report: &VerifyReport, problems: u64) -> Re
         (
             "  records",
             format!(
-                "{}, {}, {}, {}; {} compared with a replay of the events",
+                "{}, {}, {}, {}; {} checked against the events",
                 count(report.events, "event", "events"),
                 count(report.receipts, "receipt", "receipts"),
                 count(report.results, "result", "results"),
@@ -142,6 +115,7 @@ fn human(out: &mut Out, file: &Path, report: &VerifyReport, problems: u64) -> Re
                 count(report.quarantined, "record", "records")
             ),
         ),
+        ("  log", log_line(&report.log)),
     ])?;
     out.line("")?;
     if problems == 0 {
@@ -161,11 +135,31 @@ fn human(out: &mut Out, file: &Path, report: &VerifyReport, problems: u64) -> Re
         );
     }
     findings_table(out, &rows)?;
+    if report.more_findings > 0 {
+        out.line(format!(
+            "  ... and {} more (the first {} are listed)",
+            count(report.more_findings, "problem", "problems"),
+            report.findings.len()
+        ))?;
+    }
     out.line("")?;
     out.line(format!(
         "`opjournal repair {0} --dry-run` shows what repair would rebuild and what would be lost; `opjournal repair {0}` does it (after a backup)",
         file.display()
     ))
+}
+
+fn log_line(log: &LogCheck) -> String {
+    match log {
+        LogCheck::Absent => "none (the journal was closed cleanly)".into(),
+        LogCheck::Current { records, bytes } => format!(
+            "{} of the current cycle laid over the file ({} bytes)",
+            count(*records, "record", "records"),
+            bytes
+        ),
+        LogCheck::Ignored { reason } => format!("ignored: {}", clean(reason)),
+        _ => "unknown".into(),
+    }
 }
 
 pub(crate) fn findings_table(out: &mut Out, findings: &[Finding]) -> Result<(), Failure> {
@@ -187,9 +181,7 @@ pub(crate) fn findings_table(out: &mut Out, findings: &[Finding]) -> Result<(), 
 /// The storage engine (or the journal's own meta records) refused the file: report that as
 /// the problem, with what a salvage could recover.
 fn refused(args: &FileArgs, out: &mut Out, summary: &Summary, e: &opjournal::Error) -> Run {
-    let frames = intact_frames(&args.file).map_err(|io| {
-        Failure::Error(explain(&opjournal::Error::from(io), &args.file, Mode::Read))
-    })?;
+    let frames = opjournal::intact_records(&args.file).map_err(read_err(&args.file))?;
     if matches!(e.kind(), ErrorKind::NotAJournal { .. }) && frames.events == 0 {
         return Err(explain(e, &args.file, Mode::Read).into());
     }
@@ -223,14 +215,14 @@ fn refused(args: &FileArgs, out: &mut Out, summary: &Summary, e: &opjournal::Err
     let salvage = if frames.events > 0 {
         format!(
             "{} intact ({}) found in the raw bytes; `opjournal repair {}` salvages them into a new file",
-            count(frames.all, "record is", "records are"),
+            count(frames.records, "record is", "records are"),
             count(frames.events, "event", "events"),
             args.file.display()
         )
     } else {
         "no intact event found in the raw bytes: nothing can be salvaged; restore the file from a backup".to_string()
     };
-    let counts = json!({"problems": 1, "salvageable_records": frames.all, "salvageable_events": frames.events});
+    let counts = json!({"problems": 1, "salvageable_records": frames.records, "salvageable_events": frames.events});
     if out.json() {
         out.record(
             "integrity",
