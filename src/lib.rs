@@ -128,8 +128,8 @@ pub use redb;
 
 pub use check::{
     EngineAccess, Finding, INTEGRITY_SCRATCH_BYTES, IntactRecords, Integrity, LogCheck,
-    LostOperation, MAX_FINDINGS, RepairOptions, RepairReport, VerifyReport, intact_records,
-    repair, verify, verify_inspected,
+    LostOperation, MAX_FINDINGS, RepairOptions, RepairReport, VerifyReport, intact_records, repair,
+    verify, verify_inspected,
 };
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use config::{

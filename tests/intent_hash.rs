@@ -6,8 +6,7 @@
 mod common;
 
 use opjournal::{
-    Admission, ErrorKind, HashScheme, Intent, IntentHash, Journal, Operation, Outcome,
-    canonical_json,
+    Admission, ErrorKind, HashScheme, Intent, IntentHash, Journal, Operation, canonical_json,
 };
 use serde_json::{Value, json};
 
@@ -245,36 +244,42 @@ fn typed_and_byte_intents_hash_as_their_json() -> opjournal::Result<()> {
     Ok(())
 }
 
+/// A copy of the frozen format 1 fixture (`tests/format.rs` built it): every operation in
+/// it was recorded with a legacy hash, since format 1 stored no scheme.
+fn format_1_journal() -> common::Env {
+    let env = common::Env::new();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1.opj");
+    std::fs::copy(fixture, &env.path).expect("copy the format 1 fixture");
+    env
+}
+
 #[test]
 fn an_operation_recorded_under_the_legacy_scheme_replays_to_its_retry() -> opjournal::Result<()> {
-    // Every record in a format-1 file carries a legacy hash (the file stores no scheme):
-    // the retry, whose `hash()` is a JCS hash, matches through the recorded scheme.
-    let env = common::Env::new();
+    // The retry, whose `hash()` is a JCS hash, matches through the recorded scheme, also
+    // after the first writer upgraded the file to format 2.
+    let env = format_1_journal();
     let journal = env.open();
-    let op = Operation::new(
-        "op_7f3",
-        Intent::from_json("scene.add_light", &json!({"near": "door"}))?,
-    )
-    .scope("scene/main");
-    let Admission::Fresh(claim) = journal.submit(op.clone())? else {
-        panic!("a new id is fresh work");
-    };
-    journal.complete(&claim, Outcome::applied(1, b"light-1".to_vec()))?;
-    let recorded = journal.lookup("op_7f3")?.expect("recorded").intent_hash;
+    let op = Operation::new("acked", common::add_light("acked"))
+        .scope("scene/main")
+        .session("tab-1");
+    let recorded = journal.lookup("acked")?.expect("recorded").intent_hash;
     assert_eq!(recorded.scheme(), HashScheme::LegacyV1);
+    assert_eq!(op.intent().hash().scheme(), HashScheme::JcsV2);
     assert!(recorded.matches(op.intent()));
+    match journal.submit(op.clone())? {
+        Admission::Replay(replay) => assert!(replay.replayed),
+        other => panic!("expected a replay, got {other:?}"),
+    }
     drop(journal);
     let journal = env.open();
     match journal.submit(op)? {
-        Admission::Replay(replay) => assert_eq!(replay.result.bytes, b"light-1"),
-        other => panic!("expected a replay, got {other:?}"),
+        Admission::Replay(replay) => assert!(replay.replayed),
+        other => panic!("expected a replay after reopening, got {other:?}"),
     }
     // Another intent under the same id is still refused, naming both legacy hashes.
-    let other = Operation::new(
-        "op_7f3",
-        Intent::from_json("scene.add_light", &json!({"near": "window"}))?,
-    )
-    .scope("scene/main");
+    let other = Operation::new("acked", common::add_light("window"))
+        .scope("scene/main")
+        .session("tab-1");
     let err = journal.submit(other).expect_err("another intent");
     match err.kind() {
         ErrorKind::IntentMismatch {
@@ -288,30 +293,47 @@ fn an_operation_recorded_under_the_legacy_scheme_replays_to_its_retry() -> opjou
         }
         other => panic!("expected IntentMismatch, got {other:?}"),
     }
+    // New operations are recorded under JCS.
+    let fresh = Operation::new("op_new", common::add_light("door"));
+    let Admission::Fresh(_) = journal.submit(fresh)? else {
+        panic!("a new id is fresh work");
+    };
+    let new_hash = journal.lookup("op_new")?.expect("recorded").intent_hash;
+    assert_eq!(new_hash.scheme(), HashScheme::JcsV2);
     Ok(())
 }
 
 #[test]
-fn an_intent_known_only_by_a_jcs_digest_is_refused_by_a_format_1_file() -> opjournal::Result<()> {
-    let env = common::Env::new();
+fn a_digest_only_retry_of_a_legacy_operation_is_refused_and_writes_nothing() -> opjournal::Result<()>
+{
+    // A client that sends only a JCS digest cannot be compared with a legacy record: the
+    // retry is refused, never taken as a match or as new work.
+    let env = format_1_journal();
     let journal: Journal = env.open();
-    let hash: IntentHash =
-        "jcs-sha256:23010e7617bf777752858d55203ced7aa49146945a3f975f686c6f18e37e84fa".parse()?;
-    let op = Operation::new("op_1", Intent::from_digest("scene.add_light", hash)?);
+    let jcs = common::add_light("acked").hash();
+    let op = Operation::new("acked", Intent::from_digest("scene.add_light", jcs)?)
+        .scope("scene/main")
+        .session("tab-1");
+    let before = journal.history("acked")?;
     let err = journal
         .submit(op)
-        .expect_err("format 1 records legacy hashes");
+        .expect_err("a JCS digest cannot match a legacy hash");
     assert!(
-        matches!(err.kind(), ErrorKind::InvalidInput { .. }),
+        matches!(
+            err.kind(),
+            ErrorKind::IntentMismatch { .. } | ErrorKind::InvalidInput { .. }
+        ),
         "{err:?}"
     );
-    assert!(err.to_string().contains("jcs-sha256:"), "{err}");
-    assert_eq!(journal.lookup("op_1")?, None, "nothing was written");
-    // A legacy digest is accepted.
-    let legacy = Intent::from_json("scene.add_light", &json!({"near": "door"}))?
+    assert_eq!(journal.history("acked")?, before, "nothing was written");
+    // The legacy digest of the same intent matches.
+    let legacy = common::add_light("acked")
         .hash_as(HashScheme::LegacyV1)
-        .expect("from JSON");
-    let op = Operation::new("op_2", Intent::from_digest("scene.add_light", legacy)?);
-    assert!(matches!(journal.submit(op)?, Admission::Fresh(_)));
+        .expect("built from JSON");
+    let op = Operation::new("acked", Intent::from_digest("scene.add_light", legacy)?)
+        .scope("scene/main")
+        .session("tab-1");
+    let answer = journal.submit(op)?;
+    assert!(matches!(answer, Admission::Replay(_)), "{answer:?}");
     Ok(())
 }

@@ -138,10 +138,7 @@ pub fn inspect_everything(path: &Path, verify: bool) -> bool {
         let _ = expect_typed("history", insp.history(id));
     }
     if verify {
-        let _ = expect_typed(
-            "verify",
-            opjournal::verify_inspected(&insp, &mut |_, _| {}),
-        );
+        let _ = expect_typed("verify", opjournal::verify_inspected(&insp, &mut |_, _| {}));
     }
     true
 }

@@ -537,22 +537,23 @@ impl Candidates {
                     // A meta record does not name its key: it is a checkpoint or state
                     // record if it decodes as exactly one of them (each decode consumes
                     // every byte, so their field counts tell them apart).
-                    if let Ok((version, payload)) = codec::unframe_versioned(RecordKind::Meta, frame) {
+                    if let Ok((version, payload)) =
+                        codec::unframe_versioned(RecordKind::Meta, frame)
+                    {
                         let cp = codec::decode_payload::<CheckpointRecord>(version, payload).ok();
                         let st = codec::decode_payload::<StateRecord>(version, payload).ok();
                         match (cp, st) {
-                            (Some(cp), None) => {
+                            (Some(cp), None)
                                 if c.checkpoint
                                     .as_ref()
-                                    .is_none_or(|old| old.generation < cp.generation)
-                                {
-                                    c.checkpoint = Some(cp);
-                                }
+                                    .is_none_or(|old| old.generation < cp.generation) =>
+                            {
+                                c.checkpoint = Some(cp);
                             }
-                            (None, Some(s)) => {
-                                if c.state.as_ref().is_none_or(|old| old.next_seq < s.next_seq) {
-                                    c.state = Some(s);
-                                }
+                            (None, Some(s))
+                                if c.state.as_ref().is_none_or(|old| old.next_seq < s.next_seq) =>
+                            {
+                                c.state = Some(s);
                             }
                             _ => {}
                         }

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use opjournal::{Finding, Integrity, LogCheck, VerifyReport};
 use opjournal::{ErrorKind, Inspector};
+use opjournal::{Finding, Integrity, LogCheck, VerifyReport};
 use serde_json::json;
 
 use super::{Outcome, Run, Summary, note, read_err};
