@@ -8,6 +8,7 @@ mod source;
 mod verify;
 
 pub use repair::{EngineAccess, LostOperation, RepairOptions, RepairReport, repair};
+#[cfg(feature = "internals")]
 pub(crate) use salvage::scan_frames;
 pub use salvage::{IntactRecords, intact_records};
 pub use verify::{
