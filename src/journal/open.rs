@@ -141,13 +141,16 @@ impl Journal {
             };
             (cursor, view.state()?)
         };
-        let bytes =
-            log::read_all(&*log).map_err(|e| Error::io_during("read the journal's log", e))?;
+        // Read as far as the records go (the log is preallocated with zeros past them).
         let mut mem = Memtable::default();
-        let scan = log::scan(&bytes, cursor, |record| {
+        let scan = log::scan_storage(&*log, cursor, |record| {
             replay_record(&mut mem, record.lsn, record.kind, record.payload)
+                .map_err(ReadLog::Record)
+        })
+        .map_err(|e| match e {
+            ReadLog::Io(e) => Error::io_during("read the journal's log", e),
+            ReadLog::Record(e) => e,
         })?;
-        drop(bytes);
         let writer = log::Writer::resume(log, cursor, &scan)
             .map_err(|e| Error::io_during("prepare the journal's log", e))?;
         // The memtable's state record is the latest, if the log holds one.
@@ -235,6 +238,18 @@ fn refuse_before_writing(path: &Path) -> Result<()> {
              `opjournal ls` read it as it is)"
         ),
     ))
+}
+
+/// Why reading the log back stopped: its storage failed, or a record did not apply.
+enum ReadLog {
+    Io(std::io::Error),
+    Record(Error),
+}
+
+impl From<std::io::Error> for ReadLog {
+    fn from(e: std::io::Error) -> Self {
+        ReadLog::Io(e)
+    }
 }
 
 /// Lays one log record over the memtable.

@@ -463,14 +463,18 @@ pub(crate) fn scan_storage<E: From<io::Error>>(
         return Ok(out);
     }
     let mut at = START;
-    let mut buf = Vec::new();
+    let mut window = Window::default();
     loop {
-        let mut rh = [0u8; RECORD_HEADER_LEN];
         if at + RECORD_HEADER_LEN as u64 > len {
             out.stopped = End::Eof;
             break;
         }
-        storage.read_at(at, &mut rh)?;
+        let rh: [u8; RECORD_HEADER_LEN] = {
+            let b = window.get(storage, at, RECORD_HEADER_LEN, len)?;
+            let mut rh = [0u8; RECORD_HEADER_LEN];
+            rh.copy_from_slice(b);
+            rh
+        };
         if rh.iter().all(|b| *b == 0) {
             out.stopped = End::Clean;
             break;
@@ -489,9 +493,8 @@ pub(crate) fn scan_storage<E: From<io::Error>>(
             ));
             break;
         }
-        buf.resize(plen as usize, 0);
-        storage.read_at(at + RECORD_HEADER_LEN as u64, &mut buf)?;
-        let crc = record_crc(out.prev_crc, &rh[0..24], &buf);
+        let payload = window.get(storage, at + RECORD_HEADER_LEN as u64, plen as usize, len)?;
+        let crc = record_crc(out.prev_crc, &rh[0..24], payload);
         if crc != u32_at(&rh, 24) {
             out.stopped = End::Stale(format!(
                 "at offset {at}: the CRC does not match (a torn or stale record)"
@@ -501,7 +504,7 @@ pub(crate) fn scan_storage<E: From<io::Error>>(
         each(Record {
             lsn: out.next_lsn,
             kind: rh[3],
-            payload: &buf,
+            payload,
         })?;
         out.prev_crc = crc;
         out.next_lsn += 1;
@@ -510,6 +513,38 @@ pub(crate) fn scan_storage<E: From<io::Error>>(
         out.end = end;
     }
     Ok(out)
+}
+
+/// A read-ahead window over a log: records are read in chunks of [`Window::CHUNK`] bytes (or
+/// one record, if larger), so a scan makes a few large reads instead of two per record, and
+/// holds at most one chunk or one record, whatever the log's length.
+#[derive(Default)]
+struct Window {
+    /// Where `buf` starts in the log.
+    start: u64,
+    buf: Vec<u8>,
+}
+
+impl Window {
+    const CHUNK: usize = 256 << 10;
+
+    /// The `n` bytes at `at` (the caller checked that they lie before `len`).
+    fn get(&mut self, storage: &dyn LogStorage, at: u64, n: usize, len: u64) -> io::Result<&[u8]> {
+        let end = self.start + self.buf.len() as u64;
+        if at < self.start || at + n as u64 > end {
+            let want = n.max(Self::CHUNK) as u64;
+            let take = want.min(len.saturating_sub(at)).max(n as u64);
+            self.buf.clear();
+            self.buf.resize(
+                usize::try_from(take).map_err(|_| io::Error::other("a record is too large"))?,
+                0,
+            );
+            storage.read_at(at, &mut self.buf)?;
+            self.start = at;
+        }
+        let from = usize::try_from(at - self.start).map_err(|_| io::Error::other("offset"))?;
+        Ok(&self.buf[from..from + n])
+    }
 }
 
 /// What lies past the records that recovery keeps, for `verify` and `repair`: records of

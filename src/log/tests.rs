@@ -194,3 +194,41 @@ fn every_single_byte_flip_ends_the_log_at_or_before_the_flipped_record() -> io::
     }
     Ok(())
 }
+
+#[test]
+fn reading_from_storage_in_chunks_finds_what_reading_the_bytes_finds() -> io::Result<()> {
+    // Records that straddle the read-ahead window's chunks, one larger than a chunk, then a
+    // torn record: the chunked reader sees every record, the same end and the same stop.
+    let (mut w, storage) = fresh()?;
+    let sizes = [70_000usize, 100_000, 90_000, 600_000, 10, 250_000, 3];
+    for (i, n) in sizes.iter().enumerate() {
+        w.append(KIND_BATCH, &vec![i as u8; *n])?;
+    }
+    let end = START + w.used();
+    // Tear the last record's payload.
+    storage.write_at(end - 2, &[0xff])?;
+    let bytes = read_all(&*storage)?;
+    let (want, want_scan) = payloads(&bytes, cursor(1, 1));
+    let mut got = Vec::new();
+    let got_scan = scan_storage::<io::Error>(&*storage, cursor(1, 1), |r| {
+        got.push((r.lsn, r.payload.to_vec()));
+        Ok(())
+    })?;
+    assert_eq!(want.len(), sizes.len() - 1, "the torn record is cut");
+    assert_eq!(got, want);
+    assert_eq!(
+        (
+            got_scan.end,
+            got_scan.next_lsn,
+            got_scan.prev_crc,
+            &got_scan.stopped
+        ),
+        (
+            want_scan.end,
+            want_scan.next_lsn,
+            want_scan.prev_crc,
+            &want_scan.stopped
+        )
+    );
+    Ok(())
+}

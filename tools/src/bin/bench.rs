@@ -2433,6 +2433,7 @@ fn section_reopen(p: &Params, dir: &Path, base: &Base, r: &mut Report) -> Result
 /// bench __profile lifecycle CFG PATH OPS                    OPS lifecycles on one thread, fresh journal
 /// bench __profile lifecycle-on CFG PATH OPS                 the same on a copy of PATH
 /// bench __profile lifecycle-sqlite PATH OPS [VARIANT]       the same on SQLite, fresh journal
+/// bench __profile reopen CFG PATH REPS                      kill -9 a writer of a copy of PATH, reopen it
 /// ```
 ///
 /// VARIANT is a SQLite arrangement's key (`sqlite-group-ackq`, ...), by default
@@ -2453,6 +2454,22 @@ fn profile(args: &[String]) -> Result<()> {
         }
     };
     match args.first().map(String::as_str) {
+        Some("reopen") => {
+            let engine = Engine::from_key(args.get(1).ok_or("missing CFG")?)
+                .ok_or("unknown configuration")?;
+            let path = PathBuf::from(args.get(2).ok_or("missing PATH")?);
+            let dir = path.parent().ok_or("PATH has no directory")?;
+            let base = Base {
+                opj: path.clone(),
+                sql: path.clone(),
+                n: 0,
+            };
+            let mut times: Vec<f64> = (0..num(3)?)
+                .map(|_| reopen_once(engine, dir, &base))
+                .collect::<Result<_>>()?;
+            times.sort_by(f64::total_cmp);
+            eprintln!("{:.2} ms median reopen", median(&times) * 1e3);
+        }
         Some("replay") => {
             let path = PathBuf::from(args.get(1).ok_or("missing PATH")?);
             let (n, lookups) = (num(2)?, num(3)?);
