@@ -127,9 +127,10 @@ mod validate;
 pub use redb;
 
 pub use check::{
-    EngineAccess, Finding, INTEGRITY_SCRATCH_BYTES, IntactRecords, Integrity, LogCheck,
-    LostOperation, MAX_FINDINGS, RepairOptions, RepairReport, VerifyReport, intact_records, repair,
-    verify, verify_inspected,
+    BackupReport, DUMP_VERSION, DumpReport, EngineAccess, Finding, INTEGRITY_SCRATCH_BYTES,
+    ImportReport, IntactRecords, Integrity, LogCheck, LostOperation, MAX_FINDINGS, RepairOptions,
+    RepairReport, VerifyReport, backup, import_dump, intact_records, repair, verify,
+    verify_inspected,
 };
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use config::{

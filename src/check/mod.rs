@@ -2,11 +2,15 @@
 //! checked against the event journal, and damage is reported by table and key, never by a
 //! panic. Both read the file in place, never copy it, and hold bounded memory.
 
+mod copy;
+mod dump;
 mod repair;
 mod salvage;
 mod source;
 mod verify;
 
+pub use copy::{BackupReport, backup};
+pub use dump::{DUMP_VERSION, DumpReport, ImportReport, import_dump};
 pub use repair::{EngineAccess, LostOperation, RepairOptions, RepairReport, repair};
 #[cfg(feature = "internals")]
 pub(crate) use salvage::scan_frames;

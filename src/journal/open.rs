@@ -417,14 +417,14 @@ pub(crate) fn absorb_log(db: &Database, log: &dyn LogStorage) -> Result<(u64, Op
 
 /// A new, empty file with a unique name beside the journal, removed when dropped (after a
 /// successful link the journal keeps its own name for the same file).
-struct TempFile {
-    path: PathBuf,
+pub(crate) struct TempFile {
+    pub(crate) path: PathBuf,
 }
 
 impl TempFile {
     /// Creates `.<name>.creating-<pid>-<counter>-<nanos>` in `dir`; the name is new (the file
     /// is created with `create_new`), retried with the next counter if it is taken.
-    fn create(dir: &Path, name: &str) -> Result<TempFile> {
+    pub(crate) fn create(dir: &Path, name: &str) -> Result<TempFile> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
