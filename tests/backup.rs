@@ -161,6 +161,38 @@ fn backup_of_a_journal_open_in_another_process_verifies_clean_and_holds_every_co
 }
 
 #[test]
+fn journal_backup_copies_what_the_handle_committed_log_included_without_holding_it_up() -> TestResult
+{
+    let s = Sample::empty_dir();
+    let journal = Journal::open(&s.path)?;
+    for n in 0..10 {
+        commit_edit(&journal, n);
+    }
+    let dest = s.dir.path().join("copy.opj");
+    let report = journal.backup(&dest)?;
+    assert_eq!(
+        (report.events, report.receipts, report.results),
+        (20, 10, 10)
+    );
+    // The writer goes on; the copy is of the moment it was taken.
+    commit_edit(&journal, 10);
+    let o = run(&["--json", "verify", path_str(&dest)]);
+    assert_eq!(code(&o), 0, "{}", stdout(&o));
+    let copy = Inspector::open(&dest)?;
+    assert_eq!(copy.stats()?.applied, 10);
+    assert_eq!(
+        copy.result("op_w00009")?.ok_or("a result")?.bytes,
+        b"edit 9"
+    );
+    drop(copy);
+    let e = journal
+        .backup(&dest)
+        .expect_err("the destination exists now");
+    assert!(matches!(e.kind(), ErrorKind::InvalidInput { .. }), "{e:?}");
+    Ok(())
+}
+
+#[test]
 fn backup_refuses_an_existing_destination_and_writes_nothing() -> TestResult {
     let s = sample();
     let dest = s.dir.path().join("taken.opj");

@@ -47,7 +47,8 @@ pub struct BackupReport {
     /// Entries copied, every table together.
     pub entries: u64,
     /// Records of the source's log that were laid over its file (committed, not yet
-    /// checkpointed): the copy holds them.
+    /// checkpointed): the copy holds them. 0 from [`Journal::backup`](crate::Journal::backup),
+    /// which copies its own memtable instead.
     pub log_records: u64,
     /// The copy's size in bytes.
     pub file_bytes: u64,
@@ -83,19 +84,26 @@ impl Inspector {
     pub fn backup(&self, dest: impl AsRef<Path>) -> Result<BackupReport> {
         let dest = dest.as_ref();
         index::guarded("backup", || {
-            let mut out = NewJournal::create(dest)?;
+            let mut log_records = 0;
             let mut report = self.with_snapshot_and_log(true, |snap, _, read| {
-                let mut report = copy_tables(snap, &mut out)?;
                 if let crate::inspect::LogRead::Read { records, .. } = read {
-                    report.log_records = *records;
+                    log_records = *records;
                 }
-                Ok(report)
+                backup_snapshot(snap, dest)
             })?;
             report.access = self.access();
-            report.file_bytes = out.install()?;
+            report.log_records = log_records;
             Ok(report)
         })
     }
+}
+
+/// Copies `snap` into a new journal file at `dest` (see [`backup`]).
+pub(crate) fn backup_snapshot(snap: &index::Snapshot<'_>, dest: &Path) -> Result<BackupReport> {
+    let mut out = NewJournal::create(dest)?;
+    let mut report = copy_tables(snap, &mut out)?;
+    report.file_bytes = out.install()?;
+    Ok(report)
 }
 
 fn copy_tables(snap: &index::Snapshot<'_>, out: &mut NewJournal) -> Result<BackupReport> {

@@ -9,6 +9,7 @@ mod salvage;
 mod source;
 mod verify;
 
+pub(crate) use copy::backup_snapshot;
 pub use copy::{BackupReport, backup};
 pub use dump::{DUMP_VERSION, DumpReport, ImportReport, import_dump};
 pub use repair::{EngineAccess, LostOperation, RepairOptions, RepairReport, repair};

@@ -33,8 +33,8 @@ Examples:
   opjournal completions bash > /etc/bash_completion.d/opjournal
   opjournal man > opjournal.1
 
-Read-only commands (stats, ls, show, log, verify, export) never modify the file and work
-while an editor has it open (with the library's default `Sharing::LiveReaders`).
+Read-only commands (stats, ls, show, log, verify, export, backup) never modify the file and
+work while an editor has it open (with the library's default `Sharing::LiveReaders`).
 Exit status: 0 clean; 1 the command ran and found problems (verify, repair --dry-run, a
 damaged result) or nothing to show (show of an unknown id); 2 could not run.
 JSON Lines output is documented in docs/cli.md.";

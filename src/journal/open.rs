@@ -358,12 +358,12 @@ pub(crate) fn prepare(db: &Database, path: &Path, cfg: &Config) -> Result<()> {
 
 /// Writes the log's records of the current cycle into redb and starts the next cycle, in
 /// one durable transaction: what a writer's close does, for tools that work on the redb
-/// file alone (`repair`, `backup`) after a writer crashed. A record whose changes do not
+/// file alone after a writer crashed. A record whose changes do not
 /// decode ends what is absorbed, as a torn one does; the caller gets its description.
 /// Returns the number of records absorbed.
 #[expect(
     dead_code,
-    reason = "for `backup` (the crate issue), which works on the redb file alone; `repair` reads the log itself"
+    reason = "for tools that work on the redb file alone; `backup` reads the log as the inspector does and `repair` reads it itself"
 )]
 pub(crate) fn absorb_log(db: &Database, log: &dyn LogStorage) -> Result<(u64, Option<String>)> {
     let base = Base::new(db.begin_read()?);
