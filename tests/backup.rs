@@ -218,6 +218,39 @@ fn backup_refuses_an_existing_destination_and_writes_nothing() -> TestResult {
     assert!(matches!(e.kind(), ErrorKind::InvalidInput { .. }), "{e:?}");
     assert!(e.to_string().contains("taken.opj"), "{e}");
     assert_eq!(names(s.dir.path()), listing);
+    // To a free path it copies, and the source's bytes stay as they were.
+    let free = s.dir.path().join("free.opj");
+    let o = run(&["backup", path_str(&s.path), path_str(&free)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(s.bytes(), source, "the source is never written");
+    Ok(())
+}
+
+#[test]
+fn a_format_1_journal_dumps_and_imports_as_a_journal_of_this_format() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let v1 = dir.path().join("v1.opj");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1.opj"),
+        &v1,
+    )?;
+    let (first, _) = dump_of(&v1);
+    let header: Value = serde_json::from_str(&first[0])?;
+    assert_eq!(header["data"]["format_version"], 1);
+    let dest = dir.path().join("v2.opj");
+    let o = run(&["import", "-", path_str(&dest)]);
+    assert_eq!(code(&o), 2, "an empty dump is refused: {}", stderr(&o));
+    assert!(stderr(&o).contains("the dump is empty"), "{}", stderr(&o));
+    opjournal::import_dump((first.join("\n") + "\n").as_bytes(), &dest)?;
+    let (again, _) = dump_of(&dest);
+    // The same events and results; the header names this build's format.
+    assert_eq!(again[1..], first[1..]);
+    assert_eq!(
+        again[0],
+        first[0].replace(r#""format_version":1"#, r#""format_version":2"#)
+    );
+    let o = run(&["verify", path_str(&dest)]);
+    assert_eq!(code(&o), 0, "{}", stdout(&o));
     Ok(())
 }
 
