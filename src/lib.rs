@@ -82,7 +82,8 @@
 //!
 //! ## Features
 //!
-//! - `cli` (default): the `opjournal` command-line tool (inspect, verify, repair, compact).
+//! - `cli` (default): the `opjournal` command-line tool (inspect, verify, repair, compact,
+//!   backup, export and import).
 //!   Embedders use `default-features = false` to keep its dependencies out.
 //! - `tracing`: a span for each public [`Journal`] call (with its operation id) and an
 //!   event for each compaction pass (counts per clock), through the `tracing` crate.

@@ -147,7 +147,8 @@ The editor must be closed: resolve needs the journal to itself.")]
     #[command(after_help = "\
 Examples:
   opjournal export project.opj > project.jsonl
-  opjournal export project.opj --only events --results | jq -c 'select(.type == \"result\")'")]
+  opjournal export project.opj --only events --results | jq -c 'select(.type == \"result\")'
+  opjournal export project.opj --dump > project.dump.jsonl   # `opjournal import` loads it")]
     Export(ExportArgs),
 
     /// Copy a journal into a new journal file: a consistent snapshot of its latest commit,
