@@ -185,6 +185,17 @@ pub enum ErrorKind {
     Closed,
     /// A storage-engine error that is none of the above.
     Storage,
+    /// A journal dump given to [`import_dump`](crate::import_dump) that cannot be loaded
+    /// (nothing is written): a line that is not a dump record, a record that contradicts
+    /// the ones before it, a newer format, or a dump that ends early. Check that the dump
+    /// is a whole, unedited `opjournal export` of one journal, by a build of this format.
+    InvalidDump {
+        /// The line of the dump (1 for the first; one past the last for a dump that ends
+        /// early).
+        line: u64,
+        /// What is wrong with it.
+        detail: String,
+    },
 }
 
 impl Error {
@@ -306,7 +317,8 @@ impl Error {
             | ErrorKind::UnsupportedFormat { .. }
             | ErrorKind::Poisoned
             | ErrorKind::Io
-            | ErrorKind::Closed => false,
+            | ErrorKind::Closed
+            | ErrorKind::InvalidDump { .. } => false,
         }
     }
 
@@ -550,6 +562,9 @@ impl fmt::Display for Error {
             },
             ErrorKind::Closed => write!(f, "the journal is closed"),
             ErrorKind::Storage => write!(f, "storage engine error"),
+            ErrorKind::InvalidDump { line, detail } => {
+                write!(f, "line {line} of the dump: {detail}; nothing was imported")
+            }
         }
     }
 }
@@ -764,6 +779,13 @@ mod tests {
             (Error::new(ErrorKind::Poisoned), false),
             (Error::io(std::io::Error::other("disk")), false),
             (Error::new(ErrorKind::Closed), false),
+            (
+                Error::new(ErrorKind::InvalidDump {
+                    line: 3,
+                    detail: "not JSON".into(),
+                }),
+                false,
+            ),
             (Error::from(redb::Error::TransactionInProgress), true),
             (
                 Error::with_source(ErrorKind::Storage, redb::Error::ValueTooLarge(1)),
@@ -792,7 +814,8 @@ mod tests {
                 | ErrorKind::Poisoned
                 | ErrorKind::Io
                 | ErrorKind::Closed
-                | ErrorKind::Storage => {}
+                | ErrorKind::Storage
+                | ErrorKind::InvalidDump { .. } => {}
             }
         }
         kinds
@@ -805,7 +828,7 @@ mod tests {
             .iter()
             .map(|(e, _)| format!("{:?}", std::mem::discriminant(e.kind())))
             .collect();
-        assert_eq!(distinct.len(), 20, "every kind is listed");
+        assert_eq!(distinct.len(), 21, "every kind is listed");
         for (err, retryable) in kinds {
             assert_eq!(err.is_retryable(), retryable, "{err:?}");
         }

@@ -82,7 +82,8 @@
 //!
 //! ## Features
 //!
-//! - `cli` (default): the `opjournal` command-line tool (inspect, verify, repair, compact).
+//! - `cli` (default): the `opjournal` command-line tool (inspect, verify, repair, compact,
+//!   backup, export and import).
 //!   Embedders use `default-features = false` to keep its dependencies out.
 //! - `tracing`: a span for each public [`Journal`] call (with its operation id) and an
 //!   event for each compaction pass (counts per clock), through the `tracing` crate.
@@ -127,9 +128,10 @@ mod validate;
 pub use redb;
 
 pub use check::{
-    EngineAccess, Finding, INTEGRITY_SCRATCH_BYTES, IntactRecords, Integrity, LogCheck,
-    LostOperation, MAX_FINDINGS, RepairOptions, RepairReport, VerifyReport, intact_records, repair,
-    verify, verify_inspected,
+    BackupReport, DUMP_VERSION, DumpReport, EngineAccess, Finding, INTEGRITY_SCRATCH_BYTES,
+    ImportReport, IntactRecords, Integrity, LogCheck, LostOperation, MAX_FINDINGS, RepairOptions,
+    RepairReport, VerifyReport, backup, import_dump, intact_records, repair, verify,
+    verify_inspected,
 };
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use config::{

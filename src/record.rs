@@ -816,6 +816,173 @@ mod convert {
         }
     }
 
+    /// The file's form of an event the API shows (for `import_dump`): the inverse of
+    /// `From<&Event> for api::Event`.
+    impl From<&api::Event> for Event {
+        fn from(e: &api::Event) -> Event {
+            Event {
+                seq: e.seq,
+                at: e.at,
+                operation_id: e.operation_id.clone(),
+                kind: (&e.kind).into(),
+            }
+        }
+    }
+
+    impl From<api::InDoubtCause> for InDoubtCause {
+        fn from(c: api::InDoubtCause) -> InDoubtCause {
+            match c {
+                api::InDoubtCause::LeaseTimeout => InDoubtCause::LeaseTimeout,
+                api::InDoubtCause::Reopened => InDoubtCause::Reopened,
+                api::InDoubtCause::EventsLost => InDoubtCause::EventsLost,
+            }
+        }
+    }
+
+    impl From<api::ResultInfo> for ResultInfo {
+        fn from(r: api::ResultInfo) -> ResultInfo {
+            ResultInfo {
+                len: r.len,
+                crc32: r.crc32,
+                assets: r.assets,
+            }
+        }
+    }
+
+    impl From<api::Deadlines> for Deadlines {
+        fn from(d: api::Deadlines) -> Deadlines {
+            Deadlines {
+                ack: d.ack,
+                retain: d.retain,
+                purge: d.purge,
+                first_push: d.first_push,
+            }
+        }
+    }
+
+    impl From<api::RevisionCause> for RevisionCause {
+        fn from(c: api::RevisionCause) -> RevisionCause {
+            match c {
+                api::RevisionCause::External => RevisionCause::External,
+                api::RevisionCause::Checkpoint => RevisionCause::Checkpoint,
+            }
+        }
+    }
+
+    impl From<&api::ResolvedAs> for ResolvedAs {
+        fn from(r: &api::ResolvedAs) -> ResolvedAs {
+            match r {
+                api::ResolvedAs::NotApplied { purge_at } => ResolvedAs::NotApplied {
+                    purge_at: *purge_at,
+                },
+                api::ResolvedAs::Completed {
+                    outcome,
+                    result,
+                    deadlines,
+                } => ResolvedAs::Completed {
+                    outcome: outcome.into(),
+                    result: (*result).into(),
+                    deadlines: (*deadlines).into(),
+                },
+            }
+        }
+    }
+
+    impl From<&api::EventKind> for EventKind {
+        fn from(k: &api::EventKind) -> EventKind {
+            match k {
+                api::EventKind::Submitted {
+                    attempt,
+                    intent_name,
+                    intent_hash,
+                    scope,
+                    session,
+                    base_revision,
+                    lease_until,
+                    hold_until_ack,
+                } => EventKind::Submitted {
+                    attempt: *attempt,
+                    intent_name: intent_name.clone(),
+                    intent_hash: (*intent_hash).into(),
+                    scope: scope.clone(),
+                    session: session.clone(),
+                    base_revision: *base_revision,
+                    lease_until: *lease_until,
+                    hold_until_ack: *hold_until_ack,
+                },
+                api::EventKind::LeaseExtended { epoch, lease_until } => EventKind::LeaseExtended {
+                    epoch: *epoch,
+                    lease_until: *lease_until,
+                },
+                api::EventKind::Completed {
+                    epoch,
+                    outcome,
+                    result,
+                    deadlines,
+                } => EventKind::Completed {
+                    epoch: *epoch,
+                    outcome: outcome.into(),
+                    result: (*result).into(),
+                    deadlines: (*deadlines).into(),
+                },
+                api::EventKind::Released { epoch, purge_at } => EventKind::Released {
+                    epoch: *epoch,
+                    purge_at: *purge_at,
+                },
+                api::EventKind::LeaseExpired { epoch, cause } => EventKind::LeaseExpired {
+                    epoch: *epoch,
+                    cause: (*cause).into(),
+                },
+                api::EventKind::Resolved { resolution } => EventKind::Resolved {
+                    resolution: resolution.into(),
+                },
+                api::EventKind::Delivered {
+                    count,
+                    next_due,
+                    final_attempt,
+                } => EventKind::Delivered {
+                    count: *count,
+                    next_due: *next_due,
+                    final_attempt: *final_attempt,
+                },
+                api::EventKind::Acknowledged { late } => EventKind::Acknowledged { late: *late },
+                api::EventKind::AckExpired => EventKind::AckExpired,
+                api::EventKind::Exhausted => EventKind::Exhausted,
+                api::EventKind::Retired => EventKind::Retired,
+                api::EventKind::Salvaged {
+                    attempt,
+                    intent_name,
+                    intent_hash,
+                    scope,
+                    session,
+                    lost_events,
+                } => EventKind::Salvaged {
+                    attempt: *attempt,
+                    intent_name: intent_name.clone(),
+                    intent_hash: (*intent_hash).into(),
+                    scope: scope.clone(),
+                    session: session.clone(),
+                    lost_events: *lost_events,
+                },
+                api::EventKind::RevisionAdvanced {
+                    scope,
+                    revision,
+                    cause,
+                    purge_at,
+                } => EventKind::RevisionAdvanced {
+                    scope: scope.clone(),
+                    revision: *revision,
+                    cause: (*cause).into(),
+                    purge_at: *purge_at,
+                },
+                api::EventKind::FormatUpgraded { from, to } => EventKind::FormatUpgraded {
+                    from: *from,
+                    to: *to,
+                },
+            }
+        }
+    }
+
     impl From<&Event> for api::Event {
         fn from(e: &Event) -> api::Event {
             api::Event {

@@ -33,8 +33,8 @@ Examples:
   opjournal completions bash > /etc/bash_completion.d/opjournal
   opjournal man > opjournal.1
 
-Read-only commands (stats, ls, show, log, verify, export) never modify the file and work
-while an editor has it open (with the library's default `Sharing::LiveReaders`).
+Read-only commands (stats, ls, show, log, verify, export, backup) never modify the file and
+work while an editor has it open (with the library's default `Sharing::LiveReaders`).
 Exit status: 0 clean; 1 the command ran and found problems (verify, repair --dry-run, a
 damaged result) or nothing to show (show of an unknown id); 2 could not run.
 JSON Lines output is documented in docs/cli.md.";
@@ -147,8 +147,31 @@ The editor must be closed: resolve needs the journal to itself.")]
     #[command(after_help = "\
 Examples:
   opjournal export project.opj > project.jsonl
-  opjournal export project.opj --only events --results | jq -c 'select(.type == \"result\")'")]
+  opjournal export project.opj --only events --results | jq -c 'select(.type == \"result\")'
+  opjournal export project.opj --dump > project.dump.jsonl   # `opjournal import` loads it")]
     Export(ExportArgs),
+
+    /// Copy a journal into a new journal file: a consistent snapshot of its latest commit,
+    /// also while an editor has it open. The copy is one closed file (no log) that
+    /// `verify` passes; DEST must not exist.
+    #[command(after_help = "\
+Examples:
+  opjournal backup project.opj project-2026-12-01.opj
+  opjournal backup project.opj backup.opj && opjournal verify backup.opj
+
+Works while the editor runs (with the library's default `Sharing::LiveReaders`); the source
+is never written.")]
+    Backup(BackupArgs),
+
+    /// Build a new journal from a dump written by `export --dump`: the events are replayed
+    /// (every index rebuilt), results and the meta restored. DEST must not exist; a bad dump
+    /// writes nothing and names the line.
+    #[command(after_help = "\
+Examples:
+  opjournal export project.opj --dump > project.dump.jsonl
+  opjournal import project.dump.jsonl restored.opj
+  opjournal export project.opj --dump | opjournal import - restored.opj")]
+    Import(ImportArgs),
 
     /// Run a realistic editor session over a loopback socket, with forced disconnects at
     /// every boundary, and leave a journal to inspect.
@@ -388,6 +411,27 @@ pub(crate) struct ExportArgs {
     /// Also export each stored result payload (a `result` line after its receipt).
     #[arg(long)]
     pub results: bool,
+    /// Write a complete dump instead, which `opjournal import` loads: a `dump` header (dump
+    /// and format versions, clock high-water mark, next sequence number), every event, every
+    /// stored result (exact content), a `dump_end` line, then the summary.
+    #[arg(long, conflicts_with_all = ["only", "results"])]
+    pub dump: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct BackupArgs {
+    /// The journal to copy (usually `*.opj`).
+    pub file: PathBuf,
+    /// The new journal file to write (must not exist).
+    pub dest: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ImportArgs {
+    /// The dump (`opjournal export --dump`), or `-` for stdin.
+    pub dump: PathBuf,
+    /// The new journal file to write (must not exist).
+    pub dest: PathBuf,
 }
 
 pub(crate) fn main() -> ExitCode {

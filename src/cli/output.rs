@@ -54,6 +54,11 @@ impl Out {
         .map_err(output_failed)
     }
 
+    /// The buffered stdout itself, for output the library writes (`export --dump`).
+    pub(crate) fn writer(&mut self) -> &mut dyn Write {
+        &mut self.w
+    }
+
     /// Pushes buffered output out (at the end, and after each `log --follow` poll).
     pub(crate) fn flush(&mut self) -> Result<(), Failure> {
         self.w.flush().map_err(output_failed)

@@ -770,6 +770,41 @@ impl Journal {
         })
     }
 
+    /// Copies the journal, as this handle has committed it, into a new journal file at
+    /// `dest`: one closed file without a log, that [`Journal::open`] and
+    /// [`verify`](crate::verify) accept (see [`backup`](crate::backup), for a journal that
+    /// another process has open). Writers are not held up while it copies: the copy is
+    /// of the last commit when it began. Deliveries and acknowledgements not yet committed
+    /// (they are durable lazily) are not in it: call [`Journal::flush`] first to include
+    /// them. The report's `access` is [`Access::Live`](crate::Access::Live).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidInput`] if `dest` exists (nothing is written);
+    /// [`ErrorKind::Io`], [`ErrorKind::Storage`] writing the copy (nothing is left at
+    /// `dest`); [`ErrorKind::Corrupt`] for a damaged index page of this journal.
+    pub fn backup(&self, dest: impl AsRef<Path>) -> Result<crate::BackupReport> {
+        let _span = crate::trace_span!(DEBUG, "backup");
+        let dest = dest.as_ref();
+        self.guard("backup", || {
+            // A read transaction taken now sees the last checkpoint, or a checkpoint being
+            // installed, which holds exactly the memtable's changes: laid over it again,
+            // they change nothing. The memtable is bounded by the checkpoint size.
+            let (base, mem) = {
+                let committed = reads::read_lock(&self.inner.committed);
+                let base = index::Base::new(self.inner.db()?.begin_read()?);
+                (base, committed.mem.clone())
+            };
+            let snap = index::Snapshot {
+                base: Some(&base),
+                layers: index::Layers::new(&[&mem]),
+            };
+            let mut report = crate::check::backup_snapshot(&snap, dest)?;
+            report.access = crate::Access::Live;
+            Ok(report)
+        })
+    }
+
     /// Whether an earlier commit failed and this handle refuses writes.
     pub fn is_poisoned(&self) -> bool {
         self.inner.poisoned.load(Ordering::SeqCst)

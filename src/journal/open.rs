@@ -373,12 +373,12 @@ pub(crate) fn prepare(db: &Database, path: &Path, cfg: &Config) -> Result<()> {
 
 /// Writes the log's records of the current cycle into redb and starts the next cycle, in
 /// one durable transaction: what a writer's close does, for tools that work on the redb
-/// file alone (`repair`, `backup`) after a writer crashed. A record whose changes do not
+/// file alone after a writer crashed. A record whose changes do not
 /// decode ends what is absorbed, as a torn one does; the caller gets its description.
 /// Returns the number of records absorbed.
 #[expect(
     dead_code,
-    reason = "for `backup` (the crate issue), which works on the redb file alone; `repair` reads the log itself"
+    reason = "for tools that work on the redb file alone; `backup` reads the log as the inspector does and `repair` reads it itself"
 )]
 pub(crate) fn absorb_log(db: &Database, log: &dyn LogStorage) -> Result<(u64, Option<String>)> {
     let base = Base::new(db.begin_read()?);
@@ -432,14 +432,14 @@ pub(crate) fn absorb_log(db: &Database, log: &dyn LogStorage) -> Result<(u64, Op
 
 /// A new, empty file with a unique name beside the journal, removed when dropped (after a
 /// successful link the journal keeps its own name for the same file).
-struct TempFile {
-    path: PathBuf,
+pub(crate) struct TempFile {
+    pub(crate) path: PathBuf,
 }
 
 impl TempFile {
     /// Creates `.<name>.creating-<pid>-<counter>-<nanos>` in `dir`; the name is new (the file
     /// is created with `create_new`), retried with the next counter if it is taken.
-    fn create(dir: &Path, name: &str) -> Result<TempFile> {
+    pub(crate) fn create(dir: &Path, name: &str) -> Result<TempFile> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)

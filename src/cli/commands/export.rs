@@ -19,6 +19,22 @@ pub(super) fn run(args: &ExportArgs, out: &mut Out) -> Run {
     let insp = inspect(&args.file)?;
     summary.access(insp.access());
     let err = read_err(&args.file);
+    if args.dump {
+        let spinner = Progress::spinner("dumping");
+        let report = insp.export_dump(out.writer()).map_err(|e| {
+            if super::backup::is_broken_pipe(&e) {
+                Failure::BrokenPipe
+            } else {
+                err(e)
+            }
+        })?;
+        drop(spinner);
+        return summary.write(
+            out,
+            Outcome::Clean,
+            json!({"receipts": 0, "events": report.events, "results": report.results, "dump": true}),
+        );
+    }
     let (events_total, receipts_total) = insp.sizes().map_err(&err)?;
     let bar = Progress::bar("exporting", "records");
     let want_receipts = args.only != Some(OnlyArg::Events);

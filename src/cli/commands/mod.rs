@@ -15,6 +15,7 @@ use super::failure::{CliError, Failure, Mode, explain};
 use super::output::Out;
 use super::{Cli, Command};
 
+mod backup;
 mod compact;
 mod export;
 mod log;
@@ -70,6 +71,8 @@ fn file_of(command: &Command) -> Option<&Path> {
         Command::Compact(a) => &a.file,
         Command::Resolve(a) => &a.file,
         Command::Export(a) => &a.file,
+        Command::Backup(a) => &a.file,
+        Command::Import(a) => &a.dest,
         Command::Demo { .. }
         | Command::Serve { .. }
         | Command::Completions { .. }
@@ -130,6 +133,8 @@ fn dispatch(command: &Command, out: &mut Out) -> Run {
         Command::Compact(a) => compact::run(a, out),
         Command::Resolve(a) => resolve::run(a, out),
         Command::Export(a) => export::run(a, out),
+        Command::Backup(a) => backup::run_backup(a, out),
+        Command::Import(a) => backup::run_import(a, out),
         // Dispatched in `cli::main`, before the panic hook.
         Command::Demo { .. }
         | Command::Serve { .. }
