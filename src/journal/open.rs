@@ -191,6 +191,10 @@ impl Journal {
         journal
             .inner
             .write(|ctx| engine::mark_running_in_doubt(ctx).map(drop))?;
+        // That write may have been followed by a checkpoint (the log read back can be past
+        // the checkpoint size), whose failure poisons the handle without failing the write:
+        // a journal that can neither write nor read redb is not open, so say so now.
+        journal.inner.check_writable()?;
         Ok(journal)
     }
 }
