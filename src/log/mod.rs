@@ -430,6 +430,41 @@ fn head_problem(head: &[u8], cursor: Cursor, next_lsn: u64) -> Option<String> {
     }
 }
 
+/// The cycle the log's own first record belongs to, for when the redb file's checkpoint
+/// (which names the current cycle) cannot be read: the header's journal id, and the
+/// generation and lsn of the record at [`START`]. `None` when the header or the first
+/// record's head is not one (no magic, another format). The records this cursor finds are
+/// of *some* cycle of this log, possibly one the redb file already holds: use them only to
+/// name what they touch, never to replay them.
+///
+/// # Errors
+///
+/// The storage's I/O error.
+pub(crate) fn own_cursor(storage: &dyn LogStorage) -> io::Result<Option<Cursor>> {
+    let len = storage.len()?;
+    if len < START + RECORD_HEADER_LEN as u64 {
+        return Ok(None);
+    }
+    let mut head = [0u8; HEADER_LEN];
+    storage.read_at(0, &mut head)?;
+    let Ok(header) = Header::decode(&head) else {
+        return Ok(None);
+    };
+    let mut rh = [0u8; RECORD_HEADER_LEN];
+    storage.read_at(START, &mut rh)?;
+    if header.version != u32::from(crate::codec::FORMAT_VERSION)
+        || rh[0..2] != RECORD_MAGIC
+        || rh[2] != crate::codec::FORMAT_VERSION
+    {
+        return Ok(None);
+    }
+    Ok(Some(Cursor {
+        journal_id: header.journal_id,
+        generation: u64_at(&rh, 8),
+        first_lsn: u64_at(&rh, 16),
+    }))
+}
+
 /// Reads the records of `cursor`'s cycle from `storage` as [`scan`] reads them from bytes,
 /// record by record: memory holds one record at a time, whatever the log's length (a log
 /// with bytes appended to it is read only as far as its records go).
