@@ -9,7 +9,9 @@ use std::process::{Command as StdCommand, Stdio};
 use std::time::{Duration, Instant};
 
 use cli_support::*;
-use opjournal::{Event, Inspector, OpResult, Receipt, RepairOptions};
+use opjournal::{
+    Event, Inspector, Intent, Journal, OpResult, Operation, Outcome, Receipt, RepairOptions,
+};
 use redb::{ReadableTable, TableDefinition};
 
 type Answers = BTreeMap<String, (Option<Receipt>, Option<OpResult>, Vec<Event>)>;
@@ -399,4 +401,67 @@ fn a_newer_format_is_refused_by_repair_and_left_unchanged() {
         .filter(|e| e.file_name().to_string_lossy().ends_with(".bak"))
         .collect();
     assert!(baks.is_empty(), "no backup is written for a refusal");
+}
+
+/// Peak resident memory of `opjournal verify` and `opjournal repair --dry-run` on a journal
+/// of `OPJ_MEM_RECEIPTS` receipts (default 100,000), measured with `/usr/bin/time -f %M`.
+/// Slow (it builds the journal): run by hand, the figures are in docs/durability.md:
+/// `OPJ_MEM_RECEIPTS=100000 cargo test --test repair_promises memory -- --ignored --nocapture`
+#[test]
+#[ignore = "builds a large journal; run by hand for docs/durability.md"]
+fn memory_of_verify_and_repair_is_bounded() {
+    let n: usize = std::env::var("OPJ_MEM_RECEIPTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let s = Sample::empty_dir();
+    let started = Instant::now();
+    {
+        let j = Journal::builder()
+            .clock(s.clock.clone())
+            .session_window(u32::MAX)
+            .open(&s.path)
+            .expect("open");
+        for i in 0..n {
+            let id = format!("op_{i:08}");
+            let op = Operation::new(
+                id.clone(),
+                Intent::from_json("doc.edit", &serde_json::json!({ "n": i })).expect("intent"),
+            )
+            .session("tab");
+            let claim = match j.submit(op).expect("submit") {
+                opjournal::Admission::Fresh(c) => c,
+                other => panic!("{other:?}"),
+            };
+            j.complete(
+                &claim,
+                Outcome::applied(0, format!("result of {id}").into_bytes()),
+            )
+            .expect("complete");
+        }
+        j.close().expect("close");
+    }
+    let size = std::fs::metadata(&s.path).expect("meta").len();
+    println!(
+        "{n} receipts built in {:.0?}; file {} MiB",
+        started.elapsed(),
+        size >> 20
+    );
+    for args in [&["verify"][..], &["repair", "--dry-run"][..]] {
+        let t = Instant::now();
+        let o = StdCommand::new("/usr/bin/time")
+            .args(["-f", "%M"])
+            .arg(env!("CARGO_BIN_EXE_opjournal"))
+            .args(args)
+            .arg(&s.path)
+            .output()
+            .expect("/usr/bin/time runs");
+        let err = stderr(&o);
+        let kib = err.lines().last().unwrap_or_default().trim().to_string();
+        println!(
+            "{args:?}: exit {:?}, {:.1?}, peak RSS {kib} KiB",
+            o.status.code(),
+            t.elapsed()
+        );
+    }
 }

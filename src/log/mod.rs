@@ -567,7 +567,8 @@ pub(crate) struct Dropped {
 /// generation and lsn but fails its CRC (damage, not a torn tail: a torn tail has nothing
 /// valid after it), the records after it that continue the chain from its stored CRC; when
 /// the header is damaged, the records of the current cycle after it. Calls `each` with
-/// every such record.
+/// every such record and, last, with the damaged record itself as found (when records
+/// follow it).
 ///
 /// # Errors
 ///
@@ -601,6 +602,7 @@ pub(crate) fn dropped<E: From<io::Error>>(
     let mut buf = Vec::new();
     // First the valid prefix (as recovery reads it), then, past one damaged record, the rest.
     let mut past_damage = !header_ok;
+    let mut damaged: Option<(u64, u8, Vec<u8>)> = None;
     loop {
         let mut rh = [0u8; RECORD_HEADER_LEN];
         if at + RECORD_HEADER_LEN as u64 > len {
@@ -628,6 +630,7 @@ pub(crate) fn dropped<E: From<io::Error>>(
                 break;
             }
             out.damaged_lsn = Some(next_lsn);
+            damaged = Some((next_lsn, rh[3], buf.clone()));
             past_damage = true;
         } else if past_damage {
             out.records += 1;
@@ -645,6 +648,16 @@ pub(crate) fn dropped<E: From<io::Error>>(
         out.header_damaged = out.records > 0;
     } else if out.records == 0 {
         out.damaged_lsn = None;
+    } else if let Some((lsn, kind, payload)) = damaged {
+        // The damaged record itself is dropped too (it is not counted in `records`, which
+        // counts the valid ones after it): its payload, as found, goes to `each` as well,
+        // so that the operations it touched can be named when it still decodes (the
+        // corruption sweep found operations whose events were in it vanishing unnamed).
+        each(Record {
+            lsn,
+            kind,
+            payload: &payload,
+        })?;
     }
     Ok(out)
 }
