@@ -393,6 +393,52 @@ fn absorb_log(src: &mut Source, report: &mut RepairReport) -> Result<BTreeSet<St
         return Ok(dropped_ops);
     };
     let Ok(Some(cp)) = src.view(|v| v.checkpoint()) else {
+        // The file's checkpoint (which names the log's current cycle) cannot be read, so
+        // the log cannot be laid over the file: its records are not taken. They may hold
+        // the only trace of recent operations, so every operation they touch is named as
+        // dropped (the sweep in tests/corruption_sweep.rs found such operations vanishing
+        // from the report). The log's own first record tells which cycle to read.
+        let Some(cursor) = log::own_cursor(&log).map_err(|e| {
+            Error::io_while(
+                "read the journal's log",
+                "the repair stopped and nothing was changed",
+                e,
+            )
+        })?
+        else {
+            return Ok(dropped_ops);
+        };
+        let mut records = 0u64;
+        log::scan_storage(&log, cursor, |r| -> Result<()> {
+            let mut m = Memtable::default();
+            if m.apply_encoded(r.payload).is_ok() {
+                for op in index::Receipts::map(&m).keys() {
+                    dropped_ops.insert(op.clone());
+                }
+                for (op, _) in index::OpEvents::map(&m).keys() {
+                    dropped_ops.insert(op.clone());
+                }
+            }
+            records += 1;
+            Ok(())
+        })
+        .map_err(|e: Error| {
+            e.while_doing(
+                "read the journal's log",
+                "the repair stopped and nothing was changed",
+            )
+        })?;
+        if records > 0 {
+            report.log_records_dropped += records;
+            report.quarantined.push(Finding::new(
+                "log",
+                FileLog::path_for(&src.path).display().to_string(),
+                format!(
+                    "the journal's checkpoint could not be read, so the log's {records} \
+                     record(s) could not be laid over it and were not taken"
+                ),
+            ));
+        }
         return Ok(dropped_ops);
     };
     let cursor = log::Cursor {
@@ -1316,12 +1362,16 @@ impl<'s> Build<'s> {
                 actions.push(a);
             }
         }
-        // Damaged operations whose id is known only from their quarantined events.
+        // Damaged operations whose id is known only from their quarantined events, and
+        // operations known only from dropped log records.
         let rest: Vec<String> = self
             .damaged
             .keys()
+            .chain(dropped_ops.iter())
             .filter(|k| !checked.contains(*k))
             .cloned()
+            .collect::<BTreeSet<String>>()
+            .into_iter()
             .collect();
         for id in rest {
             if self.new_receipt(&id)?.is_none()

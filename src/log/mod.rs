@@ -430,6 +430,41 @@ fn head_problem(head: &[u8], cursor: Cursor, next_lsn: u64) -> Option<String> {
     }
 }
 
+/// The cycle the log's own first record belongs to, for when the redb file's checkpoint
+/// (which names the current cycle) cannot be read: the header's journal id, and the
+/// generation and lsn of the record at [`START`]. `None` when the header or the first
+/// record's head is not one (no magic, another format). The records this cursor finds are
+/// of *some* cycle of this log, possibly one the redb file already holds: use them only to
+/// name what they touch, never to replay them.
+///
+/// # Errors
+///
+/// The storage's I/O error.
+pub(crate) fn own_cursor(storage: &dyn LogStorage) -> io::Result<Option<Cursor>> {
+    let len = storage.len()?;
+    if len < START + RECORD_HEADER_LEN as u64 {
+        return Ok(None);
+    }
+    let mut head = [0u8; HEADER_LEN];
+    storage.read_at(0, &mut head)?;
+    let Ok(header) = Header::decode(&head) else {
+        return Ok(None);
+    };
+    let mut rh = [0u8; RECORD_HEADER_LEN];
+    storage.read_at(START, &mut rh)?;
+    if header.version != u32::from(crate::codec::FORMAT_VERSION)
+        || rh[0..2] != RECORD_MAGIC
+        || rh[2] != crate::codec::FORMAT_VERSION
+    {
+        return Ok(None);
+    }
+    Ok(Some(Cursor {
+        journal_id: header.journal_id,
+        generation: u64_at(&rh, 8),
+        first_lsn: u64_at(&rh, 16),
+    }))
+}
+
 /// Reads the records of `cursor`'s cycle from `storage` as [`scan`] reads them from bytes,
 /// record by record: memory holds one record at a time, whatever the log's length (a log
 /// with bytes appended to it is read only as far as its records go).
@@ -567,7 +602,8 @@ pub(crate) struct Dropped {
 /// generation and lsn but fails its CRC (damage, not a torn tail: a torn tail has nothing
 /// valid after it), the records after it that continue the chain from its stored CRC; when
 /// the header is damaged, the records of the current cycle after it. Calls `each` with
-/// every such record.
+/// every such record and, last, with the damaged record itself as found (when records
+/// follow it).
 ///
 /// # Errors
 ///
@@ -601,6 +637,7 @@ pub(crate) fn dropped<E: From<io::Error>>(
     let mut buf = Vec::new();
     // First the valid prefix (as recovery reads it), then, past one damaged record, the rest.
     let mut past_damage = !header_ok;
+    let mut damaged: Option<(u64, u8, Vec<u8>)> = None;
     loop {
         let mut rh = [0u8; RECORD_HEADER_LEN];
         if at + RECORD_HEADER_LEN as u64 > len {
@@ -628,6 +665,7 @@ pub(crate) fn dropped<E: From<io::Error>>(
                 break;
             }
             out.damaged_lsn = Some(next_lsn);
+            damaged = Some((next_lsn, rh[3], buf.clone()));
             past_damage = true;
         } else if past_damage {
             out.records += 1;
@@ -645,6 +683,16 @@ pub(crate) fn dropped<E: From<io::Error>>(
         out.header_damaged = out.records > 0;
     } else if out.records == 0 {
         out.damaged_lsn = None;
+    } else if let Some((lsn, kind, payload)) = damaged {
+        // The damaged record itself is dropped too (it is not counted in `records`, which
+        // counts the valid ones after it): its payload, as found, goes to `each` as well,
+        // so that the operations it touched can be named when it still decodes (the
+        // corruption sweep found operations whose events were in it vanishing unnamed).
+        each(Record {
+            lsn,
+            kind,
+            payload: &payload,
+        })?;
     }
     Ok(out)
 }

@@ -1,0 +1,700 @@
+//! The corruption sweep (issue 13): seeded damage — byte flips, zeroed 4 KiB pages,
+//! truncations, appended garbage — to journals of hundreds of operations, closed cleanly
+//! (one file) or left by a writer with a log beside the file. Every case is classified:
+//!
+//! - **intact**: `verify` finds the file clean and every operation answers as before;
+//! - **repaired**: `repair` returned `Ok`, `verify` is clean after it, and every operation
+//!   that answers differently from before the damage is named in the report;
+//! - **clean error**: `verify` or `repair` returned a typed error (and repair left the files
+//!   as they were).
+//!
+//! and these are violations, each failing the test with the seed that replays it:
+//! a panic, a hang, a *silent wrong answer* (verify says clean but an operation answers
+//! differently), an *unreported loss* (after repair an operation answers differently and
+//! the report does not name it), a revived result payload (retention dropped it, repair
+//! brought it back), a read that changed the files, and `verify` not clean after a repair
+//! that returned `Ok`.
+//!
+//! An operation's "answer" is what a reader sees: `Inspector::lookup` (its receipt: state,
+//! delivery, revision, …), `Inspector::result` and `Inspector::history`.
+//!
+//! `OPJ_SWEEP_CASES=N` sets the number of cases (default 40, for CI in debug);
+//! `OPJ_SWEEP_SEED=0x…` replays one case. The long run is in `docs/durability.md`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use opjournal::{
+    Admission, Event, Inspector, Intent, Journal, ManualClock, OpResult, Operation, Outcome,
+    Receipt, RepairOptions, Timestamp,
+};
+
+/// 2100-01-01T00:00:00Z: ahead of any real clock, so "now" for a reader is the journal's
+/// high-water mark and answers do not drift with the wall clock.
+const T0: Timestamp = Timestamp::from_millis(4_102_444_800_000);
+const PAGE: usize = 4096;
+const DEFAULT_CASES: u64 = 40;
+/// A case that takes longer than this is a hang.
+const HANG: Duration = Duration::from_secs(120);
+
+/// What a reader answers about one operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Answer {
+    receipt: Option<Receipt>,
+    result: Option<OpResult>,
+    history: Vec<Event>,
+}
+
+type Answers = BTreeMap<String, Answer>;
+
+fn rng(state: &mut u64) -> u64 {
+    // splitmix64
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn below(state: &mut u64, n: u64) -> u64 {
+    if n == 0 { 0 } else { rng(state) % n }
+}
+
+/// A pristine journal image: the redb file's bytes and, for a writer's leftovers, its log.
+struct Image {
+    name: &'static str,
+    opj: Vec<u8>,
+    log: Option<Vec<u8>>,
+    answers: Answers,
+    /// Operations whose result retention dropped before the damage.
+    dropped_payloads: BTreeSet<String>,
+}
+
+fn intent(n: usize) -> Intent {
+    Intent::from_json("doc.edit", &serde_json::json!({ "n": n })).expect("a valid intent")
+}
+
+/// Builds a journal of `n` operations: applied and failed outcomes, deliveries and
+/// acknowledgements, operations whose results retention dropped, released and in-doubt
+/// ones. With `leave_log`, the files are copied while the writer still has them open (as a
+/// crash leaves them: the log holds what was not checkpointed).
+fn build(n: usize, leave_log: bool) -> Image {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("j.opj");
+    let clock = ManualClock::new(T0);
+    let j = Journal::builder()
+        .clock(clock.clone())
+        .session_window(100_000)
+        .checkpoint_size(64 << 10)
+        .open(&path)
+        .expect("open");
+    let mut revs: BTreeMap<String, u64> = BTreeMap::new();
+    let mut op = |j: &Journal, i: usize| {
+        clock.advance(Duration::from_secs(1));
+        let id = format!("op_{i:04}");
+        // An operation left running holds its scope: it gets one of its own.
+        let scope = if i % 11 == 10 {
+            format!("wip/{i}")
+        } else {
+            format!("doc/{}", i % 5)
+        };
+        let rev = *revs.get(&scope).unwrap_or(&0);
+        let session = format!("tab-{}", i % 3);
+        let claim = match j
+            .submit(
+                Operation::new(id.clone(), intent(i))
+                    .scope(scope.clone())
+                    .base_revision(rev)
+                    .session(session.clone()),
+            )
+            .expect("submit")
+        {
+            Admission::Fresh(c) => c,
+            other => panic!("expected fresh work for {id}, got {other:?}"),
+        };
+        match i % 11 {
+            // Left running: in doubt after the writer is gone.
+            10 => return,
+            // Released before any effect.
+            9 => {
+                j.release(&claim).expect("release");
+                return;
+            }
+            7 => {
+                j.complete(&claim, Outcome::failed(format!("failure {i}")))
+                    .expect("complete failed");
+            }
+            _ => {
+                let result = format!("result of {id}: {}", "r".repeat(50 + i * 7 % 300));
+                j.complete(&claim, Outcome::applied(rev + 1, result.into_bytes()))
+                    .expect("complete");
+                revs.insert(scope, rev + 1);
+            }
+        }
+        for _ in 0..(i % 4) {
+            j.delivered(&id).expect("delivered");
+        }
+        if i.is_multiple_of(3) {
+            j.acknowledge(&id, Some(&session)).expect("acknowledge");
+        }
+        if i.is_multiple_of(8) {
+            j.flush().expect("flush");
+        }
+    };
+    let first = n / 3;
+    for i in 0..first {
+        op(&j, i);
+    }
+    // Retention passes for the first third: their payloads are dropped.
+    clock.advance(Duration::from_secs(8 * 24 * 3600));
+    j.compact().expect("compact");
+    for i in first..n {
+        op(&j, i);
+    }
+    j.advance_revision("doc/0", 10_000).expect("advance");
+    j.flush().expect("flush");
+    let (opj, log) = if leave_log {
+        let opj = std::fs::read(&path).expect("read");
+        let log = std::fs::read(log_path(&path)).ok();
+        assert!(log.is_some(), "the writer has a log beside the file");
+        std::mem::drop(j);
+        (opj, log)
+    } else {
+        j.close().expect("close");
+        (std::fs::read(&path).expect("read"), None)
+    };
+    // The answers of the image itself (as copied), read from a fresh copy.
+    let img = Image {
+        name: if leave_log { "with log" } else { "closed" },
+        opj,
+        log,
+        answers: BTreeMap::new(),
+        dropped_payloads: BTreeSet::new(),
+    };
+    let d = tempfile::tempdir().expect("tempdir");
+    let p = img.place(d.path());
+    let answers = answers_of(&p).expect("the pristine image reads");
+    let v = opjournal::verify(&p).expect("the pristine image verifies");
+    assert!(v.is_clean(), "the pristine image is clean: {v:?}");
+    let dropped_payloads = answers
+        .iter()
+        .filter(|(_, a)| {
+            a.receipt
+                .as_ref()
+                .is_some_and(|r| r.status == opjournal::ExecutionStatus::Retired)
+        })
+        .map(|(id, _)| id.clone())
+        .collect::<BTreeSet<_>>();
+    assert!(!dropped_payloads.is_empty(), "some payloads were retired");
+    Image {
+        answers,
+        dropped_payloads,
+        ..img
+    }
+}
+
+fn log_path(p: &Path) -> PathBuf {
+    let mut s = p.as_os_str().to_owned();
+    s.push("-log");
+    PathBuf::from(s)
+}
+
+impl Image {
+    fn place(&self, dir: &Path) -> PathBuf {
+        let p = dir.join("x.opj");
+        std::fs::write(&p, &self.opj).expect("write");
+        if let Some(log) = &self.log {
+            std::fs::write(log_path(&p), log).expect("write log");
+        }
+        p
+    }
+}
+
+/// Every operation's answer, as a reader sees it (every id the receipts list, and every id
+/// of `also`).
+fn answers_of(p: &Path) -> opjournal::Result<Answers> {
+    let insp = Inspector::open(p)?;
+    let mut ids = BTreeSet::new();
+    insp.for_each_receipt(|r| {
+        ids.insert(r.operation_id.clone());
+        Ok(true)
+    })?;
+    // Operations without a receipt (released) still have a history.
+    insp.for_each_event(0, |ev| {
+        if let Some(op) = &ev.operation_id {
+            ids.insert(op.clone());
+        }
+        Ok(true)
+    })?;
+    let mut out = BTreeMap::new();
+    for id in ids {
+        out.insert(id.clone(), answer(&insp, &id)?);
+    }
+    Ok(out)
+}
+
+fn answer(insp: &Inspector, id: &str) -> opjournal::Result<Answer> {
+    Ok(Answer {
+        receipt: insp.lookup(id)?,
+        result: insp.result(id)?,
+        history: insp.history(id)?,
+    })
+}
+
+fn answers_for(p: &Path, ids: &BTreeSet<String>) -> opjournal::Result<Answers> {
+    let insp = Inspector::open(p)?;
+    let mut out = BTreeMap::new();
+    for id in ids {
+        out.insert(id.clone(), answer(&insp, id)?);
+    }
+    Ok(out)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Damage {
+    FlipFile,
+    ZeroPage,
+    Truncate,
+    AppendGarbage,
+    FlipLog,
+    TruncateLog,
+}
+
+fn damage(img: &Image, seed: u64) -> (Damage, String, Vec<u8>, Option<Vec<u8>>) {
+    let mut s = seed;
+    let mut opj = img.opj.clone();
+    let mut log = img.log.clone();
+    let kinds: &[Damage] = if log.is_some() {
+        &[
+            Damage::FlipFile,
+            Damage::ZeroPage,
+            Damage::Truncate,
+            Damage::AppendGarbage,
+            Damage::FlipLog,
+            Damage::TruncateLog,
+        ]
+    } else {
+        &[
+            Damage::FlipFile,
+            Damage::ZeroPage,
+            Damage::Truncate,
+            Damage::AppendGarbage,
+        ]
+    };
+    let kind = kinds[below(&mut s, kinds.len() as u64) as usize];
+    let what = match kind {
+        Damage::FlipFile => {
+            let flips = 1 + below(&mut s, 3);
+            let mut at = Vec::new();
+            for _ in 0..flips {
+                let i = below(&mut s, opj.len() as u64) as usize;
+                let x = 1 + below(&mut s, 255) as u8;
+                opj[i] ^= x;
+                at.push(format!("{i}^{x:#04x}"));
+            }
+            format!("flip {}", at.join(","))
+        }
+        Damage::ZeroPage => {
+            let pages = opj.len() / PAGE;
+            let pg = below(&mut s, pages as u64) as usize;
+            opj[pg * PAGE..(pg + 1) * PAGE].fill(0);
+            format!("zero page {pg}")
+        }
+        Damage::Truncate => {
+            let len = if below(&mut s, 2) == 0 {
+                (below(&mut s, (opj.len() / PAGE) as u64) as usize) * PAGE
+            } else {
+                below(&mut s, opj.len() as u64) as usize
+            };
+            opj.truncate(len);
+            format!("truncate to {len}")
+        }
+        Damage::AppendGarbage => {
+            let n = 1 + below(&mut s, 3 * PAGE as u64) as usize;
+            let zeros = below(&mut s, 4) == 0;
+            for _ in 0..n {
+                opj.push(if zeros { 0 } else { rng(&mut s) as u8 });
+            }
+            format!("append {n} {} bytes", if zeros { "zero" } else { "random" })
+        }
+        Damage::FlipLog => {
+            let l = log.as_mut().expect("a log");
+            // Within the records written (the rest of the preallocated log is zero).
+            let used = l.iter().rposition(|b| *b != 0).map_or(l.len(), |i| i + 1);
+            let i = below(&mut s, used as u64) as usize;
+            let x = 1 + below(&mut s, 255) as u8;
+            l[i] ^= x;
+            format!("flip log {i}^{x:#04x}")
+        }
+        Damage::TruncateLog => {
+            let l = log.as_mut().expect("a log");
+            let used = l.iter().rposition(|b| *b != 0).map_or(l.len(), |i| i + 1);
+            let len = below(&mut s, used as u64) as usize;
+            l.truncate(len);
+            format!("truncate log to {len}")
+        }
+    };
+    (kind, what, opj, log)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Class {
+    Intact,
+    Repaired,
+    CleanError,
+}
+
+#[derive(Debug)]
+struct Outcome_ {
+    class: Class,
+    violations: Vec<String>,
+    /// Operations named in the report.
+    named: usize,
+    /// Operations lost without a trace, inside a receipts range the report names unreadable.
+    in_ranges: usize,
+    /// Operations answering as a crash at the log's damage would leave them (see
+    /// `crash_equivalent`): the log cannot tell a cut or damaged tail from a torn one.
+    cut_tail: usize,
+}
+
+/// Whether `id` lies in an unreadable range as the report shows it (`every key`,
+/// ``after `a` ``, ``before `b` ``, ``between `a` and `b` ``).
+fn in_range(key: &str, id: &str) -> bool {
+    let quoted: Vec<&str> = key.split('`').skip(1).step_by(2).collect();
+    if key == "every key" {
+        true
+    } else if key.starts_with("after") && quoted.len() == 1 {
+        id > quoted[0]
+    } else if key.starts_with("before") && quoted.len() == 1 {
+        id < quoted[0]
+    } else if key.starts_with("between") && quoted.len() == 2 {
+        quoted[0] < id && id < quoted[1]
+    } else {
+        false
+    }
+}
+
+fn files(p: &Path) -> (Vec<u8>, Option<Vec<u8>>) {
+    (
+        std::fs::read(p).unwrap_or_default(),
+        std::fs::read(log_path(p)).ok(),
+    )
+}
+
+/// For damage to the log only: the operations that answer as a crash at the damage would
+/// leave them (their history after is a strict prefix of the history before: the log's
+/// tail from the damage on is read as a torn or unsynced tail, which the format cannot tell
+/// from damage). Removed from `changed` and returned.
+fn crash_equivalent(
+    kind: Damage,
+    before: &Answers,
+    after: &Answers,
+    changed: &mut Vec<String>,
+) -> usize {
+    if !matches!(kind, Damage::FlipLog | Damage::TruncateLog) {
+        return 0;
+    }
+    let n = changed.len();
+    changed.retain(|id| {
+        let b = before.get(id).map_or(&[][..], |a| &a.history[..]);
+        let a = after.get(id).map_or(&[][..], |a| &a.history[..]);
+        !(a.len() < b.len() && b.starts_with(a))
+    });
+    n - changed.len()
+}
+
+fn diff_ids(before: &Answers, after: &Answers) -> Vec<String> {
+    let mut ids: BTreeSet<&String> = before.keys().collect();
+    ids.extend(after.keys());
+    ids.into_iter()
+        .filter(|id| {
+            let empty = Answer {
+                receipt: None,
+                result: None,
+                history: Vec::new(),
+            };
+            before.get(*id).unwrap_or(&empty) != after.get(*id).unwrap_or(&empty)
+        })
+        .cloned()
+        .collect()
+}
+
+/// What differs between two answers, briefly.
+fn describe(before: Option<&Answer>, after: Option<&Answer>) -> String {
+    let brief = |a: Option<&Answer>| match a {
+        None => "nothing".to_string(),
+        Some(a) => format!(
+            "{} result={} history={:?}",
+            a.receipt
+                .as_ref()
+                .map_or("no receipt".to_string(), |r| format!(
+                    "{:?}/{:?} rev={:?} deliveries={} ack={:?}",
+                    r.status, r.delivery, r.result_revision, r.delivery_count, r.acknowledged_at
+                )),
+            a.result.as_ref().map_or(0, |r| r.bytes.len()),
+            a.history.iter().map(|e| e.seq).collect::<Vec<_>>()
+        ),
+    };
+    format!("before [{}] after [{}]", brief(before), brief(after))
+}
+
+fn run_case(img: &Image, seed: u64) -> (Damage, String, Outcome_) {
+    let (kind, what, opj, log) = damage(img, seed);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("x.opj");
+    std::fs::write(&p, &opj).expect("write");
+    if let Some(l) = &log {
+        std::fs::write(log_path(&p), l).expect("write log");
+    }
+    let mut violations = Vec::new();
+    let all_ids: BTreeSet<String> = img.answers.keys().cloned().collect();
+
+    // verify, and what a reader answers when verify says clean.
+    let verified = opjournal::verify(&p);
+    let clean = matches!(&verified, Ok(v) if v.is_clean());
+    // Operations answering as a crash at the log's damage would leave them.
+    let mut cut_tail = 0;
+    if clean {
+        match answers_for(&p, &all_ids) {
+            Ok(now) => {
+                let mut wrong = diff_ids(&img.answers, &now);
+                cut_tail += crash_equivalent(kind, &img.answers, &now, &mut wrong);
+                if !wrong.is_empty() {
+                    violations.push(format!(
+                        "silent wrong answer: verify is clean but {} operations answer \
+                         differently: {:?}",
+                        wrong.len(),
+                        &wrong[..wrong.len().min(5)]
+                    ));
+                }
+            }
+            Err(e) => violations.push(format!(
+                "silent wrong answer: verify is clean but the reader fails: {e:#}"
+            )),
+        }
+    }
+    if files(&p) != (opj.clone(), log.clone()) {
+        violations.push("verify or a reader changed the files".into());
+    }
+
+    // repair.
+    let class;
+    let mut named = 0;
+    let mut in_ranges = 0;
+    match opjournal::repair(
+        &p,
+        &{
+            let mut o = RepairOptions::default();
+            o.backup = false;
+            o
+        },
+        &mut |_, _| {},
+    ) {
+        Err(e) => {
+            class = Class::CleanError;
+            if files(&p) != (opj.clone(), log.clone()) {
+                violations.push(format!("repair failed ({e}) and changed the files"));
+            }
+            if clean {
+                violations.push(format!("verify is clean but repair refuses: {e:#}"));
+            }
+        }
+        Ok(report) => {
+            let v = opjournal::verify(&p);
+            if !matches!(&v, Ok(v) if v.is_clean()) {
+                violations.push(format!("verify is not clean after repair: {v:?}"));
+            }
+            let names: BTreeSet<&str> = report
+                .lost
+                .iter()
+                .map(|l| l.operation_id.as_str())
+                .collect();
+            named = names.len();
+            match answers_of(&p) {
+                Ok(now) => {
+                    // Every id before the damage, and every id after the repair.
+                    let mut after = now;
+                    if let Ok(more) = answers_for(&p, &all_ids) {
+                        after.extend(more);
+                    }
+                    let mut changed = diff_ids(&img.answers, &after);
+                    let unnamed_cut = {
+                        let mut c: Vec<String> = changed
+                            .iter()
+                            .filter(|id| !names.contains(id.as_str()))
+                            .cloned()
+                            .collect();
+                        let n = crash_equivalent(kind, &img.answers, &after, &mut c);
+                        changed.retain(|id| names.contains(id.as_str()) || c.contains(id));
+                        n
+                    };
+                    cut_tail = cut_tail.max(unnamed_cut);
+                    // An operation of which no byte survives (no receipt, no event, no
+                    // log record) cannot be named by id: it must lie in a key range of the
+                    // receipts table that the report names as unreadable.
+                    let (traceless, unreported): (Vec<&String>, Vec<&String>) = changed
+                        .iter()
+                        .filter(|id| !names.contains(id.as_str()))
+                        .partition(|id| {
+                            after
+                                .get(id.as_str())
+                                .is_none_or(|a| a.receipt.is_none() && a.history.is_empty())
+                                && report
+                                    .unreadable
+                                    .iter()
+                                    .any(|f| f.table == "receipts" && in_range(&f.key, id))
+                        });
+                    in_ranges = traceless.len();
+                    if !unreported.is_empty() {
+                        let first = unreported[0];
+                        violations.push(format!(
+                            "unreported loss: {} operations answer differently and are not \
+                             named: {:?}; first: {}; report: {} named, unreadable {:?}, log \
+                             records dropped {}",
+                            unreported.len(),
+                            &unreported[..unreported.len().min(5)],
+                            describe(img.answers.get(first.as_str()), after.get(first.as_str())),
+                            report.lost.len(),
+                            report
+                                .unreadable
+                                .iter()
+                                .map(|f| format!("{} {}", f.table, f.key))
+                                .collect::<Vec<_>>(),
+                            report.log_records_dropped,
+                        ));
+                    }
+                    for id in &img.dropped_payloads {
+                        if after.get(id).is_some_and(|a| a.result.is_some()) {
+                            violations.push(format!("revived a dropped payload: {id}"));
+                        }
+                    }
+                    if !clean || !changed.is_empty() || report.found_damage() {
+                        class = Class::Repaired;
+                    } else {
+                        class = Class::Intact;
+                    }
+                }
+                Err(e) => {
+                    class = Class::Repaired;
+                    violations.push(format!("the repaired journal does not read: {e:#}"));
+                }
+            }
+        }
+    }
+    (
+        kind,
+        what,
+        Outcome_ {
+            class,
+            violations,
+            named,
+            in_ranges,
+            cut_tail,
+        },
+    )
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    let v = v.trim();
+    if let Some(h) = v.strip_prefix("0x") {
+        u64::from_str_radix(h, 16).ok()
+    } else {
+        v.parse().ok()
+    }
+}
+
+#[test]
+fn a_seeded_corruption_sweep_has_no_panic_hang_silent_wrong_answer_or_unreported_loss() {
+    let cases = env_u64("OPJ_SWEEP_CASES").unwrap_or(DEFAULT_CASES);
+    let only = env_u64("OPJ_SWEEP_SEED");
+    let ops = env_u64("OPJ_SWEEP_OPS").unwrap_or(220) as usize;
+    let images = std::sync::Arc::new([build(ops, false), build(ops, true)]);
+    println!(
+        "images: closed {} bytes; with log {} + {} bytes; {} operations ({} retired)",
+        images[0].opj.len(),
+        images[1].opj.len(),
+        images[1].log.as_ref().map_or(0, Vec::len),
+        images[0].answers.len(),
+        images[0].dropped_payloads.len()
+    );
+    let seeds: Vec<u64> = match only {
+        Some(s) => vec![s],
+        None => {
+            let mut base = 0x5EED_0013_u64;
+            (0..cases).map(|_| rng(&mut base)).collect()
+        }
+    };
+    let mut counts: BTreeMap<(Damage, Class), u64> = BTreeMap::new();
+    let mut classes: BTreeMap<Class, u64> = BTreeMap::new();
+    let mut failures = Vec::new();
+    let mut panics = 0;
+    let mut hangs = 0;
+    let mut named_total = 0;
+    let mut in_ranges_total = 0;
+    let mut cut_tail_total = 0;
+    let mut cut_tail_cases = 0;
+    for (n, seed) in seeds.iter().copied().enumerate() {
+        let which = (seed >> 63) as usize;
+        let shared = images.clone();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run_case(&shared[which], seed)
+            }));
+            let _ = tx.send(r);
+        });
+        let label = format!("case {n} seed={seed:#018x} ({})", images[which].name);
+        match rx.recv_timeout(HANG) {
+            Err(_) => {
+                hangs += 1;
+                failures.push(format!("{label}: hang (over {HANG:?})"));
+                break;
+            }
+            Ok(Err(p)) => {
+                panics += 1;
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                failures.push(format!("{label}: panic: {msg}"));
+            }
+            Ok(Ok((kind, what, out))) => {
+                *counts.entry((kind, out.class)).or_default() += 1;
+                *classes.entry(out.class).or_default() += 1;
+                named_total += out.named;
+                in_ranges_total += out.in_ranges;
+                cut_tail_total += out.cut_tail;
+                cut_tail_cases += usize::from(out.cut_tail > 0);
+                for v in out.violations {
+                    failures.push(format!("{label} [{what}]: {v}"));
+                }
+            }
+        }
+    }
+    println!("cases: {}", seeds.len());
+    println!("by class: {classes:?}");
+    println!("by damage and class: {counts:?}");
+    println!("operations named in repair reports: {named_total}");
+    println!(
+        "operations lost without a trace (no byte of them left), inside an unreadable receipts \
+         range the report names: {in_ranges_total}"
+    );
+    println!(
+        "operations answering as a crash at the log's damage would leave them (the log's tail \
+         read as torn, not reported): {cut_tail_total} in {cut_tail_cases} cases"
+    );
+    println!(
+        "panics: {panics}, hangs: {hangs}, violations: {}",
+        failures.len() - panics - hangs
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failing cases:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
