@@ -1888,8 +1888,9 @@ fn status_text(r: &crate::types::Receipt) -> String {
 /// The new file, beside the journal, removed unless installed.
 struct Target {
     path: PathBuf,
-    /// For a dry run outside the journal's directory (not writable): its directory.
-    _dir: Option<tempfile::TempDir>,
+    /// For a dry run outside the journal's directory (not writable): the file in the
+    /// system's temporary directory, removed when dropped.
+    _scratch: Option<crate::journal::open::TempFile>,
     keep: bool,
 }
 
@@ -1915,25 +1916,25 @@ impl Target {
         match create(&path) {
             Ok(()) => Ok(Target {
                 path,
-                _dir: None,
+                _scratch: None,
                 keep: false,
             }),
             Err(e) if dry_run => {
                 // A dry run in a directory it cannot write to builds its copy elsewhere.
-                let tmp = tempfile::Builder::new()
-                    .prefix("opjournal-repair-")
-                    .tempdir()
-                    .map_err(|_| {
-                        Error::io_while(
-                            "create the repaired journal beside the file",
-                            "nothing was changed",
-                            e,
-                        )
-                    })?;
-                let path = tmp.path().join("journal.opj");
+                let tmp = crate::journal::open::TempFile::create(
+                    &std::env::temp_dir(),
+                    "opjournal-repair",
+                )
+                .map_err(|_| {
+                    Error::io_while(
+                        "create the repaired journal beside the file",
+                        "nothing was changed",
+                        e,
+                    )
+                })?;
                 Ok(Target {
-                    path,
-                    _dir: Some(tmp),
+                    path: tmp.path.clone(),
+                    _scratch: Some(tmp),
                     keep: false,
                 })
             }
