@@ -49,6 +49,14 @@ impl Base {
         Ok(t.as_ref().and_then(|b| b.downcast_ref()))
     }
 
+    /// Whether the table holds `key` (without copying its value).
+    pub(crate) fn contains<T: Table>(&self, key: &T::K) -> Result<bool> {
+        let Some(t) = self.table::<T>()? else {
+            return Ok(false);
+        };
+        Ok(t.get(key.borrow())?.is_some())
+    }
+
     pub(crate) fn get<T: Table>(&self, key: &T::K) -> Result<Option<T::V>> {
         let Some(t) = self.table::<T>()? else {
             return Ok(None);
@@ -172,30 +180,17 @@ pub(crate) trait Layered {
         }
     }
 
-    /// The entries with keys in `(lo, hi)`, in key order.
+    /// The entries with keys in `(lo, hi)`, in key order. Lazy: the layers' entries are
+    /// merged as they are read (a range over a large memtable whose caller takes a few
+    /// entries costs a few entries, not the whole range).
     fn range<'s, T: Table>(&'s self, lo: Bound<&T::K>, hi: Bound<&T::K>) -> Result<Entries<'s, T>> {
         let layers = self.layers();
-        let mut over: Vec<(T::K, Option<T::V>)> = Vec::new();
+        let mut over: Vec<LayerRange<'s, T::K, T::V>> = Vec::new();
         if nonempty(lo, hi) {
-            let mut non_empty = layers
-                .iter()
-                .filter(|m| T::map(m).range::<T::K, _>((lo, hi)).next().is_some());
-            match (non_empty.next(), non_empty.next()) {
-                (None, _) => {}
-                (Some(only), None) => {
-                    over = T::map(only)
-                        .range::<T::K, _>((lo, hi))
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect();
-                }
-                _ => {
-                    let mut merged = std::collections::BTreeMap::new();
-                    for m in layers.iter().rev() {
-                        for (k, v) in T::map(m).range::<T::K, _>((lo, hi)) {
-                            merged.insert(k.clone(), v.clone());
-                        }
-                    }
-                    over = merged.into_iter().collect();
+            for m in layers.iter() {
+                let mut r = T::map(m).range::<T::K, _>((lo, hi)).peekable();
+                if r.peek().is_some() {
+                    over.push(r);
                 }
             }
         }
@@ -205,7 +200,7 @@ pub(crate) trait Layered {
         };
         Ok(Box::new(Merge {
             base: base.peekable(),
-            over: over.into_iter().peekable(),
+            over: LayerMerge { layers: over }.peekable(),
         }))
     }
 
@@ -289,10 +284,50 @@ impl Layered for Snapshot<'_> {
 /// Owned entries in key order, from redb.
 type BaseEntries<'a, K, V> = Box<dyn Iterator<Item = Result<(K, V)>> + 'a>;
 
-/// Merges the base's entries with the layers' (already merged, in key order).
-struct Merge<'a, K, V> {
+/// One layer's entries of a range.
+type LayerRange<'a, K, V> =
+    std::iter::Peekable<std::collections::btree_map::Range<'a, K, Option<V>>>;
+
+/// The layers' entries of a range merged in key order, the topmost layer's entry winning
+/// for a key that several hold (tombstones included: `None` hides the base's entry).
+struct LayerMerge<'a, K, V> {
+    /// Top first; each non-empty when made.
+    layers: Vec<LayerRange<'a, K, V>>,
+}
+
+impl<K: Ord + Clone, V: Clone> Iterator for LayerMerge<'_, K, V> {
+    type Item = (K, Option<V>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        // The smallest key among the layers' heads; the first (topmost) layer holding it
+        // wins, and the others holding it skip theirs.
+        let mut best: Option<(usize, &K)> = None;
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            if let Some((k, _)) = l.peek()
+                && best.is_none_or(|(_, b)| *k < b)
+            {
+                best = Some((i, k));
+            }
+        }
+        let (winner, key) = best?;
+        let key = key.clone();
+        let mut out = None;
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            if l.peek().is_some_and(|(k, _)| **k == key)
+                && let Some((k, v)) = l.next()
+                && i == winner
+            {
+                out = Some((k.clone(), v.clone()));
+            }
+        }
+        out
+    }
+}
+
+/// Merges the base's entries with the layers' (merged lazily, in key order).
+struct Merge<'a, K: Ord + Clone, V: Clone> {
     base: std::iter::Peekable<BaseEntries<'a, K, V>>,
-    over: std::iter::Peekable<std::vec::IntoIter<(K, Option<V>)>>,
+    over: std::iter::Peekable<LayerMerge<'a, K, V>>,
 }
 
 enum Next {
@@ -301,7 +336,7 @@ enum Next {
     OverShadowing,
 }
 
-impl<K: Ord, V> Iterator for Merge<'_, K, V> {
+impl<K: Ord + Clone, V: Clone> Iterator for Merge<'_, K, V> {
     type Item = Result<(K, V)>;
 
     fn next(&mut self) -> Option<Self::Item> {

@@ -394,6 +394,39 @@ impl Memtable {
         self.bytes
     }
 
+    /// Forgets `key` (its change, not a deletion of it).
+    fn forget<T: Table>(&mut self, key: &T::K) {
+        if let Some(old) = T::map_mut(self).remove(key) {
+            let old_size = old.as_ref().map_or(0, TableValue::size);
+            self.bytes = self
+                .bytes
+                .saturating_sub(key.size() + ENTRY_OVERHEAD + old_size);
+            self.entries = self.entries.saturating_sub(1);
+        }
+    }
+
+    /// As [`Memtable::absorb`], for the memtable right over `base`: a deletion of a key that
+    /// `base` does not hold leaves no tombstone (it would only hide nothing, and reads of a
+    /// range would step over it until the next checkpoint: a session's acknowledged window
+    /// entries made every later submit slower). When `base` cannot be read, the tombstone
+    /// stays, which is always correct.
+    pub(crate) fn absorb_over(&mut self, top: Memtable, base: Option<&super::layers::Base>) {
+        let mut top = top;
+        macro_rules! move_in {
+            ($t:ident) => {
+                for (k, v) in std::mem::take(<$t as Table>::map_mut(&mut top)) {
+                    let in_base = || base.is_some_and(|b| b.contains::<$t>(&k).unwrap_or(true));
+                    if v.is_none() && !in_base() {
+                        self.forget::<$t>(&k);
+                    } else {
+                        self.set::<$t>(k, v);
+                    }
+                }
+            };
+        }
+        each_table!(move_in);
+    }
+
     /// Moves every change of `top` in, over this one's.
     pub(crate) fn absorb(&mut self, top: Memtable) {
         let mut top = top;

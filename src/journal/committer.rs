@@ -384,7 +384,8 @@ impl Inner {
                             cache.remove(id);
                         }
                     }
-                    committed.mem.absorb(changes);
+                    let super::reads::Committed { base, mem } = &mut *committed;
+                    mem.absorb_over(changes, base.as_ref());
                 }
                 self.persisted_high_water.fetch_max(now.0, Ordering::SeqCst);
                 self.lazy_committed(pending.len());

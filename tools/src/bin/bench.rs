@@ -235,15 +235,28 @@ const OPJ_VARIANTS: [OpjCfg; 4] = [
     },
 ];
 
+/// `OPJ_BENCH_CHECKPOINT_SIZE=<bytes>` measures another checkpoint size (for choosing the
+/// default; the report says so in its environment lines).
+fn checkpoint_size_override() -> Option<u64> {
+    std::env::var("OPJ_BENCH_CHECKPOINT_SIZE")
+        .ok()?
+        .parse()
+        .ok()
+}
+
 impl OpjCfg {
     fn builder(self) -> JournalBuilder {
-        Journal::builder()
+        let b = Journal::builder()
             .sharing(if self.exclusive {
                 Sharing::Exclusive
             } else {
                 Sharing::LiveReaders
             })
-            .quick_repair(self.quick_repair)
+            .quick_repair(self.quick_repair);
+        match checkpoint_size_override() {
+            Some(n) => b.checkpoint_size(n),
+            None => b,
+        }
     }
 
     fn key(self) -> &'static str {
