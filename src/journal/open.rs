@@ -375,65 +375,6 @@ pub(crate) fn prepare(db: &Database, path: &Path, cfg: &Config) -> Result<()> {
     Ok(())
 }
 
-/// Writes the log's records of the current cycle into redb and starts the next cycle, in
-/// one durable transaction: what a writer's close does, for tools that work on the redb
-/// file alone after a writer crashed. A record whose changes do not
-/// decode ends what is absorbed, as a torn one does; the caller gets its description.
-/// Returns the number of records absorbed.
-#[expect(
-    dead_code,
-    reason = "for tools that work on the redb file alone; `backup` reads the log as the inspector does and `repair` reads it itself"
-)]
-pub(crate) fn absorb_log(db: &Database, log: &dyn LogStorage) -> Result<(u64, Option<String>)> {
-    let base = Base::new(db.begin_read()?);
-    let Some(cp) = (index::Snapshot {
-        base: Some(&base),
-        layers: Layers::default(),
-    })
-    .checkpoint()?
-    else {
-        return Ok((0, None));
-    };
-    let cursor = Cursor {
-        journal_id: cp.journal_id,
-        generation: cp.generation,
-        first_lsn: cp.next_lsn,
-    };
-    let bytes = log::read_all(log).map_err(|e| Error::io_during("read the journal's log", e))?;
-    let mut mem = Memtable::default();
-    let mut damage = None;
-    let mut absorbed = 0u64;
-    // A damaged record ends the scan: it and everything after it are not absorbed.
-    let _ = log::scan(&bytes, cursor, |record| {
-        replay_record(&mut mem, record.lsn, record.kind, record.payload)
-            .map(|()| absorbed += 1)
-            .map_err(|e| {
-                damage = Some(format!("log record {}: {e}", record.lsn));
-            })
-    });
-    let next_lsn = cursor.first_lsn + absorbed;
-    drop(base);
-    if mem.is_empty() {
-        return Ok((0, damage));
-    }
-    let txn = db.begin_write()?;
-    index::checkpoint(&txn, &mem)?;
-    {
-        let mut meta = txn.open_table(<index::Meta as index::Table>::def())?;
-        let next = CheckpointRecord {
-            journal_id: cp.journal_id,
-            generation: cp.generation + 1,
-            next_lsn,
-        };
-        meta.insert(
-            "checkpoint",
-            crate::codec::encode(crate::codec::RecordKind::Meta, &next).as_slice(),
-        )?;
-    }
-    txn.commit()?;
-    Ok((absorbed, damage))
-}
-
 /// A new, empty file with a unique name beside the journal, removed when dropped (after a
 /// successful link the journal keeps its own name for the same file).
 pub(crate) struct TempFile {

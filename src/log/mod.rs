@@ -320,14 +320,10 @@ pub(crate) struct Record<'a> {
     pub payload: &'a [u8],
 }
 
-/// Reads the records of `cursor`'s cycle from `bytes` (the whole log), calling `each` for
-/// every valid one in order. A header for another journal, or no header, means no
-/// records. `each` returning an error stops the scan with that error.
-pub(crate) fn scan<E>(
-    bytes: &[u8],
-    cursor: Cursor,
-    mut each: impl FnMut(Record<'_>) -> Result<(), E>,
-) -> Result<Scan, E> {
+/// The start of a scan of a log of `len` bytes whose first bytes are `head`: what its
+/// header says about `cursor`'s cycle (another journal's log, or no header, means no
+/// records), and the state before the first record.
+fn scan_start(head: &[u8], cursor: Cursor, len: u64) -> Scan {
     let mut out = Scan {
         header: None,
         header_problem: None,
@@ -336,16 +332,16 @@ pub(crate) fn scan<E>(
         prev_crc: seed(cursor.journal_id, cursor.generation),
         records: 0,
         stopped: End::Eof,
-        len: bytes.len() as u64,
+        len,
     };
-    match Header::decode(bytes) {
+    match Header::decode(head) {
         Ok(h) if h.journal_id != cursor.journal_id => {
             out.header_problem = Some(format!(
                 "the log belongs to another journal (id {:016x}, this journal is {:016x})",
                 h.journal_id, cursor.journal_id
             ));
             out.header = Some(h);
-            return Ok(out);
+            return out;
         }
         Ok(h) if h.version != u32::from(crate::codec::FORMAT_VERSION) => {
             out.header_problem = Some(format!(
@@ -354,58 +350,24 @@ pub(crate) fn scan<E>(
                 crate::codec::FORMAT_VERSION
             ));
             out.header = Some(h);
-            return Ok(out);
+            return out;
         }
         Ok(h) => out.header = Some(h),
-        Err(problem) => {
-            out.header_problem = Some(problem);
-            return Ok(out);
-        }
+        Err(problem) => out.header_problem = Some(problem),
     }
-    let mut at = START as usize;
-    loop {
-        let Some(head) = bytes.get(at..at + RECORD_HEADER_LEN) else {
-            out.stopped = End::Eof;
-            break;
-        };
-        if head.iter().all(|b| *b == 0) {
-            out.stopped = End::Clean;
-            break;
-        }
-        if let Some(p) = head_problem(head, cursor, out.next_lsn) {
-            out.stopped = End::Stale(format!("at offset {at}: {p}"));
-            break;
-        }
-        let len = u64::from(u32_at(head, 4));
-        let end = (at as u64)
-            .saturating_add(RECORD_HEADER_LEN as u64)
-            .saturating_add(len);
-        if len > MAX_PAYLOAD || end > bytes.len() as u64 {
-            out.stopped = End::Stale(format!(
-                "at offset {at}: a payload of {len} bytes runs past the end of the log"
-            ));
-            break;
-        }
-        let payload = &bytes[at + RECORD_HEADER_LEN..end as usize];
-        let crc = record_crc(out.prev_crc, &head[0..24], payload);
-        if crc != u32_at(head, 24) {
-            out.stopped = End::Stale(format!(
-                "at offset {at}: the CRC does not match (a torn or stale record)"
-            ));
-            break;
-        }
-        each(Record {
-            lsn: out.next_lsn,
-            kind: head[3],
-            payload,
-        })?;
-        out.prev_crc = crc;
-        out.next_lsn += 1;
-        out.records += 1;
-        at = end as usize;
-        out.end = end;
-    }
-    Ok(out)
+    out
+}
+
+/// As [`scan_storage`], over the whole log in memory (the log's tests).
+#[cfg(test)]
+pub(crate) fn scan(
+    bytes: &[u8],
+    cursor: Cursor,
+    each: impl FnMut(Record<'_>) -> io::Result<()>,
+) -> io::Result<Scan> {
+    let log = MemoryLog::new();
+    log.write_at(0, bytes)?;
+    scan_storage(&log, cursor, each)
 }
 
 /// Why a record header is not the next record of `cursor`'s cycle (`None`: it is).
@@ -480,19 +442,7 @@ pub(crate) fn scan_storage<E: From<io::Error>>(
     let len = storage.len()?;
     let mut head = vec![0u8; usize::try_from(len.min(START)).unwrap_or(0)];
     storage.read_at(0, &mut head)?;
-    // The header (and nothing after it) decides what `scan` would do with no records.
-    let mut out = scan::<()>(&head, cursor, |_| Ok(())).unwrap_or_else(|()| Scan {
-        header: None,
-        header_problem: None,
-        end: START,
-        next_lsn: cursor.first_lsn,
-        prev_crc: seed(cursor.journal_id, cursor.generation),
-        records: 0,
-        stopped: End::Eof,
-        len,
-    });
-    out.len = len;
-    out.stopped = End::Eof;
+    let mut out = scan_start(&head, cursor, len);
     let ours = out.header.is_some() && out.header_problem.is_none();
     if !ours {
         return Ok(out);
@@ -698,6 +648,7 @@ pub(crate) fn dropped<E: From<io::Error>>(
 }
 
 /// Reads the whole of `storage`.
+#[cfg(test)]
 pub(crate) fn read_all(storage: &dyn LogStorage) -> io::Result<Vec<u8>> {
     let len = storage.len()?;
     let len = usize::try_from(len).map_err(|_| io::Error::other("the log is too large"))?;
