@@ -1254,47 +1254,39 @@ impl<'s> Build<'s> {
 
     /// Damaged values and unreadable ranges of the index tables (rebuilt from the events).
     fn check_other_tables(&mut self) -> Result<()> {
-        let mut bad: Vec<(String, String, Vec<u8>)> = Vec::new();
-        let g = self.src.read_table::<index::Receipts>(|k, v| {
-            if let Err(e) = index::decode_receipt(&k, &v) {
-                bad.push((k, corrupt_detail(&e), v));
-            }
-            Ok(())
+        self.check_values::<index::Receipts>("receipts", |k, v| {
+            index::decode_receipt(k, v).map(|_| ())
         })?;
-        for (k, d, v) in bad.drain(..) {
-            self.quarantine("receipts", k, d, &v);
-        }
-        self.unreadable("receipts", &g);
-        let g = self.src.read_table::<index::Scopes>(|k, v| {
-            if let Err(e) = index::decode_scope(&k, &v) {
-                bad.push((k, corrupt_detail(&e), v));
-            }
-            Ok(())
+        self.check_values::<index::Scopes>("scopes", |k, v| index::decode_scope(k, v).map(|_| ()))?;
+        self.check_values::<index::Meta>("meta", |k, v| match k {
+            "format" => index::decode_format(v).map(|_| ()),
+            "state" => index::decode_meta::<StateRecord>("state", v).map(|_| ()),
+            "checkpoint" => index::decode_meta::<CheckpointRecord>("checkpoint", v).map(|_| ()),
+            _ => Err(Error::corrupt("meta", k, "not an entry of the meta table")),
         })?;
-        for (k, d, v) in bad.drain(..) {
-            self.quarantine("scopes", k, d, &v);
-        }
-        self.unreadable("scopes", &g);
-        let g = self.src.read_table::<index::Meta>(|k, v| {
-            let ok = match k.as_str() {
-                "format" => index::decode_format(&v).map(|_| ()),
-                "state" => index::decode_meta::<StateRecord>("state", &v).map(|_| ()),
-                "checkpoint" => {
-                    index::decode_meta::<CheckpointRecord>("checkpoint", &v).map(|_| ())
-                }
-                _ => Err(Error::corrupt("meta", &k, "not an entry of the meta table")),
-            };
-            if let Err(e) = ok {
-                bad.push((k, corrupt_detail(&e), v));
-            }
-            Ok(())
-        })?;
-        for (k, d, v) in bad.drain(..) {
-            self.quarantine("meta", k, d, &v);
-        }
-        self.unreadable("meta", &g);
         let g = self.src.read_table::<index::OpEvents>(|_, ()| Ok(()))?;
         self.unreadable("op_events", &g);
+        Ok(())
+    }
+
+    /// Quarantines the values of a table keyed by name that `check` refuses, and reports
+    /// its unreadable ranges.
+    fn check_values<T: Table<K = String, V = Vec<u8>>>(
+        &mut self,
+        table: &str,
+        check: impl Fn(&str, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let mut bad: Vec<(String, String, Vec<u8>)> = Vec::new();
+        let gaps = self.src.read_table::<T>(|k, v| {
+            if let Err(e) = check(&k, &v) {
+                bad.push((k, corrupt_detail(&e), v));
+            }
+            Ok(())
+        })?;
+        for (k, d, v) in bad {
+            self.quarantine(table, k, d, &v);
+        }
+        self.unreadable(table, &gaps);
         Ok(())
     }
 
