@@ -354,9 +354,6 @@ struct Outcome_ {
     named: usize,
     /// Operations lost without a trace, inside a receipts range the report names unreadable.
     in_ranges: usize,
-    /// Operations answering as a crash at the log's damage would leave them (see
-    /// `crash_equivalent`): the log cannot tell a cut or damaged tail from a torn one.
-    cut_tail: usize,
 }
 
 /// Whether `id` lies in an unreadable range as the report shows it (`every key`,
@@ -381,28 +378,6 @@ fn files(p: &Path) -> (Vec<u8>, Option<Vec<u8>>) {
         std::fs::read(p).unwrap_or_default(),
         std::fs::read(log_path(p)).ok(),
     )
-}
-
-/// For damage to the log only: the operations that answer as a crash at the damage would
-/// leave them (their history after is a strict prefix of the history before: the log's
-/// tail from the damage on is read as a torn or unsynced tail, which the format cannot tell
-/// from damage). Removed from `changed` and returned.
-fn crash_equivalent(
-    kind: Damage,
-    before: &Answers,
-    after: &Answers,
-    changed: &mut Vec<String>,
-) -> usize {
-    if !matches!(kind, Damage::FlipLog | Damage::TruncateLog) {
-        return 0;
-    }
-    let n = changed.len();
-    changed.retain(|id| {
-        let b = before.get(id).map_or(&[][..], |a| &a.history[..]);
-        let a = after.get(id).map_or(&[][..], |a| &a.history[..]);
-        !(a.len() < b.len() && b.starts_with(a))
-    });
-    n - changed.len()
 }
 
 fn diff_ids(before: &Answers, after: &Answers) -> Vec<String> {
@@ -454,13 +429,10 @@ fn run_case(img: &Image, seed: u64) -> (Damage, String, Outcome_) {
     // verify, and what a reader answers when verify says clean.
     let verified = opjournal::verify(&p);
     let clean = matches!(&verified, Ok(v) if v.is_clean());
-    // Operations answering as a crash at the log's damage would leave them.
-    let mut cut_tail = 0;
     if clean {
         match answers_for(&p, &all_ids) {
             Ok(now) => {
-                let mut wrong = diff_ids(&img.answers, &now);
-                cut_tail += crash_equivalent(kind, &img.answers, &now, &mut wrong);
+                let wrong = diff_ids(&img.answers, &now);
                 if !wrong.is_empty() {
                     violations.push(format!(
                         "silent wrong answer: verify is clean but {} operations answer \
@@ -519,32 +491,32 @@ fn run_case(img: &Image, seed: u64) -> (Damage, String, Outcome_) {
                     if let Ok(more) = answers_for(&p, &all_ids) {
                         after.extend(more);
                     }
-                    let mut changed = diff_ids(&img.answers, &after);
-                    let unnamed_cut = {
-                        let mut c: Vec<String> = changed
-                            .iter()
-                            .filter(|id| !names.contains(id.as_str()))
-                            .cloned()
-                            .collect();
-                        let n = crash_equivalent(kind, &img.answers, &after, &mut c);
-                        changed.retain(|id| names.contains(id.as_str()) || c.contains(id));
-                        n
-                    };
-                    cut_tail = cut_tail.max(unnamed_cut);
+                    let changed = diff_ids(&img.answers, &after);
                     // An operation of which no byte survives (no receipt, no event, no
                     // log record) cannot be named by id: it must lie in a key range of the
-                    // receipts table that the report names as unreadable.
+                    // receipts table that the report names as unreadable. Likewise changes
+                    // whose only trace was in a part of the log that is gone (the file was
+                    // cut): the report must name the log's lost records, and the operation
+                    // must answer as before those changes (its history a prefix of what it
+                    // was), never with something it never had.
+                    let log_cut = report.unreadable.iter().any(|f| f.table == "log");
                     let (traceless, unreported): (Vec<&String>, Vec<&String>) = changed
                         .iter()
                         .filter(|id| !names.contains(id.as_str()))
                         .partition(|id| {
-                            after
-                                .get(id.as_str())
-                                .is_none_or(|a| a.receipt.is_none() && a.history.is_empty())
-                                && report
-                                    .unreadable
-                                    .iter()
-                                    .any(|f| f.table == "receipts" && in_range(&f.key, id))
+                            let (b, a) = (img.answers.get(id.as_str()), after.get(id.as_str()));
+                            let gone =
+                                a.is_none_or(|a| a.receipt.is_none() && a.history.is_empty());
+                            let in_receipts_range = report
+                                .unreadable
+                                .iter()
+                                .any(|f| f.table == "receipts" && in_range(&f.key, id));
+                            let earlier = log_cut
+                                && b.is_some_and(|b| {
+                                    let a = a.map_or(&[][..], |a| &a.history[..]);
+                                    a.len() < b.history.len() && b.history.starts_with(a)
+                                });
+                            gone && in_receipts_range || earlier
                         });
                     in_ranges = traceless.len();
                     if !unreported.is_empty() {
@@ -591,7 +563,6 @@ fn run_case(img: &Image, seed: u64) -> (Damage, String, Outcome_) {
             violations,
             named,
             in_ranges,
-            cut_tail,
         },
     )
 }
@@ -634,8 +605,6 @@ fn a_seeded_corruption_sweep_has_no_panic_hang_silent_wrong_answer_or_unreported
     let mut hangs = 0;
     let mut named_total = 0;
     let mut in_ranges_total = 0;
-    let mut cut_tail_total = 0;
-    let mut cut_tail_cases = 0;
     for (n, seed) in seeds.iter().copied().enumerate() {
         let which = (seed >> 63) as usize;
         let shared = images.clone();
@@ -667,8 +636,6 @@ fn a_seeded_corruption_sweep_has_no_panic_hang_silent_wrong_answer_or_unreported
                 *classes.entry(out.class).or_default() += 1;
                 named_total += out.named;
                 in_ranges_total += out.in_ranges;
-                cut_tail_total += out.cut_tail;
-                cut_tail_cases += usize::from(out.cut_tail > 0);
                 for v in out.violations {
                     failures.push(format!("{label} [{what}]: {v}"));
                 }
@@ -681,11 +648,7 @@ fn a_seeded_corruption_sweep_has_no_panic_hang_silent_wrong_answer_or_unreported
     println!("operations named in repair reports: {named_total}");
     println!(
         "operations lost without a trace (no byte of them left), inside an unreadable receipts \
-         range the report names: {in_ranges_total}"
-    );
-    println!(
-        "operations answering as a crash at the log's damage would leave them (the log's tail \
-         read as torn, not reported): {cut_tail_total} in {cut_tail_cases} cases"
+         range or past the log's cut that the report names: {in_ranges_total}"
     );
     println!(
         "panics: {panics}, hangs: {hangs}, violations: {}",

@@ -479,11 +479,11 @@ fn committed_seed_corpora_are_what_the_library_writes_today() {
 /// Writes an `open_file` input: the journal, and its log beside it if it holds one.
 fn write_input(path: &Path, input: &[u8]) {
     let (db, log) = open_file::split(input);
-    std::fs::write(path, db).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-    if let Some(log) = log {
-        std::fs::write(opjournal::FileLog::path_for(path), log)
-            .unwrap_or_else(|e| panic!("write the log of {}: {e}", path.display()));
-    }
+    assert!(
+        open_file::write(path, db, log),
+        "write {} and its log",
+        path.display()
+    );
 }
 
 /// Every receipt and event of a journal image (with its log, if the input holds one), as

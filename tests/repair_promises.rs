@@ -465,3 +465,133 @@ fn memory_of_verify_and_repair_is_bounded() {
         );
     }
 }
+
+/// A journal whose writer logged `n` operations (each submitted and completed: two log
+/// records) and never checkpointed, as a crash leaves it: the files copied while the writer
+/// had them open. Returns the copy's path and the offsets of the log's records.
+fn crashed_with_log(n: usize) -> (tempfile::TempDir, PathBuf, Vec<(u64, u64)>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let live = dir.path().join("live.opj");
+    let j = Journal::open(&live).expect("open");
+    for i in 0..n {
+        let id = format!("op_{i}");
+        let intent = Intent::from_json("doc.edit", &serde_json::json!({ "i": i })).expect("intent");
+        let claim = match j
+            .submit(Operation::new(id.clone(), intent))
+            .expect("submit")
+        {
+            opjournal::Admission::Fresh(c) => c,
+            other => panic!("fresh work for {id}, got {other:?}"),
+        };
+        let result = format!("result {i} ").repeat(40);
+        j.complete(&claim, Outcome::applied(1, result.into_bytes()))
+            .expect("complete");
+    }
+    let p = dir.path().join("x.opj");
+    std::fs::copy(&live, &p).expect("copy");
+    let log = std::fs::read(log_of(&live)).expect("the writer has a log");
+    std::fs::write(log_of(&p), &log).expect("copy the log");
+    drop(j);
+    // The records: 28-byte header (payload length at 4..8), payload, 4-byte trailer.
+    let mut records = Vec::new();
+    let mut at = 4096u64;
+    while at as usize + 28 <= log.len() && log[at as usize..at as usize + 2] == *b"OL" {
+        let a = at as usize;
+        let plen = u32::from_le_bytes([log[a + 4], log[a + 5], log[a + 6], log[a + 7]]);
+        let end = at + 28 + u64::from(plen) + 4;
+        records.push((at, end));
+        at = end;
+    }
+    assert!(records.len() >= 2 * n, "{} records", records.len());
+    (dir, p, records)
+}
+
+fn log_of(p: &Path) -> PathBuf {
+    let mut s = p.as_os_str().to_owned();
+    s.push("-log");
+    PathBuf::from(s)
+}
+
+fn edit_log(p: &Path, f: impl FnOnce(&mut Vec<u8>)) {
+    let mut log = std::fs::read(log_of(p)).expect("read the log");
+    f(&mut log);
+    std::fs::write(log_of(p), &log).expect("write the log");
+}
+
+#[test]
+fn a_flipped_byte_in_the_last_log_record_is_reported_and_repair_names_its_operation() {
+    let (_dir, p, records) = crashed_with_log(6);
+    let (from, to) = *records.last().expect("records");
+    // A byte in the middle of the last record (op_5's completion), flipped after its sync.
+    edit_log(&p, |log| log[((from + to) / 2) as usize] ^= 0x20);
+    let v = run(&["verify", path_str(&p)]);
+    assert_eq!(code(&v), 1, "verify reports the damage: {}", stdout(&v));
+    let out = stdout(&v);
+    assert!(
+        out.contains(&format!("record {}", records.len())) && out.contains("op_5"),
+        "verify names the damaged record and its operation: {out}"
+    );
+    let r = run(&["repair", "--no-backup", path_str(&p)]);
+    assert_eq!(code(&r), 0, "repair: {} {}", stdout(&r), stderr(&r));
+    assert!(
+        stdout(&r).contains("op_5"),
+        "repair names the operation whose completion was lost: {}",
+        stdout(&r)
+    );
+    let again = run(&["verify", path_str(&p)]);
+    assert_eq!(code(&again), 0, "verify after repair: {}", stdout(&again));
+    // op_5 answers as before its completion; the others are whole.
+    let a = answers(&p, None);
+    assert_eq!(a.len(), 6);
+    assert!(a["op_4"].1.is_some(), "op_4 keeps its result");
+}
+
+#[test]
+fn a_log_cut_short_is_reported_and_repair_names_what_was_lost() {
+    let (_dir, p, records) = crashed_with_log(6);
+    // Cut at the end of op_3's completion: a whole-record boundary, what only the log's
+    // length tells.
+    let (_, cut) = records[7];
+    edit_log(&p, |log| log.truncate(cut as usize));
+    let v = run(&["verify", path_str(&p)]);
+    assert_eq!(code(&v), 1, "verify reports the cut: {}", stdout(&v));
+    assert!(stdout(&v).contains("cut"), "{}", stdout(&v));
+    let r = opjournal::repair(&p, &no_backup(), &mut |_, _| {}).expect("repair");
+    assert!(
+        r.unreadable
+            .iter()
+            .any(|f| f.table == "log" && f.key == "records from 9"),
+        "the report names the log's lost records: {:?}",
+        r.unreadable
+    );
+    let again = run(&["verify", path_str(&p)]);
+    assert_eq!(code(&again), 0, "verify after repair: {}", stdout(&again));
+    let a = answers(&p, None);
+    assert!(
+        a["op_3"].1.is_some() && !a.contains_key("op_4"),
+        "{:?}",
+        a.keys()
+    );
+}
+
+#[test]
+fn a_torn_last_log_record_is_not_damage() {
+    let (_dir, p, records) = crashed_with_log(6);
+    let (from, to) = *records.last().expect("records");
+    // A power cut: the last record's final sector (holding its trailer) did not land.
+    let sector = (to - 1) / 512 * 512;
+    assert!(sector > from, "the record spans sectors");
+    edit_log(&p, |log| log[sector as usize..to as usize].fill(0));
+    let v = run(&["verify", path_str(&p)]);
+    assert_eq!(
+        code(&v),
+        0,
+        "a torn write is what a crash leaves: {}",
+        stdout(&v)
+    );
+    let a = answers(&p, None);
+    assert!(
+        a["op_4"].1.is_some() && a["op_5"].1.is_none(),
+        "op_5's completion was never synced"
+    );
+}

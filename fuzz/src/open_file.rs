@@ -3,7 +3,8 @@
 //! the writer's open, and through `repair`.
 //!
 //! An input is a journal file alone, or a journal file and its log ([`split`]: the
-//! [`PAIR_MAGIC`], the journal's length, the journal, then the log). The read-only paths
+//! [`PAIR_MAGIC`], the journal's length, the journal, then the log, which is padded with
+//! zeros to 1 MiB when shorter, as the writer preallocates it). The read-only paths
 //! and repair take paths (as the CLI does): both files are written to a directory in
 //! memory (`/dev/shm` where there is one), so no byte of them touches a disk. The writer's
 //! open of the damaged files runs on the in-memory fault disk
@@ -151,10 +152,24 @@ fn read(path: &Path) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
     )
 }
 
-/// Writes the journal and, if given, its log.
-fn write(path: &Path, db: &[u8], log: Option<&[u8]>) -> bool {
+/// The length a log shorter than this is given when written out: the writer preallocates
+/// it so, and the seeds keep only the part with records (the rest is zero).
+const LOG_PADDED_TO: u64 = 1 << 20;
+
+/// Writes the journal and, if given, its log (padded with zeros to [`LOG_PADDED_TO`] when
+/// shorter, as the writer preallocates it).
+pub fn write(path: &Path, db: &[u8], log: Option<&[u8]>) -> bool {
     std::fs::write(path, db).is_ok()
-        && log.is_none_or(|log| std::fs::write(FileLog::path_for(path), log).is_ok())
+        && log.is_none_or(|log| {
+            let p = FileLog::path_for(path);
+            std::fs::write(&p, log).is_ok()
+                && (log.len() as u64 >= LOG_PADDED_TO
+                    || std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&p)
+                        .and_then(|f| f.set_len(LOG_PADDED_TO))
+                        .is_ok())
+        })
 }
 
 /// Checks the claims of this module on an input holding `bytes`.

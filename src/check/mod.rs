@@ -13,10 +13,42 @@ pub(crate) use copy::backup_snapshot;
 pub use copy::{BackupReport, backup};
 pub use dump::{DUMP_VERSION, DumpReport, ImportReport, import_dump};
 pub use repair::{EngineAccess, LostOperation, RepairOptions, RepairReport, repair};
-#[cfg(feature = "internals")]
 pub(crate) use salvage::scan_frames;
 pub use salvage::{IntactRecords, intact_records};
 pub use verify::{
     Finding, INTEGRITY_SCRATCH_BYTES, Integrity, LogCheck, MAX_FINDINGS, VerifyReport, verify,
     verify_inspected,
 };
+
+/// Adds to `ops` the operations a log record dropped by recovery touched, as far as its
+/// payload tells: the keys of its changes when it decodes, and, when it does not (a
+/// damaged record), the operation named by every intact receipt or event frame in it
+/// (each value in a record carries its own CRC, and a change to an operation writes its
+/// id in several of them, so one damaged byte cannot hide it).
+pub(crate) fn ops_of_log_record(payload: &[u8], ops: &mut std::collections::BTreeSet<String>) {
+    use crate::index::Table;
+    let mut m = crate::index::Memtable::default();
+    if m.apply_encoded(payload).is_ok() {
+        for op in crate::index::Receipts::map(&m).keys() {
+            ops.insert(op.clone());
+        }
+        for (op, _) in crate::index::OpEvents::map(&m).keys() {
+            ops.insert(op.clone());
+        }
+        return;
+    }
+    for (kind, frame) in scan_frames(payload) {
+        let op = match kind {
+            crate::codec::RecordKind::Receipt => crate::index::decode_receipt_frame(frame)
+                .ok()
+                .map(|r| r.operation_id),
+            crate::codec::RecordKind::Event => crate::index::decode_event_frame(frame)
+                .ok()
+                .and_then(|e| e.operation_id),
+            _ => continue,
+        };
+        if let Some(op) = op {
+            ops.insert(op);
+        }
+    }
+}

@@ -490,10 +490,7 @@ fn absorb_log(src: &mut Source, report: &mut RepairReport) -> Result<BTreeSet<St
     };
     let log_key = FileLog::path_for(&src.path).display().to_string();
     let dropped = log::dropped(&log, cursor, |r| -> Result<()> {
-        let mut m = Memtable::default();
-        if m.apply_encoded(r.payload).is_ok() {
-            note_ops(&m, &mut dropped_ops);
-        }
+        super::ops_of_log_record(r.payload, &mut dropped_ops);
         Ok(())
     })
     .map_err(io)?;
@@ -521,24 +518,42 @@ fn absorb_log(src: &mut Source, report: &mut RepairReport) -> Result<BTreeSet<St
             ),
         ));
     }
-    if dropped.records > 0 {
+    if dropped.header_damaged {
         report.log_records_dropped += dropped.records;
-        let problem = if dropped.header_damaged {
+        report.quarantined.push(Finding::new(
+            "log",
+            log_key.clone(),
             format!(
                 "the log's header is damaged: the {} record(s) after it were not taken",
                 dropped.records
-            )
-        } else {
+            ),
+        ));
+    }
+    if let Some((lsn, why)) = &dropped.damaged {
+        // The damaged record and the valid ones after it (a crash cannot leave a log so:
+        // they were synced, and their operations are named in the report).
+        report.log_records_dropped += dropped.records + 1;
+        report.quarantined.push(Finding::new(
+            "log",
+            format!("record {lsn}"),
             format!(
-                "damaged (its CRC does not match): it and the {} valid record(s) after it were \
-                 not taken",
-                dropped.records
-            )
-        };
-        let key = dropped
-            .damaged_lsn
-            .map_or(log_key, |lsn| format!("record {lsn}"));
-        report.quarantined.push(Finding::new("log", key, problem));
+                "damaged: {why}; it{} {} not taken",
+                super::verify::and_after(dropped.records),
+                if dropped.records == 0 { "was" } else { "were" }
+            ),
+        ));
+    }
+    if let Some(problem) = &dropped.length {
+        // What lay past the cut is gone: the operations it changed cannot be named, only
+        // where they were (as for a table range the engine cannot read).
+        report.unreadable.push(Finding::new(
+            "log",
+            format!("records from {}", cursor.first_lsn + records),
+            format!(
+                "{problem}: the operations those records changed cannot be named, and answer \
+                 as before their changes"
+            ),
+        ));
     }
     Ok(dropped_ops)
 }
@@ -712,7 +727,7 @@ impl<'s> Build<'s> {
     ) -> Result<Build<'s>> {
         report.quarantined.retain(|f| f.table == "log");
         report.lost.clear();
-        report.unreadable.clear();
+        report.unreadable.retain(|f| f.table == "log");
         report.scopes.clear();
         report.events_replayed = 0;
         report.orphan_results_removed = 0;

@@ -13,7 +13,6 @@ use crate::codec::{self, FORMAT_VERSION, RecordKind};
 use crate::error::{Error, Result};
 
 /// Scans raw bytes for framed records whose CRC holds.
-#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub(crate) fn scan_frames(bytes: &[u8]) -> Vec<(RecordKind, &[u8])> {
     let mut out = Vec::new();
     let mut i = 0usize;

@@ -359,32 +359,39 @@ fn check_log(journal: &Path, log: &LogRead, findings: &mut Findings) -> Result<L
     else {
         return Ok(LogCheck::Absent);
     };
+    let read = |ops: &mut std::collections::BTreeSet<String>| {
+        crate::log::dropped(&file, cursor, |r| -> Result<()> {
+            super::ops_of_log_record(r.payload, ops);
+            Ok(())
+        })
+        .map_err(|e| {
+            e.while_doing(
+                "read the journal's log",
+                "nothing was changed: check the disk and try again",
+            )
+        })
+    };
     let mut dropped_ops = std::collections::BTreeSet::new();
-    let dropped = crate::log::dropped(&file, cursor, |r| -> Result<()> {
-        let mut m = index::Memtable::default();
-        if m.apply_encoded(r.payload).is_ok() {
-            let ops = index::Receipts::map(&m)
-                .keys()
-                .chain(index::OpEvents::map(&m).keys().map(|(op, _)| op));
-            for op in ops {
-                if dropped_ops.len() < 20 {
-                    dropped_ops.insert(op.clone());
-                }
-            }
+    let mut dropped = read(&mut dropped_ops)?;
+    if dropped.damaged.is_some() || dropped.length.is_some() {
+        // A writer may be in the middle of writing the record (or growing the file): damage
+        // is what reads the same a moment later.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut again_ops = std::collections::BTreeSet::new();
+        let again = read(&mut again_ops)?;
+        if again != dropped {
+            dropped = again;
+            dropped_ops = again_ops;
         }
-        Ok(())
-    })
-    .map_err(|e| {
-        e.while_doing(
-            "read the journal's log",
-            "nothing was changed: check the disk and try again",
-        )
-    })?;
+    }
     let named = |ops: &std::collections::BTreeSet<String>| {
         if ops.is_empty() {
             String::new()
         } else {
-            let list: Vec<String> = ops.iter().map(|o| format!("`{o}`")).collect();
+            let mut list: Vec<String> = ops.iter().take(20).map(|o| format!("`{o}`")).collect();
+            if ops.len() > 20 {
+                list.push(format!("and {} more", ops.len() - 20));
+            }
             format!(" (changes to {})", list.join(", "))
         }
     };
@@ -399,17 +406,21 @@ fn check_log(journal: &Path, log: &LogRead, findings: &mut Findings) -> Result<L
                 named(&dropped_ops)
             ),
         );
-    } else if let Some(lsn) = dropped.damaged_lsn {
+    } else if let Some((lsn, why)) = &dropped.damaged {
         findings.add(
             "log",
             format!("record {lsn}"),
             format!(
-                "damaged (its CRC does not match), and {} valid record(s) after it{} would be \
-                 dropped by recovery; run `opjournal repair`",
-                dropped.records,
+                "damaged: {why}. A crash cannot leave a record so: it was synced, and \
+                 recovery drops it{}{}; run `opjournal repair`, which names the operations \
+                 they changed",
+                and_after(dropped.records),
                 named(&dropped_ops)
             ),
         );
+    }
+    if let Some(problem) = &dropped.length {
+        findings.add("log", &key, format!("{problem}; run `opjournal repair`"));
     }
     if let Some((lsn, detail)) = undecodable {
         findings.add(
@@ -428,7 +439,7 @@ fn check_log(journal: &Path, log: &LogRead, findings: &mut Findings) -> Result<L
             reason: format!("{problem}: it is not this journal's current log"),
         });
     }
-    if records == 0 && undecodable.is_none() && dropped.damaged_lsn.is_none() {
+    if records == 0 && undecodable.is_none() && dropped.damaged.is_none() {
         return Ok(LogCheck::Ignored {
             reason: "it holds no record of the current cycle (left by an earlier one, whose \
                      records are in the file)"
@@ -439,6 +450,15 @@ fn check_log(journal: &Path, log: &LogRead, findings: &mut Findings) -> Result<L
         records,
         bytes: len,
     })
+}
+
+/// " and the N valid record(s) after it", or nothing when none follow.
+pub(super) fn and_after(records: u64) -> String {
+    match records {
+        0 => String::new(),
+        1 => " and the valid record after it".into(),
+        n => format!(" and the {n} valid records after it"),
+    }
 }
 
 /// How the scopes' revisions stand while the events are followed in order.

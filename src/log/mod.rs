@@ -27,7 +27,12 @@
 //!         from the CRC of the record before (the first record of a generation starts
 //!         from a seed made of the journal id and the generation)
 //! 28  len payload
+//! +0  4   trailer "LOG\x1a" (outside the CRC: there only if the write reached the end)
 //! ```
+//!
+//! The file's length is a power of two of at least 1 MiB, and past the current cycle's
+//! records it is zero on disk before a record is written there (see [`Writer`]): that is
+//! how `verify` tells a torn record from a damaged one (see [`dropped`]).
 //!
 //! # Recovery
 //!
@@ -45,7 +50,10 @@
 //! A completed `sync_data` makes every earlier write durable. A write that a power cut
 //! interrupts may leave any mix of old and new sectors (the CRC finds it), but writing a
 //! sector never changes a *different* sector's bytes ("power-safe overwrite", as SQLite
-//! assumes by default): records share sectors with the record before them.
+//! assumes by default): records share sectors with the record before them. Telling damage
+//! from a torn write (`verify`, `repair`) also assumes that a 512-byte sector lands whole
+//! or not at all; a device that tears inside a sector can make `verify` call a torn last
+//! record damaged (never the reverse), which recovery is not affected by.
 
 mod file;
 
@@ -188,6 +196,16 @@ pub(crate) const START: u64 = 4096;
 pub(crate) const RECORD_MAGIC: [u8; 2] = *b"OL";
 /// Bytes before a record's payload.
 pub(crate) const RECORD_HEADER_LEN: usize = 28;
+/// The four bytes that end every record, after its payload (outside the CRC). A write that
+/// stopped before its end leaves them missing (the log past its records is zero), so a
+/// record whose CRC fails while they are present was written whole and damaged after.
+pub(crate) const RECORD_TRAILER: [u8; 4] = *b"LOG\x1a";
+/// Bytes after a record's payload.
+pub(crate) const RECORD_TRAILER_LEN: usize = 4;
+/// The sector size the log's damage test assumes a power cut tears at (sectors may land
+/// in any order, each whole or not at all; a larger physical sector is a whole number of
+/// these).
+pub(crate) const SECTOR: u64 = 512;
 /// Record kind: a batch of index changes (see `index::batch`).
 pub(crate) const KIND_BATCH: u8 = 1;
 /// The longest payload a record may declare: a batch holds at most a few results of at
@@ -262,6 +280,12 @@ pub(crate) fn seed(journal_id: u64, generation: u64) -> u32 {
     h.update(&journal_id.to_le_bytes());
     h.update(&generation.to_le_bytes());
     h.finalize()
+}
+
+/// Where a record at `at` with a payload of `plen` bytes ends (after its trailer).
+fn record_end(at: u64, plen: u64) -> u64 {
+    at.saturating_add((RECORD_HEADER_LEN + RECORD_TRAILER_LEN) as u64)
+        .saturating_add(plen)
 }
 
 fn record_crc(prev: u32, header24: &[u8], payload: &[u8]) -> u32 {
@@ -469,9 +493,7 @@ pub(crate) fn scan_storage<E: From<io::Error>>(
             break;
         }
         let plen = u64::from(u32_at(&rh, 4));
-        let end = at
-            .saturating_add(RECORD_HEADER_LEN as u64)
-            .saturating_add(plen);
+        let end = record_end(at, plen);
         if plen > MAX_PAYLOAD || end > len {
             out.stopped = End::Stale(format!(
                 "at offset {at}: a payload of {plen} bytes runs past the end of the log"
@@ -532,28 +554,205 @@ impl Window {
     }
 }
 
-/// What lies past the records that recovery keeps, for `verify` and `repair`: records of
-/// the current cycle that recovery drops because one before them is damaged, or because the
-/// log's header is.
+/// What recovery drops although no crash can have left it so, for `verify` and `repair`.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Dropped {
     /// The header is damaged (or missing) while records of the current cycle follow it: a
     /// writer's open starts the log over and discards them.
     pub header_damaged: bool,
-    /// The lsn of the damaged record that ends the valid prefix, when records follow it.
-    pub damaged_lsn: Option<u64>,
-    /// The records after the damage whose own CRCs hold, chained from the damaged record's
-    /// stored CRC.
+    /// The record that ends the valid prefix, when it is damaged rather than torn: its lsn
+    /// and what is wrong with it.
+    pub damaged: Option<(u64, String)>,
+    /// The records after the damaged one whose own CRCs hold, chained from it.
     pub records: u64,
+    /// The log's length is not one its writer gives it: what that means.
+    pub length: Option<String>,
 }
 
-/// Reads `storage` record by record (never the whole log at once) for what recovery drops:
-/// when the valid prefix ends at a record that carries the expected magic, version,
-/// generation and lsn but fails its CRC (damage, not a torn tail: a torn tail has nothing
-/// valid after it), the records after it that continue the chain from its stored CRC; when
-/// the header is damaged, the records of the current cycle after it. Calls `each` with
-/// every such record and, last, with the damaged record itself as found (when records
-/// follow it).
+/// What one record slot of a log holds, for [`dropped`].
+enum Probe {
+    /// The next record, whole.
+    Valid { end: u64, crc: u32 },
+    /// What a crash can leave where the records end: zeros, a torn record, a record of an
+    /// earlier cycle (or nothing to read).
+    End,
+    /// The next record, written whole and damaged since: what is wrong, where it ends
+    /// and the CRCs the record after it may chain from (when its length is known), its
+    /// kind and payload as found.
+    Damaged {
+        why: String,
+        end: Option<u64>,
+        chain: [u32; 2],
+        kind: u8,
+        payload: Vec<u8>,
+    },
+}
+
+/// At most this many places are tried as the end of a record whose length field may be
+/// damaged (each try reads the record's CRC): a log full of end markers stays cheap.
+const MAX_END_CANDIDATES: usize = 64;
+
+/// Reads the record slot at `at` (the valid records of the cycle end before it) and tells
+/// a crash's leftovers from damage. A power cut during an append leaves the record's
+/// unwritten sectors as they were, which is zero (the writer's invariant); a kill or a
+/// short write leaves a prefix, without the trailer. So a record whose header is the
+/// expected one and whose CRC fails is *damaged* when its trailer is in place and none of
+/// its sectors is blank, or when the CRC holds once one field of its header is taken as the
+/// expected value (its magic, version, generation, lsn, or a length that finds the
+/// trailer): a torn write leaves neither.
+fn probe(
+    storage: &dyn LogStorage,
+    len: u64,
+    at: u64,
+    cursor: Cursor,
+    next_lsn: u64,
+    prev: u32,
+) -> io::Result<Probe> {
+    if at + RECORD_HEADER_LEN as u64 > len {
+        return Ok(Probe::End);
+    }
+    let mut rh = [0u8; RECORD_HEADER_LEN];
+    storage.read_at(at, &mut rh)?;
+    if rh.iter().all(|b| *b == 0) {
+        return Ok(Probe::End);
+    }
+    let problem = head_problem(&rh, cursor, next_lsn);
+    // The header as it must read, but for its kind, length and CRC.
+    let mut head = rh;
+    head[0..2].copy_from_slice(&RECORD_MAGIC);
+    head[2] = crate::codec::FORMAT_VERSION;
+    head[8..16].copy_from_slice(&cursor.generation.to_le_bytes());
+    head[16..24].copy_from_slice(&next_lsn.to_le_bytes());
+    let stored = u32_at(&head, 24);
+    let kind = head[3];
+    let plen = u64::from(u32_at(&head, 4));
+    let end = record_end(at, plen);
+    let read_payload = |plen: u64| -> io::Result<Vec<u8>> {
+        let mut payload = vec![0u8; usize::try_from(plen).map_err(io::Error::other)?];
+        storage.read_at(at + RECORD_HEADER_LEN as u64, &mut payload)?;
+        Ok(payload)
+    };
+    if plen <= MAX_PAYLOAD && end <= len {
+        let payload = read_payload(plen)?;
+        let crc = record_crc(prev, &head[0..24], &payload);
+        match (crc == stored, problem.as_deref()) {
+            (true, None) => return Ok(Probe::Valid { end, crc }),
+            (true, Some(p)) => {
+                return Ok(Probe::Damaged {
+                    why: format!("its header is damaged ({p}), while its CRC holds"),
+                    end: Some(end),
+                    chain: [stored, stored],
+                    kind,
+                    payload,
+                });
+            }
+            // Not this cycle's next record, even with its header mended: zeros, a record
+            // of an earlier cycle, or a torn header.
+            (false, Some(_)) => return Ok(Probe::End),
+            (false, None) => {}
+        }
+        let mut trailer = [0u8; RECORD_TRAILER_LEN];
+        storage.read_at(end - RECORD_TRAILER_LEN as u64, &mut trailer)?;
+        if trailer == RECORD_TRAILER && !has_blank_sector(storage, len, at, end)? {
+            return Ok(Probe::Damaged {
+                why: "its CRC does not match, although it was written whole (its end marker \
+                      is in place and none of its sectors is blank, as a torn write would \
+                      leave one)"
+                    .into(),
+                end: Some(end),
+                chain: [stored, crc],
+                kind,
+                payload,
+            });
+        }
+    } else if problem.is_some() {
+        return Ok(Probe::End);
+    } else if end > len && !is_capacity(len) {
+        // The header is the expected one and its sector was written whole (the length
+        // lies between the fields that match), so the record was there: the file was cut.
+        return Ok(Probe::Damaged {
+            why: format!(
+                "it declares {plen} bytes, which run past the end of the file: the log was cut"
+            ),
+            end: None,
+            chain: [stored, stored],
+            kind,
+            payload: Vec::new(),
+        });
+    }
+    if problem.is_some() {
+        return Ok(Probe::End);
+    }
+    // The trailer is not where the length says: a torn write, or a damaged length. Look
+    // for a trailer after which the record's CRC holds.
+    let from = at + RECORD_HEADER_LEN as u64;
+    let until = len.min(from + MAX_PAYLOAD + RECORD_TRAILER_LEN as u64);
+    let mut candidates = 0;
+    let mut window = Window::default();
+    let mut pos = from;
+    while pos + RECORD_TRAILER_LEN as u64 <= until && candidates < MAX_END_CANDIDATES {
+        let n = (until - pos).min(Window::CHUNK as u64) as usize;
+        let chunk = window.get(storage, pos, n, len)?.to_vec();
+        for (i, w) in chunk.windows(RECORD_TRAILER_LEN).enumerate() {
+            if w != RECORD_TRAILER {
+                continue;
+            }
+            candidates += 1;
+            let p = pos + i as u64 - from;
+            if p != plen {
+                let mut h = head;
+                h[4..8].copy_from_slice(&u32::try_from(p).unwrap_or(u32::MAX).to_le_bytes());
+                let payload = read_payload(p)?;
+                if record_crc(prev, &h[0..24], &payload) == stored {
+                    return Ok(Probe::Damaged {
+                        why: format!(
+                            "its length field is damaged (it says {plen} bytes; the record \
+                             holds {p})"
+                        ),
+                        end: Some(record_end(at, p)),
+                        chain: [stored, stored],
+                        kind,
+                        payload,
+                    });
+                }
+            }
+            if candidates >= MAX_END_CANDIDATES {
+                break;
+            }
+        }
+        if n <= RECORD_TRAILER_LEN {
+            break;
+        }
+        // Overlap by the trailer's length less one, so a trailer across chunks is seen.
+        pos += (n - (RECORD_TRAILER_LEN - 1)) as u64;
+    }
+    Ok(Probe::End)
+}
+
+/// Whether a [`SECTOR`]-aligned sector overlapping `at..end` (read whole, up to `len`) is
+/// all zero: what a power cut leaves of a sector of a record that did not land.
+fn has_blank_sector(storage: &dyn LogStorage, len: u64, at: u64, end: u64) -> io::Result<bool> {
+    let from = at / SECTOR * SECTOR;
+    let to = end.div_ceil(SECTOR).saturating_mul(SECTOR).min(len);
+    let mut buf = vec![0u8; usize::try_from(to - from).map_err(io::Error::other)?];
+    storage.read_at(from, &mut buf)?;
+    Ok(buf
+        .chunks(SECTOR as usize)
+        .any(|sector| sector.iter().all(|b| *b == 0)))
+}
+
+/// Reads `storage` record by record (never the whole log at once) for what recovery drops
+/// although no crash can have left it so:
+/// - a damaged record where the valid records end (see [`probe`]: a torn or never-synced
+///   record is not damage, a record written whole and changed since is), and the records
+///   after it that continue the chain from it (a record whose CRC fails with valid records
+///   after it is always damage: a record is written only after the one before was synced);
+/// - a damaged header with records of the current cycle after it;
+/// - a length the writer never gives the file (it was cut or extended).
+///
+/// Calls `each` with every dropped record whose payload is known: those after the damage,
+/// then the damaged record itself as found, so that the operations they touched can be
+/// named.
 ///
 /// # Errors
 ///
@@ -566,10 +765,8 @@ pub(crate) fn dropped<E: From<io::Error>>(
     let len = storage.len()?;
     let mut out = Dropped::default();
     let mut head = [0u8; HEADER_LEN];
-    if len >= HEADER_LEN as u64 {
-        storage.read_at(0, &mut head)?;
-    }
     let header = if len >= HEADER_LEN as u64 {
+        storage.read_at(0, &mut head)?;
         Header::decode(&head).ok()
     } else {
         None
@@ -580,71 +777,184 @@ pub(crate) fn dropped<E: From<io::Error>>(
         // Another journal's log, or another format's: none of its records are this cycle's.
         return Ok(out);
     }
-    let header_ok = header.is_some();
+    if len > 0 && !is_capacity(len) {
+        out.length = Some(format!(
+            "the log is {len} bytes, a length its writer never gives it (a power of two of at \
+             least {INITIAL_CAPACITY}): it was cut or extended, and records past its end, if \
+             there were any, are lost"
+        ));
+    }
+    let mut buf = Vec::new();
+    if header.is_none() {
+        // Without a header a writer starts the log over: the records of the current cycle
+        // after it (from the first on, chained from the cycle's seed) are dropped.
+        out.records = valid_run(
+            storage,
+            len,
+            START,
+            cursor,
+            cursor.first_lsn,
+            &[seed(cursor.journal_id, cursor.generation)],
+            &mut buf,
+            &mut each,
+        )?;
+        out.header_damaged = out.records > 0;
+        return Ok(out);
+    }
+    // The valid prefix, as recovery reads it.
     let mut at = START;
     let mut next_lsn = cursor.first_lsn;
     let mut prev = seed(cursor.journal_id, cursor.generation);
-    let mut buf = Vec::new();
-    // First the valid prefix (as recovery reads it), then, past one damaged record, the rest.
-    let mut past_damage = !header_ok;
-    let mut damaged: Option<(u64, u8, Vec<u8>)> = None;
     loop {
-        let mut rh = [0u8; RECORD_HEADER_LEN];
+        match probe(storage, len, at, cursor, next_lsn, prev)? {
+            Probe::Valid { end, crc } => {
+                at = end;
+                prev = crc;
+                next_lsn += 1;
+            }
+            Probe::End => {
+                // A record whose CRC fails with valid records after it is damage, whatever
+                // its sectors look like.
+                let Some((end, chain, kind, payload)) =
+                    failing_record(storage, len, at, cursor, next_lsn, prev)?
+                else {
+                    break;
+                };
+                let n = valid_run(
+                    storage,
+                    len,
+                    end,
+                    cursor,
+                    next_lsn + 1,
+                    &chain,
+                    &mut buf,
+                    &mut each,
+                )?;
+                if n > 0 {
+                    out.damaged = Some((next_lsn, "its CRC does not match".into()));
+                    out.records = n;
+                    each(Record {
+                        lsn: next_lsn,
+                        kind,
+                        payload: &payload,
+                    })?;
+                }
+                break;
+            }
+            Probe::Damaged {
+                why,
+                end,
+                chain,
+                kind,
+                payload,
+            } => {
+                if let Some(end) = end {
+                    out.records = valid_run(
+                        storage,
+                        len,
+                        end,
+                        cursor,
+                        next_lsn + 1,
+                        &chain,
+                        &mut buf,
+                        &mut each,
+                    )?;
+                }
+                out.damaged = Some((next_lsn, why));
+                if !payload.is_empty() {
+                    each(Record {
+                        lsn: next_lsn,
+                        kind,
+                        payload: &payload,
+                    })?;
+                }
+                break;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The record at `at` when its header is the expected one and its payload lies in the
+/// file but its CRC fails: where it ends, the CRCs a next record may chain from (the
+/// stored one, the computed one), its kind and payload.
+#[allow(clippy::type_complexity)]
+fn failing_record(
+    storage: &dyn LogStorage,
+    len: u64,
+    at: u64,
+    cursor: Cursor,
+    next_lsn: u64,
+    prev: u32,
+) -> io::Result<Option<(u64, [u32; 2], u8, Vec<u8>)>> {
+    if at + RECORD_HEADER_LEN as u64 > len {
+        return Ok(None);
+    }
+    let mut rh = [0u8; RECORD_HEADER_LEN];
+    storage.read_at(at, &mut rh)?;
+    if head_problem(&rh, cursor, next_lsn).is_some() {
+        return Ok(None);
+    }
+    let plen = u64::from(u32_at(&rh, 4));
+    let end = record_end(at, plen);
+    if plen > MAX_PAYLOAD || end > len {
+        return Ok(None);
+    }
+    let mut payload = vec![0u8; usize::try_from(plen).map_err(io::Error::other)?];
+    storage.read_at(at + RECORD_HEADER_LEN as u64, &mut payload)?;
+    let crc = record_crc(prev, &rh[0..24], &payload);
+    Ok(Some((end, [u32_at(&rh, 24), crc], rh[3], payload)))
+}
+
+/// Counts the valid records from `at` (lsn `lsn` on), the first chained from one of
+/// `chain`, and passes each to `each`.
+#[allow(clippy::too_many_arguments)]
+fn valid_run<E: From<io::Error>>(
+    storage: &dyn LogStorage,
+    len: u64,
+    mut at: u64,
+    cursor: Cursor,
+    mut lsn: u64,
+    chain: &[u32],
+    buf: &mut Vec<u8>,
+    each: &mut impl FnMut(Record<'_>) -> Result<(), E>,
+) -> Result<u64, E> {
+    let mut n = 0;
+    let mut prevs: Vec<u32> = chain.to_vec();
+    loop {
         if at + RECORD_HEADER_LEN as u64 > len {
             break;
         }
+        let mut rh = [0u8; RECORD_HEADER_LEN];
         storage.read_at(at, &mut rh)?;
-        if rh.iter().all(|b| *b == 0) || head_problem(&rh, cursor, next_lsn).is_some() {
+        if head_problem(&rh, cursor, lsn).is_some() {
             break;
         }
         let plen = u64::from(u32_at(&rh, 4));
-        let end = at + RECORD_HEADER_LEN as u64 + plen;
+        let end = record_end(at, plen);
         if plen > MAX_PAYLOAD || end > len {
             break;
         }
-        buf.resize(plen as usize, 0);
-        storage.read_at(at + RECORD_HEADER_LEN as u64, &mut buf)?;
+        buf.resize(usize::try_from(plen).map_err(io::Error::other)?, 0);
+        storage.read_at(at + RECORD_HEADER_LEN as u64, buf)?;
         let stored = u32_at(&rh, 24);
-        let intact = record_crc(prev, &rh[0..24], &buf) == stored;
-        if !intact {
-            if past_damage && out.damaged_lsn.is_some() {
-                break;
-            }
-            if !header_ok {
-                // Without a header nothing is chained from: the first record must hold.
-                break;
-            }
-            out.damaged_lsn = Some(next_lsn);
-            damaged = Some((next_lsn, rh[3], buf.clone()));
-            past_damage = true;
-        } else if past_damage {
-            out.records += 1;
-            each(Record {
-                lsn: next_lsn,
-                kind: rh[3],
-                payload: &buf,
-            })?;
+        if !prevs
+            .iter()
+            .any(|p| record_crc(*p, &rh[0..24], buf) == stored)
+        {
+            break;
         }
-        prev = stored;
-        next_lsn += 1;
-        at = end;
-    }
-    if !header_ok {
-        out.header_damaged = out.records > 0;
-    } else if out.records == 0 {
-        out.damaged_lsn = None;
-    } else if let Some((lsn, kind, payload)) = damaged {
-        // The damaged record itself is dropped too (it is not counted in `records`, which
-        // counts the valid ones after it): its payload, as found, goes to `each` as well,
-        // so that the operations it touched can be named when it still decodes (the
-        // corruption sweep found operations whose events were in it vanishing unnamed).
         each(Record {
             lsn,
-            kind,
-            payload: &payload,
+            kind: rh[3],
+            payload: buf,
         })?;
+        n += 1;
+        prevs = vec![stored];
+        lsn += 1;
+        at = end;
     }
-    Ok(out)
+    Ok(n)
 }
 
 /// Reads the whole of `storage`.
@@ -657,10 +967,26 @@ pub(crate) fn read_all(storage: &dyn LogStorage) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// The smallest log file created; it doubles when a record does not fit.
+/// The smallest log file created; it doubles when a record does not fit, so its length is
+/// always a power of two of at least this (any other length is damage: a cut or an
+/// extension).
 pub(crate) const INITIAL_CAPACITY: u64 = 1 << 20;
 
+/// Whether `len` is a length the writer gives a log file.
+pub(crate) fn is_capacity(len: u64) -> bool {
+    len >= INITIAL_CAPACITY && len.is_power_of_two()
+}
+
 /// Appends records to a log and syncs them. Owned by the group committer.
+///
+/// It keeps one invariant that lets `verify` tell damage from a crash: **past the last
+/// record of the current cycle, the file is zero on disk** before a record is written
+/// there. A power cut during an append then leaves the record's unwritten sectors zero (a
+/// torn write), while a record written whole and damaged later has none (see
+/// [`dropped`]). So stale bytes are zeroed and synced before the next record: those of the
+/// cycle before, after a checkpoint ([`Writer::restart`]), and those past a torn or stale
+/// tail found at open; and the file grows (to a power of two, length first) and syncs
+/// before a record goes into the new space.
 pub(crate) struct Writer {
     storage: Box<dyn LogStorage>,
     cursor: Cursor,
@@ -668,6 +994,9 @@ pub(crate) struct Writer {
     prev_crc: u32,
     offset: u64,
     capacity: u64,
+    /// Bytes that may be non-zero past the records: zeroed and synced before the next
+    /// append.
+    dirty: Option<(u64, u64)>,
     frame: Vec<u8>,
 }
 
@@ -678,6 +1007,7 @@ impl fmt::Debug for Writer {
             .field("next_lsn", &self.next_lsn)
             .field("offset", &self.offset)
             .field("capacity", &self.capacity)
+            .field("dirty", &self.dirty)
             .finish_non_exhaustive()
     }
 }
@@ -697,6 +1027,7 @@ impl Writer {
             prev_crc: scan.prev_crc,
             offset: scan.end,
             capacity: scan.len,
+            dirty: None,
             frame: Vec::new(),
         };
         let ours = scan.header.is_some_and(|h| {
@@ -707,18 +1038,40 @@ impl Writer {
             // No log for this journal: a new file, or one left by another journal (its
             // records cannot belong to this one). Start it over, preallocated.
             w.initialize()?;
+        } else if !is_capacity(scan.len) {
+            // A length the writer never makes (the file was cut or extended; `verify`
+            // reports it): keep the records read, zero the rest up to a capacity.
+            let capacity = scan
+                .len
+                .max(INITIAL_CAPACITY)
+                .checked_next_power_of_two()
+                .ok_or_else(|| io::Error::other("the log is too large"))?;
+            w.storage.set_len(capacity)?;
+            w.zero_fill(scan.end, capacity)?;
+            w.storage.sync_data()?;
+            w.capacity = capacity;
+        } else if scan.stopped != End::Clean {
+            // A torn record, or records of the cycle before (a crash right after a
+            // checkpoint), lie past the end: zero them before the next record.
+            w.dirty = Some((scan.end, scan.len));
         }
         Ok(w)
     }
 
-    /// Writes the header and zeros up to the initial capacity, and syncs.
+    /// Writes the header and zeros up to the initial capacity (a power of two), and syncs.
     fn initialize(&mut self) -> io::Result<()> {
         let header = Header {
             version: u32::from(crate::codec::FORMAT_VERSION),
             journal_id: self.cursor.journal_id,
         }
         .encode();
-        let capacity = self.capacity.max(INITIAL_CAPACITY);
+        let capacity = self
+            .capacity
+            .max(INITIAL_CAPACITY)
+            .checked_next_power_of_two()
+            .ok_or_else(|| io::Error::other("the log is too large"))?;
+        // The length first: a crash leaves the old length or this one, never another.
+        self.storage.set_len(capacity)?;
         // Zeros are written, not just a length set: a sparse file would allocate blocks
         // (metadata) on the first write to each, which every later sync would pay for.
         let mut page = vec![0u8; START as usize];
@@ -728,6 +1081,7 @@ impl Writer {
         self.storage.sync_data()?;
         self.capacity = capacity;
         self.offset = START;
+        self.dirty = None;
         self.next_lsn = self.cursor.first_lsn;
         self.prev_crc = seed(self.cursor.journal_id, self.cursor.generation);
         Ok(())
@@ -735,7 +1089,7 @@ impl Writer {
 
     fn zero_fill(&self, from: u64, to: u64) -> io::Result<()> {
         const CHUNK: u64 = 1 << 20;
-        let zeros = vec![0u8; CHUNK as usize];
+        let zeros = vec![0u8; CHUNK.min(to.saturating_sub(from)) as usize];
         let mut at = from;
         while at < to {
             let n = (to - at).min(CHUNK);
@@ -764,14 +1118,26 @@ impl Writer {
         let crc = record_crc(self.prev_crc, &self.frame[0..24], payload);
         self.frame.extend_from_slice(&crc.to_le_bytes());
         self.frame.extend_from_slice(payload);
+        self.frame.extend_from_slice(&RECORD_TRAILER);
         let end = self.offset + self.frame.len() as u64;
+        if let Some((from, to)) = self.dirty {
+            // Stale bytes past the records: zero and sync them first (the invariant above).
+            self.zero_fill(from, to.min(self.capacity))?;
+            self.storage.sync_data()?;
+            self.dirty = None;
+        }
         if end > self.capacity {
-            // Grow by doubling: zeros first, so the new space is allocated once.
+            // Grow by doubling: the length, then zeros (so the new space is allocated
+            // once), synced before the record goes there.
             let mut capacity = self.capacity.max(INITIAL_CAPACITY);
             while capacity < end {
-                capacity = capacity.saturating_mul(2);
+                capacity = capacity
+                    .checked_mul(2)
+                    .ok_or_else(|| io::Error::other("the log is too large"))?;
             }
+            self.storage.set_len(capacity)?;
             self.zero_fill(self.capacity, capacity)?;
+            self.storage.sync_data()?;
             self.capacity = capacity;
         }
         self.storage.write_at(self.offset, &self.frame)?;
@@ -784,8 +1150,15 @@ impl Writer {
 
     /// Starts the next cycle after a checkpoint made everything logged so far durable in
     /// redb: the next record carries `generation` and goes at the start of the file. No
-    /// write is needed; the stale records are ignored by their generation.
+    /// write is needed now (the stale records are ignored by their generation); the next
+    /// append zeroes them first.
     pub(crate) fn restart(&mut self, generation: u64) {
+        // The cycle's records are zeroed before the next one's first record (not now: a
+        // clean close removes the log instead).
+        let to = self
+            .dirty
+            .map_or(self.offset, |(_, to)| to.max(self.offset));
+        self.dirty = Some((START, to));
         self.cursor.generation = generation;
         self.cursor.first_lsn = self.next_lsn;
         self.prev_crc = seed(self.cursor.journal_id, generation);

@@ -93,10 +93,16 @@ fn records_of_an_earlier_cycle_are_never_read_as_new_ones() -> io::Result<()> {
     for i in 0..4u8 {
         w.append(KIND_BATCH, &[i; 64])?;
     }
+    let old_cycle = read_all(&*storage)?;
     // A checkpoint: the next cycle starts over at the same offset.
     w.restart(2);
     w.append(KIND_BATCH, &[9u8; 64])?;
-    let bytes = read_all(&*storage)?;
+    // The writer zeroes the old cycle first; as if those zeros had not landed, put the new
+    // record over the old cycle's bytes.
+    let mut bytes = old_cycle;
+    let new = read_all(&*storage)?;
+    let n = (START + w.used()) as usize;
+    bytes[START as usize..n].copy_from_slice(&new[START as usize..n]);
     // Generation 2 sees its one record, then stops at generation 1's second record.
     let (got, scan) = payloads(&bytes, cursor(2, 5));
     assert_eq!(got, vec![(5, vec![9u8; 64])]);
@@ -190,7 +196,10 @@ fn every_single_byte_flip_ends_the_log_at_or_before_the_flipped_record() -> io::
         bytes[at] ^= 0x01;
         let (got, _) = payloads(&bytes, cursor(1, 1));
         let hit = ends.iter().rposition(|e| *e as usize <= at).unwrap_or(0);
-        assert_eq!(got.len(), hit, "a flip at offset {at} (record {hit})");
+        // The trailer is outside the CRC: a flip there changes nothing.
+        let in_trailer = at + RECORD_TRAILER_LEN >= ends[hit + 1] as usize;
+        let want = if in_trailer { 3 } else { hit };
+        assert_eq!(got.len(), want, "a flip at offset {at} (record {hit})");
     }
     Ok(())
 }
@@ -206,7 +215,7 @@ fn reading_in_chunks_finds_every_record_across_chunk_boundaries() -> io::Result<
     }
     let end = START + w.used();
     // Tear the last record's payload.
-    storage.write_at(end - 2, &[0xff])?;
+    storage.write_at(end - RECORD_TRAILER_LEN as u64 - 2, &[0xff])?;
     let mut got = Vec::new();
     let scan = scan_storage::<io::Error>(&*storage, cursor(1, 1), |r| {
         got.push((r.lsn, r.payload.to_vec()));
@@ -224,6 +233,189 @@ fn reading_in_chunks_finds_every_record_across_chunk_boundaries() -> io::Result<
         "the torn record ends the log: {:?}",
         scan.stopped
     );
-    assert_eq!(scan.end, end - (RECORD_HEADER_LEN + 3) as u64);
+    assert_eq!(
+        scan.end,
+        end - (RECORD_HEADER_LEN + 3 + RECORD_TRAILER_LEN) as u64
+    );
+    Ok(())
+}
+
+/// Payload bytes with no zero byte (a record with a blank sector of its own would read as
+/// torn), varied so that no two records look alike.
+fn busy(n: usize, salt: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt) | 1)
+        .collect()
+}
+
+/// A log of four records of 40, 1,500, 700 and 2,000 bytes (the later ones spanning
+/// several sectors), and where each record starts and ends.
+fn four_records() -> io::Result<(Vec<u8>, Vec<u64>)> {
+    let (mut w, storage) = fresh()?;
+    let mut ends = vec![START];
+    for (i, n) in [40usize, 1500, 700, 2000].into_iter().enumerate() {
+        w.append(KIND_BATCH, &busy(n, i as u8))?;
+        ends.push(START + w.used());
+    }
+    Ok((read_all(&*storage)?, ends))
+}
+
+fn dropped_of(bytes: &[u8]) -> (Dropped, Vec<u64>) {
+    let log = MemoryLog::new();
+    log.write_at(0, bytes)
+        .unwrap_or_else(|e| panic!("a log in memory takes bytes: {e}"));
+    let mut lsns = Vec::new();
+    let d = dropped::<io::Error>(&log, cursor(1, 1), |r| {
+        lsns.push(r.lsn);
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("a log in memory reads: {e}"));
+    (d, lsns)
+}
+
+#[test]
+fn an_intact_log_drops_nothing() -> io::Result<()> {
+    let (bytes, _) = four_records()?;
+    assert_eq!(dropped_of(&bytes).0, Dropped::default());
+    Ok(())
+}
+
+#[test]
+fn every_flipped_byte_of_a_record_is_damage_even_in_the_last_record() -> io::Result<()> {
+    // A torn write leaves a blank sector or no trailer; a record written whole and changed
+    // since has both: the flip is reported, with the records after it, whichever record
+    // it hits (the last one included), and for every byte of its header too.
+    let (clean, ends) = four_records()?;
+    for at in START..ends[4] {
+        let hit = ends.iter().rposition(|e| *e <= at).unwrap_or(0);
+        let in_trailer = at + RECORD_TRAILER_LEN as u64 >= ends[hit + 1];
+        for x in [0x01u8, 0x80, 0xff] {
+            let mut bytes = clean.clone();
+            bytes[at as usize] ^= x;
+            let (d, lsns) = dropped_of(&bytes);
+            if in_trailer {
+                assert_eq!(d, Dropped::default(), "a flip {x:#x} at {at}, in a trailer");
+                continue;
+            }
+            let lsn = hit as u64 + 1;
+            assert_eq!(
+                d.damaged.as_ref().map(|(l, _)| *l),
+                Some(lsn),
+                "a flip {x:#x} at offset {at} (record {lsn}): {d:?}"
+            );
+            assert_eq!(d.records, 4 - lsn, "records after {lsn}: {d:?}");
+            assert!(
+                lsns.contains(&lsn),
+                "the damaged record goes to `each`, so its operations are named"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_power_cut_tearing_the_last_record_is_never_damage() -> io::Result<()> {
+    // The last record's sectors land or not, in every combination (the sector that
+    // holds the record before it always lands: it was synced), over a zeroed tail.
+    let (clean, ends) = four_records()?;
+    let (from, to) = (ends[3], ends[4]);
+    let first = from / SECTOR;
+    let last = (to - 1) / SECTOR;
+    let sectors = (last - first + 1) as u32;
+    assert!(sectors >= 4, "the last record spans several sectors");
+    for mask in 0..(1u32 << sectors) - 1 {
+        let mut bytes = clean.clone();
+        for k in 0..sectors {
+            if mask & (1 << k) == 0 {
+                let s = (first + u64::from(k)) * SECTOR;
+                let lo = s.max(from) as usize;
+                let hi = (s + SECTOR).min(to) as usize;
+                bytes[lo..hi].fill(0);
+            }
+        }
+        let (d, _) = dropped_of(&bytes);
+        assert_eq!(d, Dropped::default(), "sectors landed {mask:#b}");
+    }
+    // A short write (a prefix of any length, as a killed process leaves).
+    for cut in from..to - 1 {
+        let mut bytes = clean.clone();
+        bytes[cut as usize..to as usize].fill(0);
+        let (d, _) = dropped_of(&bytes);
+        assert_eq!(d, Dropped::default(), "a prefix of {} bytes", cut - from);
+    }
+    Ok(())
+}
+
+#[test]
+fn a_log_cut_anywhere_in_its_records_is_damage() -> io::Result<()> {
+    let (clean, ends) = four_records()?;
+    // (A log cut to nothing reads as no log: an empty log is what a clean close of a log
+    // that cannot be removed leaves.)
+    for len in (1..ends[4] as usize).step_by(7).chain([ends[4] as usize]) {
+        let (d, _) = dropped_of(&clean[..len]);
+        assert!(
+            d.length.is_some() || d.damaged.is_some() || d.header_damaged,
+            "cut to {len}: {d:?}"
+        );
+    }
+    // Cut inside the last record: reported as that record, too.
+    let (d, _) = dropped_of(&clean[..ends[4] as usize - 100]);
+    assert_eq!(d.damaged.as_ref().map(|(l, _)| *l), Some(4), "{d:?}");
+    Ok(())
+}
+
+#[test]
+fn a_new_cycle_zeroes_the_old_one_before_its_first_record() -> io::Result<()> {
+    let (mut w, storage) = fresh()?;
+    for i in 0..4u8 {
+        w.append(KIND_BATCH, &busy(900, i))?;
+    }
+    let old_end = START + w.used();
+    w.restart(2);
+    // Nothing is written until the next record.
+    assert_ne!(read_all(&*storage)?[old_end as usize - 1], 0);
+    w.append(KIND_BATCH, b"new")?;
+    let bytes = read_all(&*storage)?;
+    let new_end = (START + w.used()) as usize;
+    assert!(
+        bytes[new_end..].iter().all(|b| *b == 0),
+        "past the new cycle's records the log is zero"
+    );
+    let (got, _) = payloads(&bytes, cursor(2, 5));
+    assert_eq!(got, vec![(5, b"new".to_vec())]);
+    Ok(())
+}
+
+#[test]
+fn a_writer_resuming_after_a_torn_record_zeroes_it_before_writing() -> io::Result<()> {
+    let (mut w, storage) = fresh()?;
+    w.append(KIND_BATCH, &busy(100, 1))?;
+    let kept = START + w.used();
+    w.append(KIND_BATCH, &busy(3000, 2))?;
+    // A power cut tore the second record: its first sectors landed, its trailer did not.
+    let end = START + w.used();
+    storage.write_at(end - 600, &[0u8; 600])?;
+    let bytes = read_all(&*storage)?;
+    let (got, scan) = payloads(&bytes, cursor(1, 1));
+    assert_eq!(got.len(), 1);
+    let mut w = Writer::resume(Box::new(Shared(storage.clone())), cursor(1, 1), &scan)?;
+    w.append(KIND_BATCH, b"short")?;
+    let bytes = read_all(&*storage)?;
+    let new_end = (START + w.used()) as usize;
+    assert!(new_end < end as usize && kept < new_end as u64);
+    assert!(
+        bytes[new_end..].iter().all(|b| *b == 0),
+        "the torn record's leftovers are zero"
+    );
+    Ok(())
+}
+
+#[test]
+fn the_log_grows_to_powers_of_two_only() -> io::Result<()> {
+    let (mut w, storage) = fresh()?;
+    assert_eq!(storage.len()?, INITIAL_CAPACITY);
+    w.append(KIND_BATCH, &vec![7u8; INITIAL_CAPACITY as usize + 1])?;
+    assert_eq!(storage.len()?, 2 * INITIAL_CAPACITY);
+    assert!(is_capacity(storage.len()?));
     Ok(())
 }
