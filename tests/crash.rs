@@ -1078,10 +1078,15 @@ fn a_clean_close_whose_log_removal_is_lost_leaves_a_log_the_next_open_ignores() 
 ///   where redb's debug-only reads do not shift the fault counter): a fault armed during
 ///   the open failed the checkpoint that followed the open's own write, which poisoned the
 ///   handle, yet `open` returned it, and every read then failed; `open` now fails instead.
+/// - `0xa11ce5eed001943`, `0xa11ce5eed002105`, `0xa11ce5eed0022a9` (release builds): a
+///   persistent ENOSPC while an open preallocated a new log left (after the power cut) a
+///   log of a length the writer never gives it, which `verify` reads as a cut log; the
+///   writer now syncs a new length before it writes into the space.
 #[test]
 fn seeds_that_found_bugs_replay_clean() {
     for offset in [
-        0x08b, 0x0c5, 0x676, 0x696, 0x3e5, 0x405, 0x059, 0x4f2, 0xa50, 0x5a5, 0xe64, 0xed5,
+        0x08b, 0x0c5, 0x676, 0x696, 0x3e5, 0x405, 0x059, 0x4f2, 0xa50, 0x5a5, 0xe64, 0xed5, 0x1943,
+        0x2105, 0x22a9,
     ] {
         let seed = BASE_SEED + offset;
         if let Err(e) = run(seed, false) {

@@ -1046,7 +1046,7 @@ impl Writer {
                 .max(INITIAL_CAPACITY)
                 .checked_next_power_of_two()
                 .ok_or_else(|| io::Error::other("the log is too large"))?;
-            w.storage.set_len(capacity)?;
+            w.set_capacity(capacity)?;
             w.zero_fill(scan.end, capacity)?;
             w.storage.sync_data()?;
             w.capacity = capacity;
@@ -1070,8 +1070,9 @@ impl Writer {
             .max(INITIAL_CAPACITY)
             .checked_next_power_of_two()
             .ok_or_else(|| io::Error::other("the log is too large"))?;
-        // The length first: a crash leaves the old length or this one, never another.
-        self.storage.set_len(capacity)?;
+        // The length first, synced: a crash or a failed write from here on leaves this
+        // length (a length the writer never gives the file reads as damage).
+        self.set_capacity(capacity)?;
         // Zeros are written, not just a length set: a sparse file would allocate blocks
         // (metadata) on the first write to each, which every later sync would pay for.
         let mut page = vec![0u8; START as usize];
@@ -1085,6 +1086,14 @@ impl Writer {
         self.next_lsn = self.cursor.first_lsn;
         self.prev_crc = seed(self.cursor.journal_id, self.cursor.generation);
         Ok(())
+    }
+
+    /// Sets the file's length and syncs it, before anything is written into the new
+    /// space: the length a crash leaves is then always a power of two, and the new space
+    /// reads as zero whether or not the zeros written into it next reach the disk.
+    fn set_capacity(&self, capacity: u64) -> io::Result<()> {
+        self.storage.set_len(capacity)?;
+        self.storage.sync_data()
     }
 
     fn zero_fill(&self, from: u64, to: u64) -> io::Result<()> {
@@ -1127,15 +1136,15 @@ impl Writer {
             self.dirty = None;
         }
         if end > self.capacity {
-            // Grow by doubling: the length, then zeros (so the new space is allocated
-            // once), synced before the record goes there.
+            // Grow by doubling: the length (synced), then zeros (so the new space is
+            // allocated once), synced before the record goes there.
             let mut capacity = self.capacity.max(INITIAL_CAPACITY);
             while capacity < end {
                 capacity = capacity
                     .checked_mul(2)
                     .ok_or_else(|| io::Error::other("the log is too large"))?;
             }
-            self.storage.set_len(capacity)?;
+            self.set_capacity(capacity)?;
             self.zero_fill(self.capacity, capacity)?;
             self.storage.sync_data()?;
             self.capacity = capacity;
