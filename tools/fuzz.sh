@@ -11,7 +11,8 @@
 #                    libFuzzer write each job's log to fuzz/fuzz-N.log instead)
 #   FUZZ_INSTALL=1   `cargo install cargo-fuzz --locked` first if it is missing
 #   FUZZ_TARGET_DIR  cargo's target directory (default fuzz/target), e.g. to keep a stable
-#                    and a nightly build side by side
+#                    and a nightly build side by side (ops_vs_model builds in its
+#                    no-trace-compares/ subdirectory)
 #   TMPDIR           where temporary files go (default /dev/shm when it exists)
 #
 # New corpus entries go to fuzz/work/<target>/ (not committed); the committed seeds in
@@ -42,15 +43,34 @@ if [ -z "$sanitizer" ]; then
     if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then sanitizer=address; else sanitizer=none; fi
 fi
 if [ "$sanitizer" != none ]; then toolchain=(+nightly); fi
-build=(--sanitizer "$sanitizer")
-if [ -n "${FUZZ_TARGET_DIR:-}" ]; then build+=(--target-dir "$FUZZ_TARGET_DIR"); fi
+target_dir=${FUZZ_TARGET_DIR:-target}
+
+# Per-target build options. ops_vs_model is built without libFuzzer's compare tracing: its
+# input is decoded by `Arbitrary` into small choices taken modulo their range, so no
+# comparison in the journal or redb is against input bytes and compare-guided mutation has
+# nothing to solve, while tracing every comparison in redb's page bitmaps cost about half of
+# each execution. Built in a directory of its own, so the two builds do not rebuild each
+# other.
+set_build_for() {
+    build=(--sanitizer "$sanitizer")
+    case "$1" in
+        ops_vs_model) build+=(--no-trace-compares --target-dir "$target_dir/no-trace-compares") ;;
+        *) if [ -n "${FUZZ_TARGET_DIR:-}" ]; then build+=(--target-dir "$FUZZ_TARGET_DIR"); fi ;;
+    esac
+}
 
 # Per-target libFuzzer options: input size, a per-input timeout (catches hangs), memory.
+# ops_vs_model touches tens of thousands of coverage features per execution, and the
+# entropic power schedule's bookkeeping of rare features took a large share of each
+# execution once the execution itself was cheap: it runs with the classic schedule
+# (-entropic=0), which reached more coverage in the same time (docs/fuzzing.md). For
+# open_file, runs with and without it varied more between runs than between settings:
+# it keeps the default.
 opts_for() {
     case "$1" in
         decode_record) echo "-max_len=65536 -timeout=10 -rss_limit_mb=2048" ;;
         intent_json) echo "-max_len=8192 -timeout=10 -rss_limit_mb=2048" ;;
-        ops_vs_model) echo "-max_len=2048 -len_control=0 -timeout=30 -rss_limit_mb=2048" ;;
+        ops_vs_model) echo "-max_len=2048 -len_control=0 -entropic=0 -timeout=30 -rss_limit_mb=2048" ;;
         open_file) echo "-max_len=262144 -timeout=30 -rss_limit_mb=4096" ;;
         *) echo "-timeout=30" ;;
     esac
@@ -73,6 +93,7 @@ for t in "${targets[@]}"; do
     extra=()
     [ -f "dict/$t.dict" ] && extra+=("-dict=dict/$t.dict")
     if [ "${FUZZ_JOBS:-1}" -gt 1 ]; then extra+=("-jobs=$FUZZ_JOBS" "-workers=$FUZZ_JOBS"); fi
+    set_build_for "$t"
     # shellcheck disable=SC2046
     if cargo "${toolchain[@]}" fuzz run "${build[@]}" "$t" "work/$t" "${seeds[@]}" -- \
         -max_total_time="$secs" -artifact_prefix="artifacts/$t/" -print_final_stats=1 \
