@@ -1033,6 +1033,14 @@ impl Session {
             if self.model.is_terminal(&id) {
                 self.effects.remove(&id);
                 self.confirm(&id);
+            } else if self.model.lookup(&id).is_none() {
+                // The outcome of a call that failed landed after all (its record survived
+                // the crash), and the record has since aged out (audit retention): the
+                // journal no longer answers for the id, which the exactly-once claim
+                // allows once the record is purged. (Recovery never drops an acknowledged
+                // call, so the model knows the id unless retention purged it.)
+                self.effects.remove(&id);
+                self.applied.remove(&id);
             } else if !self.model.is_in_doubt(&id) {
                 return Err(self.fail(format!(
                     "DOUBLE APPLICATION RISK: the editor applied `{id}` but after {end:?} the journal neither records its outcome nor holds it in doubt ({:?})",
