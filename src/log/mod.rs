@@ -806,71 +806,61 @@ pub(crate) fn dropped<E: From<io::Error>>(
     let mut next_lsn = cursor.first_lsn;
     let mut prev = seed(cursor.journal_id, cursor.generation);
     loop {
-        match probe(storage, len, at, cursor, next_lsn, prev)? {
-            Probe::Valid { end, crc } => {
-                at = end;
-                prev = crc;
-                next_lsn += 1;
-            }
-            Probe::End => {
-                // A record whose CRC fails with valid records after it is damage, whatever
-                // its sectors look like.
-                let Some((end, chain, kind, payload)) =
-                    failing_record(storage, len, at, cursor, next_lsn, prev)?
-                else {
-                    break;
-                };
-                let n = valid_run(
-                    storage,
-                    len,
+        // The record that ends the valid prefix, if it is damaged: what is wrong, where it
+        // ends, the CRCs the next record may chain from, its kind and payload, and whether
+        // that takes valid records after it.
+        let (why, end, chain, kind, payload, needs_followers) =
+            match probe(storage, len, at, cursor, next_lsn, prev)? {
+                Probe::Valid { end, crc } => {
+                    at = end;
+                    prev = crc;
+                    next_lsn += 1;
+                    continue;
+                }
+                Probe::End => {
+                    // A record whose CRC fails with valid records after it is damage,
+                    // whatever its sectors look like.
+                    let Some((end, chain, kind, payload)) =
+                        failing_record(storage, len, at, cursor, next_lsn, prev)?
+                    else {
+                        break;
+                    };
+                    let why = "its CRC does not match".to_string();
+                    (why, Some(end), chain, kind, payload, true)
+                }
+                Probe::Damaged {
+                    why,
                     end,
-                    cursor,
-                    next_lsn + 1,
-                    &chain,
-                    &mut buf,
-                    &mut each,
-                )?;
-                if n > 0 {
-                    out.damaged = Some((next_lsn, "its CRC does not match".into()));
-                    out.records = n;
-                    each(Record {
-                        lsn: next_lsn,
-                        kind,
-                        payload: &payload,
-                    })?;
-                }
-                break;
-            }
-            Probe::Damaged {
-                why,
+                    chain,
+                    kind,
+                    payload,
+                } => (why, end, chain, kind, payload, false),
+            };
+        let followers = match end {
+            Some(end) => valid_run(
+                storage,
+                len,
                 end,
-                chain,
-                kind,
-                payload,
-            } => {
-                if let Some(end) = end {
-                    out.records = valid_run(
-                        storage,
-                        len,
-                        end,
-                        cursor,
-                        next_lsn + 1,
-                        &chain,
-                        &mut buf,
-                        &mut each,
-                    )?;
-                }
-                out.damaged = Some((next_lsn, why));
-                if !payload.is_empty() {
-                    each(Record {
-                        lsn: next_lsn,
-                        kind,
-                        payload: &payload,
-                    })?;
-                }
-                break;
+                cursor,
+                next_lsn + 1,
+                &chain,
+                &mut buf,
+                &mut each,
+            )?,
+            None => 0,
+        };
+        if followers > 0 || !needs_followers {
+            out.damaged = Some((next_lsn, why));
+            out.records = followers;
+            if !payload.is_empty() {
+                each(Record {
+                    lsn: next_lsn,
+                    kind,
+                    payload: &payload,
+                })?;
             }
         }
+        break;
     }
     Ok(out)
 }
