@@ -88,13 +88,18 @@ impl Handle {
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        // Closing the storage engine's handle may panic on a damaged file (a recovered one
-        // writes its allocator state, to the scratch, when it closes): contain that, so
-        // dropping an inspector never panics. The file is closed either way.
+        // Closing the storage engine's handle may panic on a damaged file: contain that, so
+        // dropping an inspector never panics. A recovered one is closed without the commit
+        // the engine would make to the scratch (see `close_unwritten`). The file is closed
+        // either way.
         let _ = guarded("close", || {
             match self {
                 Handle::ReadOnly(db) => drop(db.take()),
-                Handle::Recovered(db) => drop(db.take()),
+                Handle::Recovered(db) => {
+                    if let Some(db) = db.take() {
+                        crate::index::close_unwritten(db);
+                    }
+                }
             }
             Ok(())
         });

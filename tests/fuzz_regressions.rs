@@ -27,6 +27,31 @@ fn damaged_copy(name: &str) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
     (dir, path, bytes)
 }
 
+/// A copy of a checked-in damaged journal and its log (an input of the `open_file`
+/// target that holds both: its magic, the journal's length, the journal, the log) in a
+/// fresh directory, with the bytes of both.
+fn damaged_pair_copy(name: &str) -> (tempfile::TempDir, PathBuf, (Vec<u8>, Vec<u8>)) {
+    let input = std::fs::read(regression("open_file", name))
+        .unwrap_or_else(|e| panic!("regression input {name}: {e}"));
+    assert_eq!(
+        &input[..8],
+        b"opj+log\x00",
+        "{name} holds a journal and its log"
+    );
+    let len = u32::from_le_bytes([input[8], input[9], input[10], input[11]]) as usize;
+    let (db, log) = input[12..].split_at(len);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let path = dir.path().join("journal.opj");
+    std::fs::write(&path, db).unwrap_or_else(|e| panic!("write: {e}"));
+    std::fs::write(opjournal::FileLog::path_for(&path), log).unwrap_or_else(|e| panic!("{e}"));
+    (dir, path, (db.to_vec(), log.to_vec()))
+}
+
+fn files_of(path: &Path) -> (Vec<u8>, Vec<u8>) {
+    let read = |p: &Path| std::fs::read(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+    (read(path), read(&opjournal::FileLog::path_for(path)))
+}
+
 fn is_corrupt(kind: &ErrorKind) -> bool {
     matches!(kind, ErrorKind::Corrupt { .. })
 }
@@ -383,21 +408,11 @@ fn open_on_custom_storage_answers_corrupt_when_the_storage_engine_panics() {
 /// inspector's drop, so `opjournal stats` would crash on its way out. The inspector now
 /// closes its database under the storage guard.
 ///
-/// The input lives under `fuzz/findings/` (not replayed whole by the fuzzer or the
-/// property tests): `repair` of the same file still aborts the process, a fault of the
-/// storage engine the library cannot catch (docs/fuzzing.md, "Open findings").
+/// `repair` of the same file used to abort the process (below, in
+/// `repair_and_inspection_of_a_file_with_damaged_page_lists_never_abort`).
 #[test]
 fn dropping_an_inspector_of_a_damaged_file_never_panics() {
-    let path_in = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fuzz/findings/open_file/repair-abort-redb-freed-pages-8e9ace63");
-    let input = std::fs::read(path_in).unwrap_or_else(|e| panic!("finding input: {e}"));
-    // The input is a journal and its log (the open_file target's container).
-    let len = u32::from_le_bytes([input[8], input[9], input[10], input[11]]) as usize;
-    let (db, log) = input[12..].split_at(len);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-    let path = dir.path().join("journal.opj");
-    std::fs::write(&path, db).unwrap_or_else(|e| panic!("write: {e}"));
-    std::fs::write(opjournal::FileLog::path_for(&path), log).unwrap_or_else(|e| panic!("{e}"));
+    let (_dir, path, _) = damaged_pair_copy("repair-abort-redb-freed-pages-8e9ace63");
     let outcome = std::panic::catch_unwind(|| {
         // The input predates format 2's variable-length integers: its records no longer
         // decode, which is a typed error; the claim is that nothing panics on the way.
@@ -418,4 +433,92 @@ fn dropping_an_inspector_of_a_damaged_file_never_panics() {
         drop(insp);
     });
     assert!(outcome.is_ok(), "dropping an inspector panicked");
+}
+
+/// Found by `open_file` in a one-hour run: a journal whose storage engine's own bookkeeping
+/// (its system tree: the lists of pages the next commit frees, the recorded allocator
+/// state) is damaged opened for writing; its first commit, the checkpoint when it closed,
+/// made redb free a listed page past the end of its region, and the assertion unwound
+/// through a redb destructor that panicked again, which aborts the process: no guard can
+/// catch that, so an editor would die on the file at every start. The writer's open now
+/// checks the system tree (checksums and page numbers) before anything commits, answers
+/// `Corrupt` and leaves both files as they were; `repair` then rebuilds the journal.
+#[test]
+fn a_writer_refuses_a_file_whose_storage_bookkeeping_is_damaged_and_leaves_it_unchanged() {
+    let (_dir, path, before) = damaged_pair_copy("writer-abort-damaged-freed-list-6d7b0c78");
+    let err = Journal::open(&path).expect_err("a journal with a damaged system tree opened");
+    match err.kind() {
+        ErrorKind::Corrupt { table, key, .. } => {
+            assert_eq!(
+                (table.as_str(), key.as_str()),
+                ("(redb)", "system tree"),
+                "{err}"
+            );
+        }
+        other => panic!("expected Corrupt, got {other:?}: {err}"),
+    }
+    assert!(err.to_string().contains("fails its checksum"), "{err}");
+    assert!(
+        files_of(&path) == before,
+        "the refused open changed the files"
+    );
+
+    let mut options = RepairOptions::default();
+    options.backup = false;
+    repair(&path, &options, &mut |_, _| {}).unwrap_or_else(|e| panic!("repair failed: {e:?}"));
+    let journal = Journal::open(&path).unwrap_or_else(|e| panic!("repaired journal: {e:?}"));
+    let intent =
+        Intent::from_json("probe", &serde_json::json!({})).unwrap_or_else(|e| panic!("{e}"));
+    let admission = journal
+        .submit(opjournal::Operation::new("after_repair", intent).scope("probe"))
+        .unwrap_or_else(|e| panic!("submit after repair: {e:?}"));
+    assert!(
+        matches!(admission, opjournal::Admission::Fresh(_)),
+        "a new id after repair is fresh work: {admission:?}"
+    );
+    journal.close().unwrap_or_else(|e| panic!("close: {e:?}"));
+    let insp = Inspector::open(&path).unwrap_or_else(|e| panic!("inspect: {e:?}"));
+    let verified = opjournal::verify_inspected(&insp, &mut |_, _| {})
+        .unwrap_or_else(|e| panic!("verify: {e:?}"));
+    assert!(verified.findings.is_empty(), "{:?}", verified.findings);
+}
+
+/// The other file of that kind (a journal left open by a crash, its page lists damaged):
+/// inspecting and repairing it recover it in memory, and closing that in-memory database
+/// used to run the storage engine's closing commit on the damaged lists and abort the same
+/// way (the repair of it aborted every time). Databases that only serve reads of an input
+/// now close without that commit; the files are untouched by inspection, and the repair
+/// succeeds.
+#[test]
+fn repair_and_inspection_of_a_file_with_damaged_page_lists_never_abort() {
+    for name in [
+        "repair-abort-redb-freed-pages-8e9ace63",
+        "writer-abort-damaged-freed-list-6d7b0c78",
+    ] {
+        let (_dir, path, before) = damaged_pair_copy(name);
+        if let Ok(insp) = Inspector::open(&path) {
+            let _ = insp.stats();
+            let _ = opjournal::verify_inspected(&insp, &mut |_, _| {});
+        }
+        assert!(
+            files_of(&path) == before,
+            "{name}: inspection changed the files"
+        );
+        let mut options = RepairOptions::default();
+        options.backup = false;
+        options.dry_run = true;
+        repair(&path, &options, &mut |_, _| {})
+            .unwrap_or_else(|e| panic!("{name}: dry run failed: {e:?}"));
+        assert!(
+            files_of(&path) == before,
+            "{name}: the dry run changed the files"
+        );
+        options.dry_run = false;
+        repair(&path, &options, &mut |_, _| {})
+            .unwrap_or_else(|e| panic!("{name}: repair failed: {e:?}"));
+        let journal = Journal::open(&path).unwrap_or_else(|e| panic!("{name}: reopen: {e:?}"));
+        journal
+            .close()
+            .unwrap_or_else(|e| panic!("{name}: close: {e:?}"));
+    }
 }

@@ -61,6 +61,14 @@ pub(crate) enum Db {
 }
 
 impl Db {
+    /// Closes the database; a scratch one without the engine's closing commit.
+    fn close(self) {
+        match self {
+            Db::ReadOnly(db) => drop(db),
+            Db::Scratch(db) => crate::index::close_unwritten(db),
+        }
+    }
+
     fn begin_read(&self) -> std::result::Result<ReadTransaction, redb::TransactionError> {
         match self {
             Db::ReadOnly(db) => db.begin_read(),
@@ -71,11 +79,11 @@ impl Db {
 
 impl Drop for Source {
     fn drop(&mut self) {
-        // Closing a database of a damaged file may panic (a recovered one writes its
-        // allocator state, to the scratch, when it closes): contain that.
+        // Closing a database of a damaged file may panic: contain that. A recovered one is
+        // closed without the commit the engine would make to the scratch.
         if let Some(db) = self.db.take() {
             let _ = guarded("close", || {
-                drop(db);
+                db.close();
                 Ok(())
             });
         }
@@ -297,7 +305,7 @@ impl Source {
         if let Some(rung) = self.rung {
             if let Some(db) = self.db.take() {
                 let _ = guarded("close", || {
-                    drop(db);
+                    db.close();
                     Ok(())
                 });
             }

@@ -189,8 +189,9 @@ fn integrity_in_place(insp: &Inspector) -> Integrity {
         // the scratch takes no locks of its own.
         let mut db = crate::inspect::open_scratch(path, len, INTEGRITY_SCRATCH_BYTES, Locks::Skip)
             .map_err(|e| scratch_error(e.into()))?;
-        let ok = db.check_integrity().map_err(|e| scratch_error(e.into()))?;
-        Ok(ok)
+        let ok = db.check_integrity().map_err(|e| scratch_error(e.into()));
+        crate::index::close_unwritten(db);
+        ok
     });
     match r {
         Ok(true) => Integrity::Passed,

@@ -49,3 +49,37 @@ fn engine_panic(what: &str, message: String) -> Error {
         EnginePanic(message),
     )
 }
+
+/// Closes a database that only served reads of an input file (one opened on a scratch
+/// backend, so the storage engine could recover the file in memory) without the commit
+/// the engine makes when it closes. That commit records its allocator state after freeing
+/// the pages its lists name; on a damaged file a bad list makes it panic while a
+/// destructor of the engine is live, which panics again and aborts the process (fuzzing
+/// found such files). Nothing of a scratch is ever kept, so the commit is useless anyway.
+///
+/// redb treats a close during a panic as a crash (no closing commit; the next open would
+/// recover), so the database is dropped inside an unwind started by `resume_unwind` (which
+/// runs no panic hook) and caught at once. A build with `panic = "abort"` cannot unwind:
+/// there the database is dropped as usual (and the storage engine's panics on damaged
+/// files abort anyway: no guard catches them).
+pub(crate) fn close_unwritten(db: redb::Database) {
+    #[cfg(panic = "unwind")]
+    {
+        struct DropWhileUnwinding(Option<redb::Database>);
+        impl Drop for DropWhileUnwinding {
+            fn drop(&mut self) {
+                drop(self.0.take());
+            }
+        }
+        let _ = std::panic::catch_unwind(AssertUnwindSafe(move || {
+            let _closing = DropWhileUnwinding(Some(db));
+            std::panic::resume_unwind(Box::new(CloseUnwritten));
+        }));
+    }
+    #[cfg(not(panic = "unwind"))]
+    drop(db);
+}
+
+/// The payload of the unwind [`close_unwritten`] starts (never seen outside it).
+#[cfg(panic = "unwind")]
+struct CloseUnwritten;

@@ -46,6 +46,15 @@ impl Journal {
             let db = Self::redb_builder(&cfg)
                 .create(path)
                 .map_err(|e| open_error(path, e))?;
+            // Before anything commits to it (redb holds its lock now, so no other writer
+            // changes it while it is read): a damaged system tree would abort the process
+            // on the first commit.
+            if let Err(e) = crate::index::system_tree::check_file(path) {
+                // Closing normally would commit (and abort the same way): leave the file as
+                // it was, for `repair`.
+                crate::index::close_unwritten(db);
+                return Err(e);
+            }
             // The log is opened once redb's lock is held: no other writer can be using it.
             let log = FileLog::open(&FileLog::path_for(path))
                 .map_err(|e| Error::io_during("open the journal's log", e))?;
@@ -109,6 +118,8 @@ impl Journal {
         let path = Path::new(label);
         // The storage is input, as a file is: the engine may panic on damaged pages.
         crate::index::guarded("open", || {
+            // A damaged system tree would abort the process on the first commit.
+            crate::index::system_tree::check_backend(&backend)?;
             let db = Self::redb_builder(&cfg)
                 .create_with_backend(backend)
                 .map_err(|e| open_error(path, e))?;
