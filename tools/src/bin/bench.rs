@@ -753,6 +753,30 @@ fn file_len(p: &Path) -> u64 {
     fs::metadata(p).map(|m| m.len()).unwrap_or(0)
 }
 
+/// Bytes the file system allocated to `p` (what `du` counts): a file's length also counts
+/// holes that hold no blocks (redb grows its file by doubling it, and the new space is a
+/// hole until pages are written there).
+fn disk_bytes(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(p).map(|m| m.blocks() * 512).unwrap_or(0)
+}
+
+/// A file's length and its allocated bytes.
+#[derive(Clone, Copy, Debug, Default)]
+struct Footprint {
+    len: u64,
+    disk: u64,
+}
+
+impl Footprint {
+    fn of(paths: &[&Path]) -> Footprint {
+        paths.iter().fold(Footprint::default(), |acc, p| Footprint {
+            len: acc.len + file_len(p),
+            disk: acc.disk + disk_bytes(p),
+        })
+    }
+}
+
 /// Copies `from` to `to` and syncs the copy, so its writeback does not disturb what is
 /// measured next.
 fn copy_synced(from: &Path, to: &Path) -> Result<()> {
@@ -1548,8 +1572,13 @@ fn build_opj_base(path: &Path, n: usize, threads: usize, ctx: &Ctx) -> Result<Du
     Ok(elapsed)
 }
 
-/// Returns the time and the bytes of db + wal while the connection was open.
-fn build_sql_base(path: &Path, n: usize, threads: usize, ctx: &Ctx) -> Result<(Duration, u64)> {
+/// Returns the time and the size of db + wal while the connection was open.
+fn build_sql_base(
+    path: &Path,
+    n: usize,
+    threads: usize,
+    ctx: &Ctx,
+) -> Result<(Duration, Footprint)> {
     remove_journal(path);
     let store = SqlStore::open(path, SQL_STANDARD.cfg)?;
     let mut db = store.connect()?;
@@ -1563,12 +1592,12 @@ fn build_sql_base(path: &Path, n: usize, threads: usize, ctx: &Ctx) -> Result<(D
     db.populate(&ops, &ctx.hash, &ctx.payload, 1000)?;
     let elapsed = start.elapsed();
     let files = sqlite_files(path);
-    let bytes = file_len(&files[0]) + file_len(&files[1]);
+    let bytes = Footprint::of(&[&files[0], &files[1]]);
     drop((db, store));
     Ok((elapsed, bytes))
 }
 
-fn build_base(p: &Params, dir: &Path, ctx: &Ctx, r: &mut Report) -> Result<(Base, u64)> {
+fn build_base(p: &Params, dir: &Path, ctx: &Ctx, r: &mut Report) -> Result<(Base, Footprint)> {
     let base = Base {
         opj: dir.join("base.opj"),
         sql: dir.join("base.sqlite"),
@@ -1590,7 +1619,7 @@ fn build_base(p: &Params, dir: &Path, ctx: &Ctx, r: &mut Report) -> Result<(Base
         format!("{:.1} s for {}", t.as_secs_f64(), base.n),
         Value::Null,
     );
-    let (t, sql_open_bytes) = build_sql_base(&base.sql, base.n, p.populate_threads, ctx)?;
+    let (t, sql_open) = build_sql_base(&base.sql, base.n, p.populate_threads, ctx)?;
     r.figure_vs(
         "populate_sqlite_batched",
         "populate: SQLite, 1000 lifecycles per transaction (not comparable)",
@@ -1599,7 +1628,7 @@ fn build_base(p: &Params, dir: &Path, ctx: &Ctx, r: &mut Report) -> Result<(Base
         format!("{:.1} s for {}", t.as_secs_f64(), base.n),
         Value::Null,
     );
-    Ok((base, sql_open_bytes))
+    Ok((base, sql_open))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1934,12 +1963,16 @@ fn section_export_memory(base: &Base, r: &mut Report) -> Result<()> {
     Ok(())
 }
 
-fn section_size(dir: &Path, base: &Base, sql_open_bytes: u64, r: &mut Report) -> Result<()> {
+fn section_size(dir: &Path, base: &Base, sql_open: Footprint, r: &mut Report) -> Result<()> {
     progress("bytes on disk per receipt");
     let n = base.n as f64;
-    let opj = file_len(&base.opj) as f64 / n;
-    let sql = sql_open_bytes as f64 / n;
-    let sql_closed = file_len(&base.sql) as f64 / n;
+    let opj_files = Footprint::of(&[&base.opj]);
+    // Bytes on disk: what the file system allocated (`du`), for both engines. The file's
+    // length is shown too: redb doubles its file as it grows, and the new space is a hole
+    // that takes no disk until pages are written there.
+    let opj = opj_files.disk as f64 / n;
+    let sql = sql_open.disk as f64 / n;
+    let sql_closed = Footprint::of(&[&base.sql]);
     let bd = redb_breakdown(&base.opj, &dir.join("size-breakdown.opj"))?;
     let per_table: Vec<String> = bd
         .tables
@@ -1950,13 +1983,13 @@ fn section_size(dir: &Path, base: &Base, sql_open_bytes: u64, r: &mut Report) ->
     r.figure_vs(
         "bytes_per_receipt_opj",
         format!(
-            "bytes on disk per receipt (1 KiB result, {} receipts): opjournal",
+            "bytes on disk per receipt (allocated, as du counts; 1 KiB result, {} receipts): opjournal",
             base.n
         ),
         opj,
         "B",
         ratio_text(opj / sql, "SQLite"),
-        json!({"file_bytes": file_len(&base.opj)}),
+        json!({"file_bytes": opj_files.len, "disk_bytes": opj_files.disk}),
     );
     r.figure_vs(
         "bytes_per_receipt_opj_stored",
@@ -1973,34 +2006,49 @@ fn section_size(dir: &Path, base: &Base, sql_open_bytes: u64, r: &mut Report) ->
     );
     r.figure_vs(
         "bytes_per_receipt_opj_fragmented",
-        "  of which fragmentation, free pages and btree overhead",
-        (file_len(&base.opj) as f64 - bd.stored as f64) / n,
+        "  of which free pages written earlier and btree overhead",
+        (opj_files.disk as f64 - bd.stored as f64) / n,
         "B",
         format!(
-            "redb reports {} B/receipt fragmented, {} B/receipt metadata",
+            "redb reports {} B/receipt fragmented (free pages, holes included), {} B/receipt metadata",
             fmt_num(bd.fragmented as f64 / n),
             fmt_num(bd.metadata as f64 / n)
         ),
         Value::Null,
     );
     r.figure_vs(
+        "file_len_per_receipt_opj",
+        "file length per receipt (ls), opjournal (redb doubles its file as it grows; new space is a hole until written)",
+        opj_files.len as f64 / n,
+        "B",
+        ratio_text(opj_files.len as f64 / sql_open.len as f64, "SQLite's db + wal length"),
+        Value::Null,
+    );
+    r.figure_vs(
         "bytes_per_receipt_opj_compacted",
-        "bytes per receipt after redb compact (opjournal compact --reclaim)",
+        "bytes per receipt after redb compact (opjournal compact --reclaim), file length",
         bd.compacted_len as f64 / n,
         "B",
-        ratio_text(bd.compacted_len as f64 / n / sql_closed, "SQLite closed"),
+        ratio_text(
+            bd.compacted_len as f64 / sql_closed.len as f64,
+            "SQLite closed",
+        ),
         Value::Null,
     );
     r.figure_vs(
         "bytes_per_receipt_sqlite",
         format!(
-            "bytes on disk per receipt (1 KiB result, {} receipts): SQLite db + wal",
+            "bytes on disk per receipt (allocated; 1 KiB result, {} receipts): SQLite db + wal",
             base.n
         ),
         sql,
         "B",
-        format!("{} B after checkpoint and close", fmt_num(sql_closed)),
-        json!({"open_bytes": sql_open_bytes, "closed_db_bytes": file_len(&base.sql)}),
+        format!(
+            "file length {} B; {} B after checkpoint and close",
+            fmt_num(sql_open.len as f64 / n),
+            fmt_num(sql_closed.len as f64 / n)
+        ),
+        json!({"open_bytes": sql_open.len, "open_disk_bytes": sql_open.disk, "closed_db_bytes": sql_closed.len}),
     );
     r.at_most(
         "bytes on disk per receipt vs SQLite db + wal",
@@ -2664,10 +2712,10 @@ fn run(args: Args) -> Result<()> {
         .iter()
         .any(|s| want(s));
     if needs_base {
-        let (base, sql_open_bytes) = build_base(p, &data, &ctx, &mut r)?;
+        let (base, sql_open) = build_base(p, &data, &ctx, &mut r)?;
         settle_disk();
         if want("size") {
-            section_size(&data, &base, sql_open_bytes, &mut r)?;
+            section_size(&data, &base, sql_open, &mut r)?;
             section_export_memory(&base, &mut r)?;
         }
         if want("replay") {
