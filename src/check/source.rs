@@ -90,6 +90,19 @@ impl Drop for Source {
     }
 }
 
+/// Padded with zeros to the length its header claims (a truncated file), a journal costs
+/// the storage engine memory in proportion to that length (its allocator keeps a few bits
+/// per page of every region): about 1 MiB per 16 GiB. A damaged header may claim
+/// petabytes (fuzzing found one that made `repair` allocate 4 GiB), so the padded rung is
+/// tried only for a claim of at most 64 GiB or 16 times the file's length: at most 4 MiB,
+/// or a 1,024th of the file.
+fn padding_is_bounded(extent: &Extent) -> bool {
+    const ABSOLUTE: u64 = 64 << 30;
+    extent
+        .stored_len
+        .is_some_and(|len| len <= ABSOLUTE || len <= extent.file_len.saturating_mul(16))
+}
+
 /// A range of keys of a table that could not be read: everything after `after` (or from
 /// the start) and before `before` (or to the end).
 #[derive(Clone, Debug)]
@@ -207,7 +220,7 @@ impl Source {
             mem: Memtable::default(),
         };
         let mut rungs = vec![Rung::InPlace, Rung::Recovered];
-        if extent.missing() > 0 {
+        if extent.missing() > 0 && padding_is_bounded(&extent) {
             rungs.push(Rung::Padded);
         }
         rungs.push(Rung::Patched);
