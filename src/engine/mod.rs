@@ -23,7 +23,7 @@ use crate::index::WriteTables;
 use crate::record::StateRecord;
 pub(crate) use clocks::effective;
 pub(crate) use commands::*;
-pub(crate) use compaction::compact_batch;
+pub(crate) use compaction::{Resume, compact_batch};
 pub(crate) use fold::{index_entries, transition};
 pub(crate) use reads::*;
 

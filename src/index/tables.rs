@@ -366,6 +366,16 @@ tables! {
     Quarantine = ("quarantine", 12, quarantine, u64, Vec<u8>);
 }
 
+/// The tables whose deletions of keys the file lacks leave no tombstone (see
+/// [`Memtable::absorb_over`]): ranges of them are read on every call.
+const PRUNED_TOMBSTONES: [u8; 5] = [
+    <Timers as Table>::ID,
+    <ScopeTimers as Table>::ID,
+    <Windows as Table>::ID,
+    <Holds as Table>::ID,
+    <InDoubt as Table>::ID,
+];
+
 impl Memtable {
     /// Records `value` (or a deletion) for `key`.
     pub(crate) fn set<T: Table>(&mut self, key: T::K, value: Option<T::V>) {
@@ -405,18 +415,22 @@ impl Memtable {
         }
     }
 
-    /// As [`Memtable::absorb`], for the memtable right over `base`: a deletion of a key that
-    /// `base` does not hold leaves no tombstone (it would only hide nothing, and reads of a
-    /// range would step over it until the next checkpoint: a session's acknowledged window
-    /// entries made every later submit slower). When `base` cannot be read, the tombstone
-    /// stays, which is always correct.
+    /// As [`Memtable::absorb`], for the memtable right over `base`: in the small index
+    /// tables that calls read by range (timers, windows, holds, in-doubt), a deletion of a
+    /// key that `base` does not hold leaves no tombstone (it would only hide nothing, and
+    /// reads of a range would step over it until the next checkpoint: a session's
+    /// acknowledged window entries made every later submit slower). Other tables keep the
+    /// tombstone without asking `base` (a lookup per deletion, most of a purge's cost: its
+    /// events, result and receipt are always in `base`). When `base` cannot be read, the
+    /// tombstone stays, which is always correct.
     pub(crate) fn absorb_over(&mut self, top: Memtable, base: Option<&super::layers::Base>) {
         let mut top = top;
         macro_rules! move_in {
             ($t:ident) => {
+                let pruned = PRUNED_TOMBSTONES.contains(&<$t as Table>::ID);
                 for (k, v) in std::mem::take(<$t as Table>::map_mut(&mut top)) {
                     let in_base = || base.is_some_and(|b| b.contains::<$t>(&k).unwrap_or(true));
-                    if v.is_none() && !in_base() {
+                    if v.is_none() && pruned && !in_base() {
                         self.forget::<$t>(&k);
                     } else {
                         self.set::<$t>(k, v);

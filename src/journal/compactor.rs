@@ -102,14 +102,17 @@ pub(crate) fn run(inner: &Inner) -> Result<CompactionReport> {
     inner.flush()?;
     if anything_due(inner)? {
         let limit = inner.cfg.compaction_batch;
+        let mut resume = engine::Resume::default();
         loop {
             let waiting = inner.foreground_waiting.clone();
-            let (more, fired) = inner.write_background(move |ctx| {
+            let from = resume.clone();
+            let (more, fired, next) = inner.write_background(move |ctx| {
                 let before = ctx.fired;
                 let yield_now = || waiting.load(std::sync::atomic::Ordering::SeqCst) > 0;
-                let more = engine::compact_batch(ctx, limit, &yield_now)?;
-                Ok((more, delta(ctx.fired, before)))
+                let (more, next) = engine::compact_batch(ctx, limit, &from, &yield_now)?;
+                Ok((more, delta(ctx.fired, before), next))
             })?;
+            resume = next;
             report.batches += 1;
             report.add(&fired);
             if !more {
