@@ -153,10 +153,20 @@ pub(crate) fn open_scratch(
     open_on(scratch)
 }
 
-/// Opens a database on `backend` as a writer would.
+/// Opens a database on `backend` as a writer would. Its system tree is checked first
+/// (see `index::system_tree`): the storage engine loads the allocator state recorded
+/// there without checking it, and a damaged page number in it is read as a page of up to
+/// 4 GiB, allocated before the read fails. A damaged system tree is refused as the engine
+/// refuses a damaged file.
 pub(crate) fn open_on(
     backend: impl StorageBackend,
 ) -> std::result::Result<Database, redb::DatabaseError> {
+    if let Err(e) = crate::index::system_tree::check_backend(&backend) {
+        return Err(redb::DatabaseError::Storage(match e.kind() {
+            ErrorKind::Io => redb::StorageError::Io(std::io::Error::other(e.to_string())),
+            _ => redb::StorageError::Corrupted(e.to_string()),
+        }));
+    }
     redb::Builder::new()
         .set_cache_size(crate::config::INSPECT_CACHE_BYTES)
         .set_concurrency_mode(redb::ConcurrencyMode::ExclusiveWriter)

@@ -564,3 +564,37 @@ fn repair_of_a_file_whose_header_claims_256_tib_stays_within_memory() {
         usage.largest >> 10
     );
 }
+
+/// `open_file`, one-hour run of 2026-12-02: a journal with a log, not closed cleanly,
+/// whose storage engine's system tree names a page of order 20 (4 GiB). Inspection
+/// recovers such a file in memory as a writer would, and the engine loaded its recorded
+/// allocator state from that page without checking it: it allocated the 4 GiB page before
+/// the read, and libFuzzer stopped the process at 4 GiB. The system tree is now checked
+/// before any database is opened as a writer would (in memory too), and the file is
+/// refused as damaged. Every claim of the target is checked on it within a bound.
+#[test]
+fn inspecting_a_file_whose_system_tree_names_a_4_gib_page_stays_within_memory() {
+    let bytes = std::fs::read(
+        fuzz_dir().join("regressions/open_file/inspect-oom-allocator-state-4-gib-page-e746df29"),
+    )
+    .expect("regression input");
+    let (db, log) = open_file::split(&bytes);
+    assert!(log.is_some(), "the input holds a journal and its log");
+    let ((), usage) = alloc_meter::measure(|| open_file::check_every_claim(&bytes));
+    assert!(
+        usage.peak_live < 320 << 20,
+        "the checks held {} MiB at their peak (largest allocation {} KiB)",
+        usage.peak_live >> 20,
+        usage.largest >> 10
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("journal.opj");
+    assert!(open_file::write(&path, db, log), "the files are written");
+    let err = opjournal::Inspector::open(&path).expect_err("the damaged file does not open");
+    assert!(open_file::damage_error(err.kind()), "{err:?}");
+    assert_eq!(
+        std::fs::read(&path).ok().as_deref(),
+        Some(db),
+        "inspection changed the file"
+    );
+}
