@@ -27,51 +27,194 @@ pub(crate) struct Resume {
     scope: Option<(u64, u64)>,
 }
 
+/// Due timers read at a time. A batch reads, fires, and checks for a waiting foreground
+/// call after each timer, so a call waits for at most one read of this many timers and
+/// one operation's firing (reading all of a batch's timers up front made a call that
+/// arrived then wait for the whole read: milliseconds for a batch of 1,000).
+const CHUNK: usize = 64;
+
 /// One compaction batch: fires up to `limit` due timers, from `resume` on. Returns whether
 /// more may be due, and where the next batch starts. `yield_now` says a foreground call is
-/// waiting: the batch then ends after the operation in hand (it still commits what it did)
-/// and reports that more may be due, without moving `resume`.
+/// waiting: the batch then ends after the timer in hand (it still commits what it did),
+/// reports that more may be due, and the next batch starts past that timer.
 pub(crate) fn compact_batch(
     ctx: &mut Ctx<'_, '_>,
     limit: usize,
     resume: &Resume,
     yield_now: &dyn Fn() -> bool,
 ) -> Result<(bool, Resume)> {
-    let mut ops: Vec<String> = Vec::new();
+    // Operations fired in this batch: firing one applies every clock due to it, so its
+    // timers of later kinds are gone, and one met again needs no second look.
     let mut seen = std::collections::HashSet::new();
     let mut next = resume.clone();
+    let mut handled = 0usize;
+    let before = ctx.fired;
     for (i, kind) in FIRED_KINDS.into_iter().enumerate() {
-        let room = limit.saturating_sub(ops.len());
-        let due = ctx
-            .t
-            .timers_due_after(kind, resume.timers[i].as_ref(), ctx.now.0, room)?;
-        if let Some(last) = due.last() {
-            next.timers[i] = Some(last.clone());
-        }
-        for (_, id) in due {
-            if seen.insert(id.clone()) {
-                ops.push(id);
+        loop {
+            let room = limit.saturating_sub(handled).min(CHUNK);
+            if room == 0 {
+                break;
+            }
+            let due = ctx
+                .t
+                .timers_due_after(kind, next.timers[i].as_ref(), ctx.now.0, room)?;
+            let last_chunk = due.len() < room;
+            for timer in due {
+                handled += 1;
+                if seen.insert(timer.1.clone()) {
+                    ctx.materialize(&timer.1)?;
+                }
+                next.timers[i] = Some(timer);
+                if yield_now() {
+                    return Ok((true, next));
+                }
+            }
+            if last_chunk {
+                break;
             }
         }
     }
-    let before = ctx.fired;
-    for id in &ops {
-        ctx.materialize(id)?;
-        if yield_now() {
-            return Ok((true, resume.clone()));
+    let mut purged_revisions = false;
+    loop {
+        let room = limit.saturating_sub(handled).min(CHUNK);
+        if room == 0 {
+            break;
+        }
+        let due = ctx.t.scope_timers_due_after(next.scope, ctx.now.0, room)?;
+        let last_chunk = due.len() < room;
+        for (due, seq) in due {
+            handled += 1;
+            ctx.purge_revision_event(due, seq)?;
+            purged_revisions = true;
+            next.scope = Some((due, seq));
+            if yield_now() {
+                return Ok((true, next));
+            }
+        }
+        if last_chunk {
+            break;
         }
     }
-    let room = limit.saturating_sub(ops.len());
-    let scope_due = ctx
-        .t
-        .scope_timers_due_after(resume.scope, ctx.now.0, room)?;
-    for (due, seq) in &scope_due {
-        ctx.purge_revision_event(*due, *seq)?;
-    }
-    if let Some(last) = scope_due.last() {
-        next.scope = Some(*last);
-    }
-    let handled = ops.len() + scope_due.len();
-    let progressed = ctx.fired != before || !scope_due.is_empty();
+    let progressed = ctx.fired != before || purged_revisions;
     Ok((handled >= limit && progressed, next))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Fired;
+    use super::*;
+    use crate::clock::Timestamp;
+    use crate::config::Config;
+    use crate::index::{Layers, WriteTables};
+    use crate::intent::Intent;
+    use crate::record::StateRecord;
+    use crate::types::{Admission, Operation};
+
+    /// `n` operations claimed at time 0 whose leases have all expired by `now`.
+    fn running(t: &mut WriteTables<'_>, cfg: &Config, n: usize) -> (StateRecord, Timestamp) {
+        let mut state = StateRecord {
+            clock_high_water: Timestamp(0),
+            next_seq: 1,
+        };
+        let intent = Intent::from_json("edit", &serde_json::json!({})).expect("an intent");
+        for i in 0..n {
+            let mut ctx = Ctx {
+                t,
+                now: Timestamp(0),
+                cfg,
+                state: &mut state,
+                fired: Fired::default(),
+            };
+            let op = Operation::new(format!("op-{i:03}"), intent.clone()).scope(format!("s{i}"));
+            let admission = super::super::submit(&mut ctx, &op).expect("submit");
+            assert_eq!(admission.name(), "fresh", "operation {i}");
+            assert!(matches!(admission, Admission::Fresh(_)), "operation {i}");
+        }
+        let now = Timestamp(u64::try_from(cfg.lease.as_millis()).expect("lease") * 2);
+        (state, now)
+    }
+
+    #[test]
+    fn a_batch_with_a_call_waiting_fires_one_timer_and_the_next_starts_past_it() {
+        let cfg = Config::default();
+        let mut t = WriteTables::over(None, Layers::default());
+        let n = 150; // more than two chunks
+        let (mut state, now) = running(&mut t, &cfg, n);
+        let mut resume = Resume::default();
+        let mut batches = 0;
+        let mut total = Fired::default();
+        loop {
+            let mut ctx = Ctx {
+                t: &mut t,
+                now,
+                cfg: &cfg,
+                state: &mut state,
+                fired: Fired::default(),
+            };
+            let (more, next) = compact_batch(&mut ctx, 1000, &resume, &|| true).expect("batch");
+            batches += 1;
+            total.lease_expired += ctx.fired.lease_expired;
+            if !more {
+                assert_eq!(ctx.fired, Fired::default(), "the last batch finds nothing");
+                break;
+            }
+            assert_eq!(
+                ctx.fired.lease_expired, 1,
+                "batch {batches} fires one timer"
+            );
+            resume = next;
+            assert!(batches <= n, "the batches do not end");
+        }
+        assert_eq!(total.lease_expired, n as u64);
+        assert_eq!(
+            batches,
+            n + 1,
+            "one batch per timer, and one that finds none left"
+        );
+    }
+
+    #[test]
+    fn a_batch_without_a_waiting_call_fires_every_due_timer_across_chunks() {
+        let cfg = Config::default();
+        let mut t = WriteTables::over(None, Layers::default());
+        let n = 3 * CHUNK + 5;
+        let (mut state, now) = running(&mut t, &cfg, n);
+        let mut ctx = Ctx {
+            t: &mut t,
+            now,
+            cfg: &cfg,
+            state: &mut state,
+            fired: Fired::default(),
+        };
+        let (more, _) =
+            compact_batch(&mut ctx, 1000, &Resume::default(), &|| false).expect("batch");
+        assert_eq!(ctx.fired.lease_expired, n as u64);
+        assert!(!more, "fewer timers than the limit: nothing more is due");
+
+        // With a limit below the count, the batch stops at the limit and says more is due.
+        let mut t = WriteTables::over(None, Layers::default());
+        let (mut state, now) = running(&mut t, &cfg, n);
+        let mut ctx = Ctx {
+            t: &mut t,
+            now,
+            cfg: &cfg,
+            state: &mut state,
+            fired: Fired::default(),
+        };
+        let limit = CHUNK + 7;
+        let (more, next) =
+            compact_batch(&mut ctx, limit, &Resume::default(), &|| false).expect("batch");
+        assert_eq!(ctx.fired.lease_expired, limit as u64);
+        assert!(more);
+        let mut ctx = Ctx {
+            t: &mut t,
+            now,
+            cfg: &cfg,
+            state: &mut state,
+            fired: Fired::default(),
+        };
+        let (more, _) = compact_batch(&mut ctx, 1000, &next, &|| false).expect("batch");
+        assert_eq!(ctx.fired.lease_expired, (n - limit) as u64);
+        assert!(!more);
+    }
 }

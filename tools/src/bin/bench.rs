@@ -2244,7 +2244,9 @@ fn idle_then_busy(
 }
 
 /// Per engine: idle p99s, compacting p99s (µs), compaction seconds, lifecycles meanwhile.
-type FgSamples = (Vec<f64>, Vec<f64>, Vec<f64>, usize);
+/// Per engine: idle p99s, busy p99s, compaction seconds, lifecycles during the passes,
+/// and the busy calls' (p50, p90, max) of each repetition.
+type FgSamples = (Vec<f64>, Vec<f64>, Vec<f64>, usize, Vec<(f64, f64, f64)>);
 
 fn section_foreground(
     p: &Params,
@@ -2270,17 +2272,23 @@ fn section_foreground(
             }
             let (idle, busy, during, secs) = foreground_run(e, dir, base, ctx, p.fg_lifecycles)?;
             let entry = p99.entry(e.key()).or_default();
+            let b = percentiles(&busy);
             entry.0.push(percentiles(&idle).p99);
-            entry.1.push(percentiles(&busy).p99);
+            entry.1.push(b.p99);
             entry.2.push(secs);
             entry.3 += during;
+            entry.4.push((b.p50, b.p90, b.max));
         }
     }
     for e in engines {
-        let Some((idle, busy, secs, during)) = p99.get(e.key()) else {
+        let Some((idle, busy, secs, during, spread)) = p99.get(e.key()) else {
             continue;
         };
         let (i, b) = (median(idle), median(busy));
+        let of = |f: fn(&(f64, f64, f64)) -> f64| {
+            median(&spread.iter().map(f).collect::<Vec<_>>()) / 1e3
+        };
+        let (b50, b90, bmax) = (of(|s| s.0), of(|s| s.1), of(|s| s.2));
         r.figure_vs(
             format!("fg_p99_idle_{}", section_key(e)),
             format!("foreground call p99, idle: {}", e.label()),
@@ -2299,12 +2307,12 @@ fn section_foreground(
             b / 1e3,
             "ms",
             format!(
-                "{} idle; compaction took {:.2} s; {} lifecycles ran meanwhile",
+                "{} idle; compaction took {:.2} s; {} lifecycles ran meanwhile; calls p50 {b50:.2}, p90 {b90:.2}, max {bmax:.1} ms",
                 ratio_text(b / i, "its"),
                 median(secs),
                 during / idle.len().max(1)
             ),
-            json!({"samples_us": busy, "compaction_s": secs}),
+            json!({"samples_us": busy, "compaction_s": secs, "p50_p90_max_us": spread}),
         );
         if let Engine::Opj(_) = e {
             r.at_most(
