@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use opjournal::{
-    Admission, DeliveryState, ErrorKind, ExecutionStatus, Intent, Journal, ManualClock, Operation,
-    Outcome, Resolution, Sharing, Timestamp,
+    Admission, Clock, DeliveryState, ErrorKind, ExecutionStatus, Intent, Journal, ManualClock,
+    Operation, Outcome, Resolution, Sharing, Timestamp,
 };
 use support::driver::{Rng, T0};
 
@@ -64,8 +64,11 @@ struct Shared {
     journal: Journal,
     clock: ManualClock,
     editor: Mutex<Editor>,
-    /// Whether some thread holds a fresh claim in each scope.
-    scope_busy: Vec<AtomicBool>,
+    /// Per scope, the fresh claim some thread holds in it: its id and when its lease
+    /// ends. Leases are short here (2 s of a clock that moves 150 ms every 2 ms), so a
+    /// worker the machine leaves waiting can see its lease expire: its operation is then
+    /// in doubt, the scope is free, and another claim in it is correct.
+    scope_busy: Vec<Mutex<Option<(usize, Timestamp)>>>,
     /// The ids some thread holds a fresh claim for.
     id_busy: Mutex<std::collections::BTreeSet<usize>>,
     stop: AtomicBool,
@@ -179,16 +182,26 @@ fn run_claim(sh: &Shared, rng: &mut Rng, i: usize, claim: opjournal::Claim) {
         sh.violation(format!("two fresh claims at once for `{id}`"));
     }
     let scope = scope_index(i);
-    if let Some(s) = scope
-        && sh.scope_busy[s].swap(true, Ordering::SeqCst)
-    {
-        sh.violation(format!(
-            "two fresh claims at once in scope {s} (`{id}` is the second)"
-        ));
+    if let Some(s) = scope {
+        let mut holder = sh.scope_busy[s].lock().unwrap_or_else(|e| e.into_inner());
+        // The journal judged this claim at or before now: the holder's lease had not
+        // ended then either if it has not ended now.
+        if let Some((other, until)) = *holder
+            && sh.clock.now() < until
+        {
+            sh.violation(format!(
+                "two fresh claims at once in scope {s} (`{id}` is the second, `op-{other}` \
+                 holds it until {until:?})"
+            ));
+        }
+        *holder = Some((i, claim.lease_until()));
     }
     let release_locks = || {
         if let Some(s) = scope {
-            sh.scope_busy[s].store(false, Ordering::SeqCst);
+            let mut holder = sh.scope_busy[s].lock().unwrap_or_else(|e| e.into_inner());
+            if holder.is_some_and(|(held, _)| held == i) {
+                *holder = None;
+            }
         }
         sh.id_busy
             .lock()
@@ -433,7 +446,7 @@ fn stress(sharing: Sharing) -> opjournal::Result<()> {
         journal: builder().open(&path)?,
         clock: clock.clone(),
         editor: Mutex::new(Editor::default()),
-        scope_busy: (0..SCOPES).map(|_| AtomicBool::new(false)).collect(),
+        scope_busy: (0..SCOPES).map(|_| Mutex::new(None)).collect(),
         id_busy: Mutex::new(std::collections::BTreeSet::new()),
         stop: AtomicBool::new(false),
         calls: AtomicU64::new(0),
