@@ -134,6 +134,27 @@ mod tests {
         (state, now)
     }
 
+    /// One batch at `now`: what it fired, whether more may be due, where the next starts.
+    fn batch(
+        t: &mut WriteTables<'_>,
+        state: &mut StateRecord,
+        cfg: &Config,
+        now: Timestamp,
+        limit: usize,
+        resume: &Resume,
+        waiting: bool,
+    ) -> (Fired, bool, Resume) {
+        let mut ctx = Ctx {
+            t,
+            now,
+            cfg,
+            state,
+            fired: Fired::default(),
+        };
+        let (more, next) = compact_batch(&mut ctx, limit, resume, &|| waiting).expect("batch");
+        (ctx.fired, more, next)
+    }
+
     #[test]
     fn a_batch_with_a_call_waiting_fires_one_timer_and_the_next_starts_past_it() {
         let cfg = Config::default();
@@ -142,30 +163,27 @@ mod tests {
         let (mut state, now) = running(&mut t, &cfg, n);
         let mut resume = Resume::default();
         let mut batches = 0;
-        let mut total = Fired::default();
+        let mut total = 0;
         loop {
-            let mut ctx = Ctx {
-                t: &mut t,
-                now,
-                cfg: &cfg,
-                state: &mut state,
-                fired: Fired::default(),
-            };
-            let (more, next) = compact_batch(&mut ctx, 1000, &resume, &|| true).expect("batch");
+            let (fired, more, next) = batch(&mut t, &mut state, &cfg, now, 1000, &resume, true);
             batches += 1;
-            total.lease_expired += ctx.fired.lease_expired;
+            total += fired.lease_expired;
             if !more {
-                assert_eq!(ctx.fired, Fired::default(), "the last batch finds nothing");
+                assert_eq!(fired, Fired::default(), "the last batch finds nothing");
                 break;
             }
-            assert_eq!(
-                ctx.fired.lease_expired, 1,
-                "batch {batches} fires one timer"
+            assert_eq!(fired.lease_expired, 1, "batch {batches} fires one timer");
+            // The next batch starts past the timer fired, not again from the start.
+            assert!(
+                next.timers[0].is_some() && next.timers[0] > resume.timers[0],
+                "batch {batches}: the lease position moved from {:?} to {:?}",
+                resume.timers[0],
+                next.timers[0]
             );
             resume = next;
             assert!(batches <= n, "the batches do not end");
         }
-        assert_eq!(total.lease_expired, n as u64);
+        assert_eq!(total, n as u64);
         assert_eq!(
             batches,
             n + 1,
@@ -176,45 +194,38 @@ mod tests {
     #[test]
     fn a_batch_without_a_waiting_call_fires_every_due_timer_across_chunks() {
         let cfg = Config::default();
-        let mut t = WriteTables::over(None, Layers::default());
         let n = 3 * CHUNK + 5;
+        let mut t = WriteTables::over(None, Layers::default());
         let (mut state, now) = running(&mut t, &cfg, n);
-        let mut ctx = Ctx {
-            t: &mut t,
+        let (fired, more, _) = batch(
+            &mut t,
+            &mut state,
+            &cfg,
             now,
-            cfg: &cfg,
-            state: &mut state,
-            fired: Fired::default(),
-        };
-        let (more, _) =
-            compact_batch(&mut ctx, 1000, &Resume::default(), &|| false).expect("batch");
-        assert_eq!(ctx.fired.lease_expired, n as u64);
+            1000,
+            &Resume::default(),
+            false,
+        );
+        assert_eq!(fired.lease_expired, n as u64);
         assert!(!more, "fewer timers than the limit: nothing more is due");
 
         // With a limit below the count, the batch stops at the limit and says more is due.
         let mut t = WriteTables::over(None, Layers::default());
         let (mut state, now) = running(&mut t, &cfg, n);
-        let mut ctx = Ctx {
-            t: &mut t,
-            now,
-            cfg: &cfg,
-            state: &mut state,
-            fired: Fired::default(),
-        };
         let limit = CHUNK + 7;
-        let (more, next) =
-            compact_batch(&mut ctx, limit, &Resume::default(), &|| false).expect("batch");
-        assert_eq!(ctx.fired.lease_expired, limit as u64);
-        assert!(more);
-        let mut ctx = Ctx {
-            t: &mut t,
+        let (fired, more, next) = batch(
+            &mut t,
+            &mut state,
+            &cfg,
             now,
-            cfg: &cfg,
-            state: &mut state,
-            fired: Fired::default(),
-        };
-        let (more, _) = compact_batch(&mut ctx, 1000, &next, &|| false).expect("batch");
-        assert_eq!(ctx.fired.lease_expired, (n - limit) as u64);
+            limit,
+            &Resume::default(),
+            false,
+        );
+        assert_eq!(fired.lease_expired, limit as u64);
+        assert!(more);
+        let (fired, more, _) = batch(&mut t, &mut state, &cfg, now, 1000, &next, false);
+        assert_eq!(fired.lease_expired, (n - limit) as u64);
         assert!(!more);
     }
 }
