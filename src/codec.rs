@@ -6,7 +6,7 @@
 //! ```text
 //! offset  size  field
 //! 0       2     magic  "OJ" (0x4f 0x4a)
-//! 2       1     format version (1)
+//! 2       1     format version (1 to 3: the format that wrote it)
 //! 3       1     record kind (see RecordKind)
 //! 4       4     payload length, u32
 //! 8       4     CRC-32 (IEEE, crc32fast) over bytes 0..8 followed by the payload
@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 /// The two magic bytes that start every stored value.
 pub const MAGIC: [u8; 2] = *b"OJ";
 /// The record (and file) format version this build reads and writes.
-pub const FORMAT_VERSION: u8 = 2;
+pub const FORMAT_VERSION: u8 = 3;
 /// Bytes before the payload.
 pub const HEADER_LEN: usize = 12;
 /// The largest payload bincode may decode (or allocate for) in one record, except result

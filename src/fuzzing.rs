@@ -55,6 +55,25 @@ pub fn decode_every_record(bytes: &[u8]) -> Result<u32, String> {
         }
         accepted += 1;
     }
+    // A receipts value with a result inline after the receipt (format 3): the result must
+    // decode against the receipt it follows, and re-encoding both gives the same pair.
+    if let (head, Some(tail)) = index::split_receipt_value(bytes)
+        && let Ok(rec) = index::decode_receipt_frame(head)
+        && let crate::record::ExecRecord::Done(d) = &rec.state
+        && let Some(seq) = d.result_seq
+        && let Ok(result) = index::decode_inline_result(&rec.operation_id, seq, tail)
+    {
+        let mut re = codec::encode(RecordKind::Receipt, &rec);
+        re.extend_from_slice(&index::encode_result(seq, &rec.operation_id, &result));
+        let (head2, tail2) = index::split_receipt_value(&re);
+        let again = tail2.ok_or("a re-encoded receipt lost its inline result")?;
+        if index::decode_receipt_frame(head2).ok().as_ref() != Some(&rec)
+            || index::decode_inline_result(&rec.operation_id, seq, again).ok() != Some(result)
+        {
+            return Err("a receipt with an inline result does not re-encode to itself".into());
+        }
+        // Counted once, as the receipt it is (accepted above).
+    }
     // The raw scanner must never panic and only return CRC-valid frames.
     for (kind, frame) in crate::check::scan_frames(bytes) {
         codec::unframe(kind, frame).map_err(|e| format!("scan returned an invalid frame: {e}"))?;
@@ -333,6 +352,17 @@ pub fn golden_records() -> Vec<(&'static str, Vec<u8>)> {
         }),
     };
     out.push(("receipt", codec::encode(RecordKind::Receipt, &receipt)));
+    // Format 3: the same receipt with its result inline after it, as `receipts` stores it.
+    let mut with_result = codec::encode(RecordKind::Receipt, &receipt);
+    with_result.extend_from_slice(&index::encode_result(
+        3,
+        "op_7f3",
+        &OpResult {
+            bytes: b"light-1".to_vec(),
+            changed_assets: vec!["scene/main/light-1".into()],
+        },
+    ));
+    out.push(("receipt.with_result", with_result));
     out.push((
         "scope",
         codec::encode(
@@ -361,7 +391,7 @@ pub fn golden_records() -> Vec<(&'static str, Vec<u8>)> {
         codec::encode(
             RecordKind::Meta,
             &FormatRecord {
-                format_version: 2,
+                format_version: 3,
                 created_at: t,
                 created_by: "opjournal 0.1.0".into(),
                 upgraded: None,

@@ -247,7 +247,10 @@ fn a_format_1_journal_dumps_and_imports_as_a_journal_of_this_format() -> TestRes
     assert_eq!(again[1..], first[1..]);
     assert_eq!(
         again[0],
-        first[0].replace(r#""format_version":1"#, r#""format_version":2"#)
+        first[0].replace(
+            r#""format_version":1"#,
+            &format!(r#""format_version":{}"#, opjournal::FORMAT_VERSION)
+        )
     );
     let o = run(&["verify", path_str(&dest)]);
     assert_eq!(code(&o), 0, "{}", stdout(&o));
@@ -431,10 +434,14 @@ fn import_refuses_a_damaged_dump_naming_the_line_and_writes_nothing() -> TestRes
         "{err}"
     );
     let mut bad = lines.clone();
-    bad[0] = bad[0].replace(r#""format_version":2"#, r#""format_version":7"#);
+    let ours = opjournal::FORMAT_VERSION;
+    bad[0] = bad[0].replace(
+        &format!(r#""format_version":{ours}"#),
+        r#""format_version":7"#,
+    );
     let err = import(join(&bad));
     assert!(
-        err.contains("format version 7") && err.contains("(version 2)"),
+        err.contains("format version 7") && err.contains(&format!("(version {ours})")),
         "{err}"
     );
 

@@ -45,7 +45,7 @@ fn stats_prints_counts_by_status_and_delivery_and_the_oldest_unacked() {
         golden(&s, &["stats", p]),
         "\
 journal         JOURNAL
-format          version 2, created 2100-01-01 00:00:00 UTC (10 min ago)
+format          version 3, created 2100-01-01 00:00:00 UTC (10 min ago)
 now             2100-01-01 00:10:01 UTC (clocks applied as of this time)
 file size       SIZE
 
@@ -624,7 +624,7 @@ fn a_newer_format_exits_2_naming_both_versions() -> TestResult {
         {
             let mut meta = txn.open_table(redb::TableDefinition::<&str, &[u8]>::new("meta"))?;
             let record = NewerFormatRecord {
-                format_version: 3,
+                format_version: 4,
                 created_at: T0.as_millis(),
                 created_by: "opjournal 9.0.0".into(),
                 upgraded: None,
@@ -640,7 +640,7 @@ fn a_newer_format_exits_2_naming_both_versions() -> TestResult {
     ] {
         assert_fails(
             &[cmd, path_str(&s.path)],
-            "has journal format version 3, but this opjournal 0.1.0 reads version 2",
+            "has journal format version 4, but this opjournal 0.1.0 reads version 3",
             "written by a newer opjournal",
         );
     }

@@ -26,6 +26,9 @@ const PAGE: usize = 4096;
 /// live one, and stale ones on pages a later commit freed).
 #[derive(Clone, Debug)]
 struct Stored {
+    /// The table a finding about it names (a result inline in its receipt is named by the
+    /// receipt).
+    table: &'static str,
     key: String,
     op: String,
     /// The event kind, for events.
@@ -107,6 +110,7 @@ fn fixture(n: usize) -> Fixture {
             let (k, v) = entry.expect("entry");
             let (op, kind) = owners.get(&k.value()).cloned().unwrap_or_default();
             events.push(Stored {
+                table: "events",
                 key: k.value().to_string(),
                 op,
                 kind,
@@ -123,6 +127,7 @@ fn fixture(n: usize) -> Fixture {
             let (k, v) = entry.expect("entry");
             let (op, _) = owners.get(&k.value()).cloned().unwrap_or_default();
             results.push(Stored {
+                table: "results",
                 key: k.value().to_string(),
                 op,
                 kind: "result".into(),
@@ -137,13 +142,28 @@ fn fixture(n: usize) -> Fixture {
             .expect("iter")
         {
             let (k, v) = entry.expect("entry");
+            // Format 3: a small result follows the receipt record in the same value.
+            let value = v.value();
+            let record_len = 12 + u32::from_le_bytes(value[4..8].try_into().expect("4")) as usize;
+            let (record, inline) = value.split_at(record_len.min(value.len()));
             receipt_values.push(Stored {
+                table: "receipts",
                 key: k.value().to_string(),
                 op: k.value().to_string(),
                 kind: "receipt".into(),
-                bytes: v.value().to_vec(),
-                copies: copies_of(&pristine, v.value()),
+                bytes: record.to_vec(),
+                copies: copies_of(&pristine, record),
             });
+            if !inline.is_empty() {
+                results.push(Stored {
+                    table: "receipts",
+                    key: k.value().to_string(),
+                    op: k.value().to_string(),
+                    kind: "result".into(),
+                    bytes: inline.to_vec(),
+                    copies: copies_of(&pristine, inline),
+                });
+            }
         }
     }
     assert!(
@@ -478,12 +498,15 @@ fn a_damaged_result_is_named_and_its_operation_answers_expired_after_repair() ->
     let p = path_str(&fx.s.path);
     let o = run(&["--json", "verify", p]);
     assert_eq!(code(&o), 1);
-    assert!(finding_names(&o, "results", &r.key), "{}", stdout(&o));
+    assert!(finding_names(&o, r.table, &r.key), "{}", stdout(&o));
     // `show` still shows the receipt and the history, and says the result is unreadable.
     let show = run(&["show", p, &r.op]);
     assert_eq!(code(&show), 1, "{}", stderr(&show));
     assert!(
-        stdout(&show).contains("result: cannot be read: corrupt record in table `results`"),
+        stdout(&show).contains(&format!(
+            "result: cannot be read: corrupt record in table `{}`",
+            r.table
+        )),
         "{}",
         stdout(&show)
     );

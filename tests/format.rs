@@ -1,6 +1,7 @@
-//! The file format: golden bytes of every record kind, checked-in journals of format 1
-//! (read as they are, upgraded by the first writer) and format 2, format version checks,
-//! and typed `Corrupt` errors for values altered on disk.
+//! The file format: golden bytes of every record kind, checked-in journals of formats 1
+//! and 2 (read as they are, upgraded by the first writer, a format-2 one also with a log a
+//! crash left) and format 3, format version checks, and typed `Corrupt` errors for values
+//! altered on disk.
 
 mod common;
 
@@ -58,7 +59,7 @@ fn golden_records_decode_and_reencode_identically() {
 fn envelope_matches_the_documented_layout() {
     let framed = codec::frame(RecordKind::Scope, b"abc");
     assert_eq!(&framed[0..2], b"OJ");
-    assert_eq!(framed[2], 2, "format version");
+    assert_eq!(framed[2], 3, "format version");
     assert_eq!(framed[3], 4, "record kind: scope");
     assert_eq!(&framed[4..8], &3u32.to_le_bytes());
     let mut h = crc32fast::Hasher::new();
@@ -89,8 +90,9 @@ fn envelope_rejects_every_single_byte_change() {
 }
 
 /// Builds a fixture: applied+acknowledged, delivered, failed, released, and one operation
-/// running when the journal was closed. `tests/fixtures/v1.opj` was built by this function
-/// with the format 1 build and is never rewritten; `v2.opj` is rebuilt by `OPJ_BLESS=1`.
+/// running when the journal was closed. `tests/fixtures/v1.opj` and `v2.opj` were built by
+/// this function with the format 1 and format 2 builds and are never rewritten; `v3.opj`
+/// is rebuilt by `OPJ_BLESS=1`.
 fn build_fixture(path: &Path) -> opjournal::Result<()> {
     let clock = opjournal::ManualClock::new(common::T0);
     let journal = Journal::builder().clock(clock.clone()).open(path)?;
@@ -174,8 +176,8 @@ fn format_upgrades(path: &Path) -> opjournal::Result<Vec<(u32, u32)>> {
 }
 
 #[test]
-fn checked_in_v2_journal_opens_with_every_state_intact() -> opjournal::Result<()> {
-    let path = fixture("v2.opj");
+fn checked_in_v3_journal_opens_with_every_state_intact() -> opjournal::Result<()> {
+    let path = fixture("v3.opj");
     if bless() {
         let _ = std::fs::remove_file(&path);
         build_fixture(&path)?;
@@ -183,6 +185,96 @@ fn checked_in_v2_journal_opens_with_every_state_intact() -> opjournal::Result<()
     let env = fixture_opens_for_writing(&path)?;
     assert!(format_upgrades(&env.path)?.is_empty());
     Ok(())
+}
+
+#[test]
+fn the_first_writer_upgrades_a_format_2_journal_once_and_records_it() -> opjournal::Result<()> {
+    let env = fixture_opens_for_writing(&fixture("v2.opj"))?;
+    assert_eq!(format_upgrades(&env.path)?, vec![(2, 3)]);
+    let stats = opjournal::Inspector::open(&env.path)?.stats()?;
+    assert_eq!((stats.format_version, stats.upgraded_from), (3, Some(2)));
+    drop(env.open());
+    assert_eq!(format_upgrades(&env.path)?, vec![(2, 3)]);
+    Ok(())
+}
+
+/// `v2-with-log.opj` and its log: `v2.opj` opened by the format 2 build, one operation
+/// (`logged`, result `logged-result`) completed and delivered, and the process gone without
+/// closing: the log holds batches the file does not.
+fn v2_with_log(env: &Env) {
+    std::fs::copy(fixture("v2-with-log.opj"), &env.path).expect("copy the journal");
+    std::fs::copy(
+        fixture("v2-with-log.opj-log"),
+        opjournal::FileLog::path_for(&env.path),
+    )
+    .expect("copy its log");
+}
+
+#[test]
+fn a_format_2_journal_a_crash_left_with_a_log_keeps_the_logged_work_through_the_upgrade()
+-> opjournal::Result<()> {
+    let env = Env::new();
+    v2_with_log(&env);
+    // Read as it is: format 2, with the log's work visible.
+    {
+        let insp = opjournal::Inspector::open(&env.path)?;
+        assert_eq!(insp.stats()?.format_version, 2);
+        let logged = insp.lookup("logged")?.expect("the logged operation");
+        assert_eq!(logged.status, ExecutionStatus::Applied);
+    }
+    env.clock.set(common::T0);
+    let journal = env.open();
+    let Admission::Replay(r) = journal.submit(
+        Operation::new("logged", add_light("logged"))
+            .scope("scene/logged")
+            .session("tab-2"),
+    )?
+    else {
+        panic!("the logged operation replays after the upgrade");
+    };
+    assert_eq!(r.result.bytes, b"logged-result");
+    assert_eq!(r.receipt.delivery_count, 1);
+    fixture_states(|id| journal.lookup(id))?;
+    // The upgrade's event comes after every logged one (no seq was taken twice).
+    let history = journal.history("logged")?;
+    drop(journal);
+    let upgrades = format_upgrades(&env.path)?;
+    assert_eq!(upgrades, vec![(2, 3)]);
+    let mut upgrade_seq = None;
+    opjournal::Inspector::open(&env.path)?.for_each_event(0, |ev| {
+        if let opjournal::EventKind::FormatUpgraded { .. } = ev.kind {
+            upgrade_seq = Some(ev.seq);
+        }
+        Ok(true)
+    })?;
+    let upgrade_seq = upgrade_seq.expect("the upgrade event");
+    assert!(history.iter().all(|e| e.seq < upgrade_seq), "{history:?}");
+    let report = opjournal::verify(&env.path)?;
+    assert!(report.is_clean(), "{:?}", report.findings);
+    Ok(())
+}
+
+#[test]
+fn a_read_only_format_2_journal_with_a_log_is_refused_for_writing_and_stays_unchanged() {
+    let env = Env::new();
+    v2_with_log(&env);
+    let log = opjournal::FileLog::path_for(&env.path);
+    let log_before = std::fs::read(&log).expect("log");
+    let mut perms = std::fs::metadata(&env.path).expect("meta").permissions();
+    perms.set_readonly(true);
+    std::fs::set_permissions(&env.path, perms).expect("chmod");
+    let before = env.bytes();
+    let err = env
+        .builder()
+        .open(&env.path)
+        .expect_err("read-only format 2 file");
+    assert!(
+        matches!(err.kind(), ErrorKind::InvalidInput { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("read-only"), "{err}");
+    assert!(env.bytes() == before);
+    assert!(std::fs::read(&log).expect("log") == log_before);
 }
 
 #[test]
@@ -212,14 +304,14 @@ fn a_format_1_journal_is_read_as_it_is_by_read_only_commands() -> opjournal::Res
 #[test]
 fn the_first_writer_upgrades_a_format_1_journal_once_and_records_it() -> opjournal::Result<()> {
     let env = fixture_opens_for_writing(&fixture("v1.opj"))?;
-    assert_eq!(format_upgrades(&env.path)?, vec![(1, 2)]);
+    assert_eq!(format_upgrades(&env.path)?, vec![(1, 3)]);
     let stats = opjournal::Inspector::open(&env.path)?.stats()?;
-    assert_eq!(stats.format_version, 2);
+    assert_eq!(stats.format_version, 3);
     assert_eq!(stats.upgraded_from, Some(1));
     assert!(stats.upgraded_at.is_some());
     // Opening again upgrades nothing.
     drop(env.open());
-    assert_eq!(format_upgrades(&env.path)?, vec![(1, 2)]);
+    assert_eq!(format_upgrades(&env.path)?, vec![(1, 3)]);
     Ok(())
 }
 
@@ -291,7 +383,7 @@ fn write_meta_only(path: &Path, format_version: u32, envelope: u8) {
 #[test]
 fn newer_format_is_refused_naming_both_versions() {
     // A format record of a newer build: its envelope version, or the version it holds.
-    for (version, envelope) in [(3, 3), (3, 2)] {
+    for (version, envelope) in [(4, 4), (4, 3)] {
         let env = Env::new();
         write_meta_only(&env.path, version, envelope);
         let before = env.bytes();
@@ -300,15 +392,15 @@ fn newer_format_is_refused_naming_both_versions() {
             matches!(
                 err.kind(),
                 ErrorKind::UnsupportedFormat {
-                    found: 3,
-                    supported: 2
+                    found: 4,
+                    supported: 3
                 }
             ),
             "{err:?}"
         );
         let msg = err.to_string();
         assert!(
-            msg.contains("version 3") && msg.contains("version 2"),
+            msg.contains("version 4") && msg.contains("version 3"),
             "{msg}"
         );
         let err = opjournal::Inspector::open(&env.path).expect_err("newer format");
@@ -352,7 +444,7 @@ fn damage_records(path: &Path, kind: RecordKind, needle: &[u8]) -> usize {
     let mut i = 0;
     while i + 12 < bytes.len() {
         if bytes[i..i + 2] == *b"OJ"
-            && (1..=2).contains(&bytes[i + 2])
+            && (1..=opjournal::codec::FORMAT_VERSION).contains(&bytes[i + 2])
             && bytes[i + 3] == kind as u8
         {
             let len = u32::from_le_bytes([bytes[i + 4], bytes[i + 5], bytes[i + 6], bytes[i + 7]])
@@ -431,7 +523,7 @@ fn altered_event_bytes_give_corrupt_naming_the_sequence() -> opjournal::Result<(
 #[test]
 fn repair_refuses_foreign_and_newer_files_without_writing_a_backup() {
     let env = Env::new();
-    write_meta_only(&env.path, 3, 3);
+    write_meta_only(&env.path, 4, 4);
     let before = env.bytes();
     let err = opjournal::repair(&env.path, &Default::default(), &mut |_, _| {})
         .expect_err("newer format");

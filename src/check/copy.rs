@@ -138,8 +138,16 @@ fn copy_tables(snap: &index::Snapshot<'_>, out: &mut NewJournal) -> Result<Backu
     }
     report.events = out.copy::<index::Events>(snap)?;
     report.receipts = out.copy::<index::Receipts>(snap)?;
-    report.results = out.copy::<index::Results>(snap)?;
-    report.entries += report.events + report.receipts + report.results;
+    let in_table = out.copy::<index::Results>(snap)?;
+    report.entries += report.events + report.receipts + in_table;
+    // Results inline in their receipts (format 3) were copied with them.
+    let mut inline = 0;
+    for entry in snap.all::<index::Receipts>()? {
+        if index::split_receipt_value(&entry?.1).1.is_some() {
+            inline += 1;
+        }
+    }
+    report.results = in_table + inline;
     macro_rules! rest {
         ($($t:ident),*) => { $( report.entries += out.copy::<index::$t>(snap)?; )* };
     }

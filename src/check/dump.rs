@@ -189,9 +189,50 @@ fn write_dump(snap: &index::Snapshot<'_>, out: &mut dyn Write) -> Result<DumpRep
         write_line(out, "event", &event_value(&api::Event::from(&ev)))?;
         report.events += 1;
     }
-    for entry in snap.all::<index::Results>()? {
+    // Results in seq order, wherever they are stored: the seqs of those inline in their
+    // receipts (format 3) are gathered first (a seq and an id per terminal receipt, not
+    // their payloads), then merged with the `results` table.
+    let mut inline: Vec<(u64, String)> = Vec::new();
+    for entry in snap.all::<index::Receipts>()? {
         let (k, v) = entry?;
-        let (header, bytes) = index::decode_result(k, &v)?;
+        if index::split_receipt_value(&v).1.is_none() {
+            continue;
+        }
+        let rec = index::decode_receipt(&k, &v)?;
+        if let ExecRecord::Done(d) = &rec.state
+            && let Some(seq) = d.result_seq
+        {
+            inline.push((seq, k));
+        }
+    }
+    inline.sort_unstable();
+    let mut inline = inline.into_iter().peekable();
+    let mut stored = snap.all::<index::Results>()?.peekable();
+    loop {
+        let next_stored = match stored.peek() {
+            Some(Ok((k, _))) => Some(*k),
+            Some(Err(_)) => stored.next().transpose()?.map(|(k, _)| k),
+            None => None,
+        };
+        let (k, header_id, changed_assets, bytes) = match (inline.peek(), next_stored) {
+            (None, None) => break,
+            (Some((seq, _)), s) if s.is_none_or(|s| *seq < s) => {
+                let Some((seq, id)) = inline.next() else {
+                    break;
+                };
+                let r = snap
+                    .inline_result(&id, seq)?
+                    .ok_or_else(|| Error::corrupt("receipts", &id, "its inline result vanished"))?;
+                (seq, id, r.changed_assets, r.bytes)
+            }
+            _ => {
+                let Some((k, v)) = stored.next().transpose()? else {
+                    break;
+                };
+                let (header, bytes) = index::decode_result(k, &v)?;
+                (k, header.operation_id, header.changed_assets, bytes)
+            }
+        };
         let (encoding, content) = match std::str::from_utf8(&bytes) {
             Ok(text) => ("utf8", text.to_string()),
             Err(_) => ("hex", hex(&bytes)),
@@ -201,9 +242,9 @@ fn write_dump(snap: &index::Snapshot<'_>, out: &mut dyn Write) -> Result<DumpRep
             "result",
             &json!({
                 "seq": k,
-                "operation_id": header.operation_id,
+                "operation_id": header_id,
                 "len": bytes.len(),
-                "changed_assets": header.changed_assets,
+                "changed_assets": changed_assets,
                 "encoding": encoding,
                 "content": content,
                 "shown_bytes": bytes.len(),
@@ -490,7 +531,7 @@ fn import(mut reader: impl BufRead, dest: &Path) -> Result<ImportReport> {
             let rec = index::decode_receipt(&k, &v)?;
             if let ExecRecord::Done(d) = &rec.state
                 && let Some(seq) = d.result_seq
-                && snap.get::<index::Results>(&seq)?.is_none()
+                && !snap.result_stored(&k, seq)?
             {
                 return Ok(Some((k, seq)));
             }
@@ -588,7 +629,7 @@ fn import_result(journal: &mut NewJournal, line: u64, data: Value) -> Result<()>
                  completed again)"
             )));
         }
-        if snap.get::<index::Results>(&seq)?.is_some() {
+        if snap.result_stored(&op, seq)? {
             return Ok(Some(format!("a result for event {seq} came before")));
         }
         Ok(None)

@@ -1129,6 +1129,26 @@ impl<'s> Build<'s> {
                 None => break,
             }
         }
+        // Results stored inline in the source's receipts (format 3). A damaged receipt's
+        // result is looked for in the raw bytes, as any damaged value's is.
+        let mut after_id: Option<String> = None;
+        let mut receipts: Vec<(String, Vec<u8>)> = Vec::new();
+        loop {
+            let chunk =
+                self.src
+                    .read_range::<index::Receipts>(after_id.as_ref(), 64, &mut receipts)?;
+            for (_, value) in std::mem::take(&mut receipts) {
+                if let Some(tail) = index::split_receipt_value(&value).1
+                    && let Ok((h, _)) = decode_result_frame(tail)
+                {
+                    self.take_result(h.completed_seq, tail, Provenance::Tree)?;
+                }
+            }
+            match chunk.resume {
+                Some(k) => after_id = Some(k),
+                None => break,
+            }
+        }
         // Intact copies elsewhere in the file: of a damaged value (its key proves it live),
         // of the unreadable ranges, and of payloads a rebuilt receipt refers to that are not
         // in the table (looked for when the build is given candidates).
@@ -1166,7 +1186,10 @@ impl<'s> Build<'s> {
                     base: Some(&self.base),
                     layers: Layers::new(&[&self.pending]),
                 };
-                snap.get::<index::Results>(&seq)?.is_some()
+                match decode_result_frame(&raw) {
+                    Ok((h, _)) => snap.result_stored(&h.operation_id, seq)?,
+                    Err(_) => snap.get::<index::Results>(&seq)?.is_some(),
+                }
             };
             if !present {
                 self.take_result(seq, &raw, Provenance::Raw)?;
@@ -1513,7 +1536,7 @@ impl<'s> Build<'s> {
                     base: Some(&self.base),
                     layers: Layers::new(&[&self.pending]),
                 };
-                snap.get::<index::Results>(&seq)?.is_some()
+                snap.result_stored(id, seq)?
             };
             if !has {
                 self.wanted.result_keys.insert(seq);

@@ -861,37 +861,66 @@ fn check_receipts<V: View>(
                 );
             }
         }
-        if let ExecRecord::Done(d) = &folded.state
-            && let Some(seq) = d.result_seq
-        {
-            match t.get::<index::Results>(&seq)? {
-                None => findings.add(
-                    "results",
-                    seq,
-                    format!("missing: the result of `{id}` is not stored"),
-                ),
-                // A damaged result is reported by the results pass.
-                Some(raw) => {
-                    if let Ok((header, bytes)) = index::decode_result(seq, &raw)
-                        && header.operation_id == id
-                        && (bytes.len() as u64 != d.result.len
-                            || crc32fast::hash(&bytes) != d.result.crc32
-                            || header.changed_assets.len() as u32 != d.result.assets)
-                    {
+        let kept = match &folded.state {
+            ExecRecord::Done(d) => d.result_seq.map(|seq| (d, seq)),
+            _ => None,
+        };
+        let tail = index::split_receipt_value(&raw).1;
+        if let Some(tail) = tail {
+            // A result inline in the receipt's value (format 3) must be the one it keeps.
+            let problem = match kept {
+                None => Some("a result is stored inline, but the receipt keeps none".to_string()),
+                Some((_, seq)) => index::decode_inline_result(&id, seq, tail)
+                    .err()
+                    .map(|e| corrupt_detail(&e)),
+            };
+            match problem {
+                Some(p) => findings.add("receipts", &id, p),
+                None => report.results += 1,
+            }
+        }
+        if let Some((d, seq)) = kept {
+            let stored_result = match tail {
+                Some(tail) => index::decode_inline_result(&id, seq, tail)
+                    .ok()
+                    .map(|r| (id.clone(), r.changed_assets, r.bytes)),
+                None => match t.get::<index::Results>(&seq)? {
+                    None => {
                         findings.add(
                             "results",
                             seq,
-                            format!(
-                                "payload of `{id}` does not match its completion event ({} \
-                                 bytes, crc {:08x}; expected {} bytes, crc {:08x})",
-                                bytes.len(),
-                                crc32fast::hash(&bytes),
-                                d.result.len,
-                                d.result.crc32
-                            ),
+                            format!("missing: the result of `{id}` is not stored"),
                         );
+                        None
                     }
-                }
+                    // A damaged result is reported by the results pass.
+                    Some(raw) => index::decode_result(seq, &raw)
+                        .ok()
+                        .map(|(h, bytes)| (h.operation_id, h.changed_assets, bytes)),
+                },
+            };
+            if let Some((owner, changed_assets, bytes)) = stored_result
+                && owner == id
+                && (bytes.len() as u64 != d.result.len
+                    || crc32fast::hash(&bytes) != d.result.crc32
+                    || changed_assets.len() as u32 != d.result.assets)
+            {
+                let (table, key) = match tail {
+                    Some(_) => ("receipts", id.clone()),
+                    None => ("results", seq.to_string()),
+                };
+                findings.add(
+                    table,
+                    key,
+                    format!(
+                        "payload of `{id}` does not match its completion event ({} \
+                         bytes, crc {:08x}; expected {} bytes, crc {:08x})",
+                        bytes.len(),
+                        crc32fast::hash(&bytes),
+                        d.result.len,
+                        d.result.crc32
+                    ),
+                );
             }
         }
     }
@@ -948,9 +977,13 @@ fn check_results<V: View>(t: &V, report: &mut VerifyReport, findings: &mut Findi
             }
         };
         let op = &header.operation_id;
+        // A receipt keeping its result inline does not refer to a copy in `results`.
+        let inline = t
+            .with_str::<index::Receipts, _>(op, |v| index::split_receipt_value(v).1.is_some())?
+            .unwrap_or(false);
         let referenced = match t.receipt(op) {
             Ok(Some(r)) => match &r.state {
-                ExecRecord::Done(d) => d.result_seq == Some(seq),
+                ExecRecord::Done(d) => d.result_seq == Some(seq) && !inline,
                 _ => false,
             },
             Ok(None) => false,

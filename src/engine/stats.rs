@@ -64,7 +64,7 @@ pub struct Stats {
     pub oldest_unacked: Option<OldestUnacked>,
     /// Events in the journal table.
     pub events: u64,
-    /// Stored result payloads.
+    /// Stored result payloads (inline in their receipts, or in the results table).
     pub results: u64,
     /// Scopes with a recorded revision.
     pub scopes: u64,
@@ -116,6 +116,10 @@ pub(crate) fn collect<V: View>(
     for entry in v.all::<Receipts>()? {
         let (k, val) = entry?;
         let rec = index::decode_receipt(&k, &val)?;
+        // A result stored inline in its receipt (format 3) is a stored payload too.
+        if index::split_receipt_value(&val).1.is_some() {
+            s.results += 1;
+        }
         let Some(rec) = engine::effective(rec, now).and_then(&adjust) else {
             continue;
         };
@@ -156,7 +160,7 @@ pub(crate) fn collect<V: View>(
         }
     }
     s.events = v.count::<Events>()?;
-    s.results = v.count::<Results>()?;
+    s.results += v.count::<Results>()?;
     s.scopes = v.count::<Scopes>()?;
     s.timers = v.count::<Timers>()?;
     s.quarantined = v.count::<Quarantine>()?;

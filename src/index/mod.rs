@@ -104,10 +104,69 @@ pub(crate) fn decode_event_frame(bytes: &[u8]) -> std::result::Result<Event, cod
     }
 }
 
+/// The largest result record (framed, with its header) stored inline in its receipt's
+/// value (format 3): a replay of such a result reads one value, found in one B-tree
+/// descent. Larger results, and those of files written before format 3, are in `results`.
+/// 2 KiB keeps a receipt with its result well inside one 4 KiB page.
+pub(crate) const INLINE_RESULT_MAX: usize = 2048;
+
+/// Splits a `receipts` value into its receipt record and the result record stored inline
+/// after it (format 3), if there is one. The receipt record's length field says where it
+/// ends; a value whose length field points past its end is left whole (and then fails to
+/// unframe as a receipt, naming the lengths).
+pub(crate) fn split_receipt_value(bytes: &[u8]) -> (&[u8], Option<&[u8]>) {
+    if bytes.len() < codec::HEADER_LEN {
+        return (bytes, None);
+    }
+    let declared = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) as usize;
+    match codec::HEADER_LEN.checked_add(declared) {
+        Some(end) if end < bytes.len() => (&bytes[..end], Some(&bytes[end..])),
+        _ => (bytes, None),
+    }
+}
+
+/// The completing seq a result record names, read without decoding its payload (`None`:
+/// not a result record this build reads).
+fn result_record_seq(bytes: &[u8]) -> Option<u64> {
+    let (version, payload) = codec::unframe_versioned(RecordKind::Result, bytes).ok()?;
+    let (header, _): (ResultHeader, usize) = codec::decode_prefix(version, payload).ok()?;
+    Some(header.completed_seq)
+}
+
+/// The result seq of a terminal record whose result is kept.
+fn kept_result_seq(rec: &ReceiptRecord) -> Option<u64> {
+    match &rec.state {
+        crate::record::ExecRecord::Done(d) => d.result_seq,
+        _ => None,
+    }
+}
+
+/// Decodes the result stored inline in the receipt of `id`, which must be the one its
+/// receipt names (completed at `seq`, by `id`).
+pub(crate) fn decode_inline_result(id: &str, seq: u64, bytes: &[u8]) -> Result<OpResult> {
+    let bad = |e: &dyn std::fmt::Display| corrupt("receipts", id, format!("inline result: {e}"));
+    let (version, payload) =
+        codec::unframe_versioned(RecordKind::Result, bytes).map_err(|e| bad(&e))?;
+    let (header, used): (ResultHeader, usize) =
+        codec::decode_prefix(version, payload).map_err(|e| bad(&e))?;
+    if header.completed_seq != seq || header.operation_id != id {
+        return Err(bad(&format!(
+            "it is the result of `{}` completed at seq {}, and the receipt names seq {seq}",
+            header.operation_id, header.completed_seq
+        )));
+    }
+    Ok(OpResult {
+        bytes: payload[used..].to_vec(),
+        changed_assets: header.changed_assets,
+    })
+}
+
 /// A receipt record of this format or of format 1, without checking where it was found.
+/// A result stored inline after it is ignored (see [`split_receipt_value`]).
 pub(crate) fn decode_receipt_frame(
     bytes: &[u8],
 ) -> std::result::Result<ReceiptRecord, codec::FrameError> {
+    let bytes = split_receipt_value(bytes).0;
     match codec::unframe_versioned(RecordKind::Receipt, bytes)? {
         (1, payload) => codec::decode_payload(1, payload).map(ReceiptRecord::from_v1),
         (v, payload) => codec::decode_payload(v, payload),
@@ -260,8 +319,60 @@ pub(crate) trait View: Layered {
             .transpose()
     }
 
-    /// The result stored under `seq`, checked against the operation id.
+    /// The receipt of `id` and, when it is stored inline with it, its result: one read.
+    /// A kept result not inline (a large one, or one written before format 3) is `None`
+    /// here and read with [`View::result`].
+    fn receipt_and_inline_result(
+        &self,
+        id: &str,
+    ) -> Result<Option<(ReceiptRecord, Option<OpResult>)>> {
+        self.with_str::<Receipts, _>(id, |v| {
+            let (head, tail) = split_receipt_value(v);
+            let rec = decode_receipt(id, head)?;
+            let inline = match (tail, kept_result_seq(&rec)) {
+                (Some(tail), Some(seq)) => Some(decode_inline_result(id, seq, tail)?),
+                _ => None,
+            };
+            Ok((rec, inline))
+        })?
+        .transpose()
+    }
+
+    /// The result stored inline in the receipt of `id`, if it is the one completed at
+    /// `seq`.
+    fn inline_result(&self, id: &str, seq: u64) -> Result<Option<OpResult>> {
+        self.with_str::<Receipts, _>(id, |v| match split_receipt_value(v).1 {
+            // Another result (not the one asked for) is not this one; a damaged one is
+            // named as such, not taken for a missing one.
+            Some(tail) => match result_record_seq(tail) {
+                Some(s) if s != seq => Ok(None),
+                _ => decode_inline_result(id, seq, tail).map(Some),
+            },
+            None => Ok(None),
+        })?
+        .transpose()
+        .map(Option::flatten)
+    }
+
+    /// Whether the result of `id` completed at `seq` is stored (inline or in `results`),
+    /// without decoding it.
+    fn result_stored(&self, id: &str, seq: u64) -> Result<bool> {
+        let inline = self
+            .with_str::<Receipts, _>(id, |v| {
+                split_receipt_value(v)
+                    .1
+                    .is_some_and(|tail| result_record_seq(tail) == Some(seq))
+            })?
+            .unwrap_or(false);
+        Ok(inline || self.get::<Results>(&seq)?.is_some())
+    }
+
+    /// The result of `operation_id` completed at `seq`: inline in its receipt, or stored
+    /// under `seq` in `results` (checked against the operation id).
     fn result(&self, seq: u64, operation_id: &str) -> Result<Option<OpResult>> {
+        if let Some(r) = self.inline_result(operation_id, seq)? {
+            return Ok(Some(r));
+        }
         match self
             .with_seq::<Results, _>(seq, |v| decode_result(seq, v))?
             .transpose()?
@@ -500,11 +611,22 @@ impl<'a> WriteTables<'a> {
         Ok(seqs)
     }
 
+    /// Writes a receipt. A result stored inline in the value it replaces stays with it
+    /// while the receipt still keeps that result (deliveries and acknowledgements rewrite
+    /// a terminal receipt); retiring or purging drops it.
     pub(crate) fn put_receipt(&mut self, rec: &ReceiptRecord) -> Result<()> {
-        self.set::<Receipts>(
-            rec.operation_id.clone(),
-            Some(codec::encode(RecordKind::Receipt, rec)),
-        );
+        let mut value = codec::encode(RecordKind::Receipt, rec);
+        if let Some(seq) = kept_result_seq(rec)
+            && let Some(Some(tail)) = self.with_str::<Receipts, _>(&rec.operation_id, |v| {
+                split_receipt_value(v)
+                    .1
+                    .filter(|tail| result_record_seq(tail) == Some(seq))
+                    .map(<[u8]>::to_vec)
+            })?
+        {
+            value.extend_from_slice(&tail);
+        }
+        self.set::<Receipts>(rec.operation_id.clone(), Some(value));
         Ok(())
     }
 
@@ -521,8 +643,24 @@ impl<'a> WriteTables<'a> {
         Ok(())
     }
 
+    /// Stores the result of `id` completed at `seq`, after its receipt names it: inline in
+    /// the receipt's value when it is small (see [`INLINE_RESULT_MAX`]), else in `results`.
     pub(crate) fn put_result(&mut self, seq: u64, id: &str, result: &OpResult) -> Result<()> {
-        self.set::<Results>(seq, Some(encode_result(seq, id, result)));
+        let frame = encode_result(seq, id, result);
+        if frame.len() <= INLINE_RESULT_MAX
+            && let Some(Some(mut value)) = self.with_str::<Receipts, _>(id, |v| {
+                let head = split_receipt_value(v).0;
+                decode_receipt(id, head)
+                    .ok()
+                    .filter(|r| kept_result_seq(r) == Some(seq))
+                    .map(|_| head.to_vec())
+            })?
+        {
+            value.extend_from_slice(&frame);
+            self.set::<Receipts>(id.to_string(), Some(value));
+            return Ok(());
+        }
+        self.set::<Results>(seq, Some(frame));
         Ok(())
     }
 

@@ -206,7 +206,68 @@ impl Journal {
         // the checkpoint size), whose failure poisons the handle without failing the write:
         // a journal that can neither write nor read redb is not open, so say so now.
         journal.inner.check_writable()?;
+        journal.inner.upgrade_logged(path)?;
         Ok(journal)
+    }
+}
+
+impl Inner {
+    /// Upgrades a journal of format 2 (a file with a log) to this build's format, once its
+    /// log is read back: one batch records the `format_upgraded` event and the new format
+    /// record, and a checkpoint then writes it into the file before the journal is used, so
+    /// the file says format 3 before any value only format 3 reads (a result inline in its
+    /// receipt) exists. Format 3 reads every format-2 value as it is.
+    fn upgrade_logged(&self, path: &Path) -> Result<()> {
+        // The file's own format, and the latest (a crash may have come between the logged
+        // upgrade and its checkpoint: then only the checkpoint is still to be made).
+        let (in_file, latest) = self.read_with(None, |snap, _| {
+            let in_file = index::Snapshot {
+                base: snap.tables.base,
+                layers: Layers::default(),
+            }
+            .format()?;
+            Ok((in_file, snap.tables.format()?))
+        })?;
+        let old_version = |f: &Option<FormatRecord>| {
+            f.as_ref()
+                .is_some_and(|f| f.format_version < u32::from(FORMAT_VERSION))
+        };
+        if !old_version(&in_file) {
+            return Ok(());
+        }
+        let Some(old) = latest.filter(|f| f.format_version < u32::from(FORMAT_VERSION)) else {
+            return self.exclusive(|| self.checkpoint());
+        };
+        if std::fs::metadata(path).is_ok_and(|m| m.permissions().readonly()) {
+            return Err(Error::invalid(
+                "journal file",
+                &path.display().to_string(),
+                format!(
+                    "it is format version {}, which the first writer upgrades to version \
+                     {FORMAT_VERSION} in place, but the file is read-only: make it writable to \
+                     open it for writing (read-only commands such as `opjournal ls` read it as \
+                     it is)",
+                    old.format_version
+                ),
+            ));
+        }
+        self.write(move |ctx| {
+            let from = old.format_version;
+            ctx.append(
+                None,
+                EventKind::FormatUpgraded {
+                    from,
+                    to: u32::from(FORMAT_VERSION),
+                },
+            )?;
+            ctx.t.put_format(&FormatRecord {
+                format_version: u32::from(FORMAT_VERSION),
+                upgraded: Some(crate::record::Upgrade { from, at: ctx.now }),
+                ..old.clone()
+            })?;
+            Ok(())
+        })?;
+        self.exclusive(|| self.checkpoint())
     }
 }
 
@@ -226,6 +287,16 @@ fn refuse_before_writing(path: &Path) -> Result<()> {
     {
         Ok(db) => db,
         Err(_) if !read_only => return Ok(()),
+        // Not closed cleanly (it needs the recovery only a writer runs), and read-only: no
+        // writer can open it either.
+        Err(redb::DatabaseError::RepairAborted | redb::DatabaseError::Storage(_)) => {
+            return Err(Error::invalid(
+                "journal file",
+                &path.display().to_string(),
+                "the file is read-only and was not closed cleanly: make it writable to open \
+                 it for writing (read-only commands such as `opjournal ls` read it as it is)",
+            ));
+        }
         Err(e) => return Err(open_error(path, e)),
     };
     let format = index::Snapshot {
@@ -308,6 +379,13 @@ pub(crate) fn prepare(db: &Database, path: &Path, cfg: &Config) -> Result<()> {
         .as_ref()
         .is_some_and(|f| f.format_version == u32::from(FORMAT_VERSION))
     {
+        return Ok(());
+    }
+    // A file of format 2 has a log, which may hold committed batches the file lacks: it is
+    // upgraded after the log is read back (see `upgrade_logged`), never before (a new
+    // checkpoint record here would disown the log, and an event here would take a seq the
+    // log may already use). Read-only files are refused there too.
+    if format.as_ref().is_some_and(|f| f.format_version >= 2) {
         return Ok(());
     }
     if let Some(old) = &format

@@ -132,19 +132,22 @@ impl ReadView<'_> {
         cache: &Mutex<ReplayCache>,
     ) -> Result<Option<Admission>> {
         let cached = lock(cache).get(&op.id);
-        let (stored, cached_result) = match cached {
-            Some((rec, result)) => (rec, Some(result)),
-            None => match self.tables.receipt(&op.id)? {
-                Some(rec) => (rec, None),
+        // A small result is read with its receipt, in the same lookup.
+        let (stored, known_result, from_cache) = match cached {
+            Some((rec, result)) => (rec, Some(result), true),
+            None => match self.tables.receipt_and_inline_result(&op.id)? {
+                Some((rec, inline)) => (rec, inline, false),
                 None => return Ok(None),
             },
         };
-        let to_cache =
-            (cached_result.is_none() && engine::has_result(&stored) && lock(cache).admit(&op.id))
-                .then(|| stored.clone());
+        let to_cache = (!from_cache && engine::has_result(&stored) && lock(cache).admit(&op.id))
+            .then(|| stored.clone());
         let eff = engine::effective(stored, now).and_then(|r| self.overlaid(r, now));
         engine::answer_known(eff.as_ref(), op, |rec| {
-            if let Some(result) = cached_result {
+            if let Some(result) = known_result {
+                if let Some(stored) = &to_cache {
+                    lock(cache).insert(stored, &result);
+                }
                 return Ok(Some(result));
             }
             let result = engine::result_of(&self.tables, rec)?;

@@ -188,6 +188,11 @@ impl LogStorage for MemoryLog {
 
 /// The first bytes of a log file.
 pub(crate) const MAGIC: [u8; 8] = *b"opj-log\x1a";
+/// The log's own format version (its header and record frames). It is the version of
+/// the journal format that introduced the log, and stays 2 while only the values the log
+/// carries change (format 3 stores small results inline in receipts; the log frames them
+/// as any value): a log left by a format-2 build is read back by this one.
+pub(crate) const LOG_VERSION: u8 = 2;
 /// The header's size on disk; records start at [`START`].
 pub(crate) const HEADER_LEN: usize = 28;
 /// Where the first record starts.
@@ -367,11 +372,10 @@ fn scan_start(head: &[u8], cursor: Cursor, len: u64) -> Scan {
             out.header = Some(h);
             return out;
         }
-        Ok(h) if h.version != u32::from(crate::codec::FORMAT_VERSION) => {
+        Ok(h) if h.version != u32::from(LOG_VERSION) => {
             out.header_problem = Some(format!(
                 "the log is format version {}, this build reads version {}",
-                h.version,
-                crate::codec::FORMAT_VERSION
+                h.version, LOG_VERSION
             ));
             out.header = Some(h);
             return out;
@@ -398,7 +402,7 @@ pub(crate) fn scan(
 fn head_problem(head: &[u8], cursor: Cursor, next_lsn: u64) -> Option<String> {
     if head[0..2] != RECORD_MAGIC {
         Some("no record magic".to_string())
-    } else if head[2] != crate::codec::FORMAT_VERSION {
+    } else if head[2] != LOG_VERSION {
         Some(format!("record version {}", head[2]))
     } else if u64_at(head, 8) != cursor.generation {
         Some(format!(
@@ -438,9 +442,7 @@ pub(crate) fn own_cursor(storage: &dyn LogStorage) -> io::Result<Option<Cursor>>
     };
     let mut rh = [0u8; RECORD_HEADER_LEN];
     storage.read_at(START, &mut rh)?;
-    if header.version != u32::from(crate::codec::FORMAT_VERSION)
-        || rh[0..2] != RECORD_MAGIC
-        || rh[2] != crate::codec::FORMAT_VERSION
+    if header.version != u32::from(LOG_VERSION) || rh[0..2] != RECORD_MAGIC || rh[2] != LOG_VERSION
     {
         return Ok(None);
     }
@@ -620,7 +622,7 @@ fn probe(
     // The header as it must read, but for its kind, length and CRC.
     let mut head = rh;
     head[0..2].copy_from_slice(&RECORD_MAGIC);
-    head[2] = crate::codec::FORMAT_VERSION;
+    head[2] = LOG_VERSION;
     head[8..16].copy_from_slice(&cursor.generation.to_le_bytes());
     head[16..24].copy_from_slice(&next_lsn.to_le_bytes());
     let stored = u32_at(&head, 24);
@@ -771,9 +773,9 @@ pub(crate) fn dropped<E: From<io::Error>>(
     } else {
         None
     };
-    if header.is_some_and(|h| {
-        h.journal_id != cursor.journal_id || h.version != u32::from(crate::codec::FORMAT_VERSION)
-    }) {
+    if header
+        .is_some_and(|h| h.journal_id != cursor.journal_id || h.version != u32::from(LOG_VERSION))
+    {
         // Another journal's log, or another format's: none of its records are this cycle's.
         return Ok(out);
     }
@@ -1021,8 +1023,7 @@ impl Writer {
             frame: Vec::new(),
         };
         let ours = scan.header.is_some_and(|h| {
-            h.journal_id == cursor.journal_id
-                && h.version == u32::from(crate::codec::FORMAT_VERSION)
+            h.journal_id == cursor.journal_id && h.version == u32::from(LOG_VERSION)
         });
         if !ours || scan.len < START {
             // No log for this journal: a new file, or one left by another journal (its
@@ -1051,7 +1052,7 @@ impl Writer {
     /// Writes the header and zeros up to the initial capacity (a power of two), and syncs.
     fn initialize(&mut self) -> io::Result<()> {
         let header = Header {
-            version: u32::from(crate::codec::FORMAT_VERSION),
+            version: u32::from(LOG_VERSION),
             journal_id: self.cursor.journal_id,
         }
         .encode();
@@ -1108,7 +1109,7 @@ impl Writer {
             .ok_or_else(|| io::Error::other("a log record of more than 1 GiB"))?;
         self.frame.clear();
         self.frame.extend_from_slice(&RECORD_MAGIC);
-        self.frame.push(crate::codec::FORMAT_VERSION);
+        self.frame.push(LOG_VERSION);
         self.frame.push(kind);
         self.frame.extend_from_slice(&len.to_le_bytes());
         self.frame
