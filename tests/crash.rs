@@ -1166,3 +1166,86 @@ fn the_fault_disk_reads_back_what_was_written_and_keeps_what_was_synced() {
         }
     }
 }
+
+/// The format 2 journal a crash left with work in its log (`tests/fixtures/v2-with-log.opj`
+/// and its log, written by the format 2 build), as a disk image.
+fn v2_with_log_image() -> DiskImage {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let read = |name: &str| std::fs::read(dir.join(name)).expect("the format 2 fixture");
+    DiskImage {
+        db: support::fault_backend::Image::from_bytes(&read("v2-with-log.opj")),
+        log: support::fault_backend::Image::from_bytes(&read("v2-with-log.opj-log")),
+    }
+}
+
+/// The upgrade of a format 2 journal is a logged batch, then a checkpoint, both inside
+/// `open`. A power cut before each write and each sync of that open leaves a disk that opens
+/// (without faults) as format 3, with the work the crash had left in the format 2 log, and
+/// with exactly one `format_upgraded` event.
+#[test]
+fn a_power_cut_anywhere_in_a_format_2_upgrade_keeps_the_logged_work_and_upgrades_once() {
+    let clock = ManualClock::new(Timestamp::from_millis(1_796_083_200_000));
+    let mut cuts = 0;
+    for kind in [IoKind::Write, IoKind::Sync] {
+        for nth in 1.. {
+            let disk = FaultDisk::from_image(v2_with_log_image());
+            disk.arm(Trigger::any(kind, nth, FaultAction::PowerCut));
+            let opened = Journal::builder().clock(clock.clone()).open_backends(
+                disk.backend(),
+                disk.log(),
+                "v2.opj",
+            );
+            if !disk.fired() {
+                // The whole open (and its close) ran without reaching the nth operation.
+                assert!(opened.is_ok(), "{kind:?} {nth}: {:?}", opened.err());
+                break;
+            }
+            drop(opened);
+            cuts += 1;
+            let image = disk.durable_image();
+            let label = format!("power cut before {kind:?} {nth}");
+            let after = FaultDisk::from_image(image.clone());
+            let journal = Journal::builder()
+                .clock(clock.clone())
+                .open_backends(after.backend(), after.log(), "v2.opj")
+                .unwrap_or_else(|e| panic!("{label}: the disk does not open: {e}"));
+            let logged = journal
+                .lookup("logged")
+                .expect("lookup")
+                .unwrap_or_else(|| panic!("{label}: the logged operation is lost"));
+            assert_eq!(
+                logged.status,
+                opjournal::ExecutionStatus::Applied,
+                "{label}"
+            );
+            assert_eq!(
+                journal.result("logged").expect("result").map(|r| r.bytes),
+                Some(b"logged-result".to_vec()),
+                "{label}"
+            );
+            assert_eq!(journal.stats().expect("stats").format_version, 3, "{label}");
+            journal.close().expect("close");
+            let closed = after.durable_image();
+            verify_image(&closed).unwrap_or_else(|e| panic!("{label}: {e}"));
+            let dir = tempfile::tempdir().expect("a directory");
+            let path = dir.path().join("upgraded.opj");
+            support::images::write_image(&closed, &path).expect("write the image");
+            let mut upgrades = Vec::new();
+            opjournal::Inspector::open(&path)
+                .expect("inspect")
+                .for_each_event(0, |ev| {
+                    if let opjournal::EventKind::FormatUpgraded { from, to } = ev.kind {
+                        upgrades.push((from, to));
+                    }
+                    Ok(true)
+                })
+                .expect("events");
+            assert_eq!(upgrades, vec![(2, 3)], "{label}");
+        }
+    }
+    eprintln!("format 2 upgrade: {cuts} power cuts, each reopened and checked");
+    assert!(
+        cuts >= 4,
+        "the cuts reached the upgrade's writes and syncs: {cuts}"
+    );
+}
