@@ -161,7 +161,11 @@ pub(crate) fn open_scratch(
 pub(crate) fn open_on(
     backend: impl StorageBackend,
 ) -> std::result::Result<Database, redb::DatabaseError> {
-    if let Err(e) = crate::index::system_tree::check_backend(&backend) {
+    let checked = crate::index::system_tree::check_backend(&backend).and_then(|_| {
+        let len = backend.len().map_err(Error::io)?;
+        crate::index::system_tree::check_table_tree(len, &mut |at, buf| backend.read(at, buf))
+    });
+    if let Err(e) = checked {
         return Err(redb::DatabaseError::Storage(match e.kind() {
             ErrorKind::Io => redb::StorageError::Io(std::io::Error::other(e.to_string())),
             _ => redb::StorageError::Corrupted(e.to_string()),
@@ -281,6 +285,8 @@ impl Inspector {
     fn open_unguarded(path: &Path) -> Result<Inspector> {
         let meta = existing_journal_file(path)?;
         check_redb_magic(path)?;
+        // Before redb reads the tree of table definitions (see `system_tree`).
+        crate::index::system_tree::check_table_tree_file(path)?;
         let file = std::fs::File::open(path).map_err(|e| {
             Error::io_while("open the journal file", "nothing was read or changed", e)
         })?;

@@ -36,7 +36,10 @@ const REGION_MAX_DATA_PAGES_AT: usize = 20;
 const SLOT_AT: [usize; 2] = [64, 192];
 const SLOT_LEN: usize = 128;
 const SLOT_VERSION: u8 = 3;
-/// Within a slot: the system tree's root (page number, checksum, length) and its flag.
+/// Within a slot: the tables' tree root and the system tree's root (page number,
+/// checksum, length) and their flags.
+const USER_ROOT_NON_NULL_AT: usize = 1;
+const USER_ROOT_AT: usize = 8;
 const SYSTEM_ROOT_NON_NULL_AT: usize = 2;
 const SYSTEM_ROOT_AT: usize = 40;
 const SLOT_CHECKSUM_AT: usize = SLOT_LEN - 16;
@@ -123,6 +126,102 @@ pub(crate) fn check(file_len: u64, read: &mut ReadAt<'_>) -> Result<Checked> {
     Ok(Checked {
         pages: walk.visited.len(),
         listed: walk.listed,
+    })
+}
+
+/// Checks the page numbers of the tree of table definitions that redb reads first (the
+/// primary commit slot's user root), before any open reads it: redb allocates a page's
+/// whole size, from the order its number claims, before reading it, so a damaged page
+/// number there (fuzzing found one claiming 4 GiB) must be refused, as must a table root
+/// outside the file. Unlike [`check`] this applies to every open, read-only ones
+/// included, and checks no checksums: a page that does not parse is left to redb.
+///
+/// # Errors
+///
+/// `Corrupt { table: "(redb)", .. }` naming the page; `Io` when a read fails.
+pub(crate) fn check_table_tree(file_len: u64, read: &mut ReadAt<'_>) -> Result<()> {
+    if file_len < 2 * PAGE_SIZE {
+        return Ok(());
+    }
+    let mut header = [0u8; HEADER_LEN];
+    read(0, &mut header).map_err(Error::io)?;
+    if u32_at(&header, PAGE_SIZE_AT) != Some(PAGE_SIZE as u32) {
+        return Ok(());
+    }
+    let (Some(header_pages), Some(max_pages)) = (
+        u32_at(&header, REGION_HEADER_PAGES_AT),
+        u32_at(&header, REGION_MAX_DATA_PAGES_AT),
+    ) else {
+        return Ok(());
+    };
+    let Some(layout) = Layout::from_file_len(file_len, header_pages.into(), max_pages.into())
+    else {
+        return Ok(());
+    };
+    let primary = usize::from(header[GOD_BYTE] & PRIMARY_BIT != 0);
+    let slot = &header[SLOT_AT[primary]..SLOT_AT[primary] + SLOT_LEN];
+    if slot[0] != SLOT_VERSION || slot[USER_ROOT_NON_NULL_AT] == 0 {
+        return Ok(());
+    }
+    let Some(root) = page_ref(slot, USER_ROOT_AT) else {
+        return Ok(());
+    };
+    let outside = |what: &str, page: PageNumber| {
+        damaged(format!(
+            "the tree of table definitions points at {page}, outside the file ({what})"
+        ))
+    };
+    let mut stack = vec![(root.page, 0usize)];
+    let mut seen = HashSet::new();
+    while let Some((page, depth)) = stack.pop() {
+        if depth >= MAX_DEPTH || !seen.insert(page) {
+            break;
+        }
+        let (start, len) = layout.range(page).ok_or_else(|| outside("a page", page))?;
+        let len = usize::try_from(len).map_err(|_| outside("a page", page))?;
+        let mut buf = vec![0u8; len];
+        read(start, &mut buf).map_err(Error::io)?;
+        match buf.first() {
+            // Every child redb would follow, read as leniently as redb reads them (it
+            // takes any key count, zero included).
+            Some(&BRANCH) => {
+                let keys = u16_at(&buf, 2).map_or(0, usize::from);
+                let pages_at = 8 + 16 * (keys + 1);
+                for i in 0..=keys {
+                    let Some(raw) = buf.get(pages_at + 8 * i..pages_at + 8 * i + 8) else {
+                        break;
+                    };
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(raw);
+                    stack.push((PageNumber::from_le(b), depth + 1));
+                }
+            }
+            Some(&LEAF) => {
+                for (_, v) in leaf_pairs(&buf, Shape::TABLE_TREE).unwrap_or_default() {
+                    if let Some(def) = Definition::parse(&buf[v.0..v.1])
+                        && let Some(r) = def.root
+                        && layout.range(r.page).is_none()
+                    {
+                        return Err(outside("a table's root", r.page));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// [`check_table_tree`] on the redb file at `path`.
+///
+/// # Errors
+///
+/// As [`check_table_tree`].
+pub(crate) fn check_table_tree_file(path: &std::path::Path) -> Result<()> {
+    let file = std::fs::File::open(path).map_err(Error::io)?;
+    let len = file.metadata().map_err(Error::io)?.len();
+    check_table_tree(len, &mut |at, buf| {
+        super::reading::read_exact_at(&file, buf, at)
     })
 }
 
@@ -523,6 +622,10 @@ fn page_ref(bytes: &[u8], at: usize) -> Option<PageRef> {
         page: PageNumber::from_le(raw),
         checksum: u128_at(bytes, at + 8)?,
     })
+}
+
+fn u16_at(bytes: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_le_bytes([*bytes.get(at)?, *bytes.get(at + 1)?]))
 }
 
 fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
