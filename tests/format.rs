@@ -260,20 +260,8 @@ fn a_read_only_format_2_journal_with_a_log_is_refused_for_writing_and_stays_unch
     v2_with_log(&env);
     let log = opjournal::FileLog::path_for(&env.path);
     let log_before = std::fs::read(&log).expect("log");
-    let mut perms = std::fs::metadata(&env.path).expect("meta").permissions();
-    perms.set_readonly(true);
-    std::fs::set_permissions(&env.path, perms).expect("chmod");
-    let before = env.bytes();
-    let err = env
-        .builder()
-        .open(&env.path)
-        .expect_err("read-only format 2 file");
-    assert!(
-        matches!(err.kind(), ErrorKind::InvalidInput { .. }),
-        "{err:?}"
-    );
+    let err = refused_read_only(&env);
     assert!(err.to_string().contains("read-only"), "{err}");
-    assert!(env.bytes() == before);
     assert!(std::fs::read(&log).expect("log") == log_before);
 }
 
@@ -319,6 +307,18 @@ fn the_first_writer_upgrades_a_format_1_journal_once_and_records_it() -> opjourn
 fn a_read_only_format_1_journal_is_not_opened_for_writing_and_stays_unchanged() {
     let env = Env::new();
     std::fs::copy(fixture("v1.opj"), &env.path).expect("copy");
+    let err = refused_read_only(&env);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("format version 1") && msg.contains("read-only"),
+        "{msg}"
+    );
+    assert!(!opjournal::FileLog::path_for(&env.path).exists());
+}
+
+/// Makes the journal file read-only, opens it for writing, and returns the refusal: an
+/// `InvalidInput` that left the file's bytes as they were.
+fn refused_read_only(env: &Env) -> opjournal::Error {
     let mut perms = std::fs::metadata(&env.path).expect("meta").permissions();
     perms.set_readonly(true);
     std::fs::set_permissions(&env.path, perms).expect("chmod");
@@ -326,18 +326,13 @@ fn a_read_only_format_1_journal_is_not_opened_for_writing_and_stays_unchanged() 
     let err = env
         .builder()
         .open(&env.path)
-        .expect_err("read-only format 1 file");
+        .expect_err("a read-only file is not opened for writing");
     assert!(
         matches!(err.kind(), ErrorKind::InvalidInput { .. }),
         "{err:?}"
     );
-    let msg = err.to_string();
-    assert!(
-        msg.contains("format version 1") && msg.contains("read-only"),
-        "{msg}"
-    );
-    assert!(env.bytes() == before);
-    assert!(!opjournal::FileLog::path_for(&env.path).exists());
+    assert!(env.bytes() == before, "the refused open changed the file");
+    err
 }
 
 /// Writes a redb database of another program: one table, no `meta`.

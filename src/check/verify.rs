@@ -866,24 +866,32 @@ fn check_receipts<V: View>(
             _ => None,
         };
         let tail = index::split_receipt_value(&raw).1;
-        if let Some(tail) = tail {
-            // A result inline in the receipt's value (format 3) must be the one it keeps.
-            let problem = match kept {
-                None => Some("a result is stored inline, but the receipt keeps none".to_string()),
-                Some((_, seq)) => index::decode_inline_result(&id, seq, tail)
-                    .err()
-                    .map(|e| corrupt_detail(&e)),
-            };
-            match problem {
-                Some(p) => findings.add("receipts", &id, p),
-                None => report.results += 1,
+        // A result inline in the receipt's value (format 3) must be the one it keeps;
+        // decoded once, for this check and the comparison with the completion below.
+        let inline = match (tail, kept) {
+            (None, _) => None,
+            (Some(_), None) => {
+                findings.add(
+                    "receipts",
+                    &id,
+                    "a result is stored inline, but the receipt keeps none",
+                );
+                None
             }
-        }
+            (Some(tail), Some((_, seq))) => match index::decode_inline_result(&id, seq, tail) {
+                Ok(r) => {
+                    report.results += 1;
+                    Some(r)
+                }
+                Err(e) => {
+                    findings.add("receipts", &id, corrupt_detail(&e));
+                    None
+                }
+            },
+        };
         if let Some((d, seq)) = kept {
             let stored_result = match tail {
-                Some(tail) => index::decode_inline_result(&id, seq, tail)
-                    .ok()
-                    .map(|r| (id.clone(), r.changed_assets, r.bytes)),
+                Some(_) => inline.map(|r| (id.clone(), r.changed_assets, r.bytes)),
                 None => match t.get::<index::Results>(&seq)? {
                     None => {
                         findings.add(

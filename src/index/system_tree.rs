@@ -74,18 +74,13 @@ pub(crate) type ReadAt<'a> = dyn FnMut(u64, &mut [u8]) -> std::io::Result<()> + 
 /// read fails.
 pub(crate) fn check(file_len: u64, read: &mut ReadAt<'_>) -> Result<Checked> {
     let skipped = Ok(Checked::default());
-    if file_len < 2 * PAGE_SIZE {
+    let Some((header, layout)) = header_and_layout(file_len, read)? else {
         return skipped;
-    }
-    let mut header = [0u8; HEADER_LEN];
-    read(0, &mut header).map_err(Error::io)?;
+    };
     // Only a primary written by a two-phase commit carries a recorded allocator state that
     // redb loads without checking; otherwise its open rebuilds the state from the trees,
     // checking every page number, and fails cleanly.
     if header[GOD_BYTE] & TWO_PHASE_COMMIT == 0 {
-        return skipped;
-    }
-    if u32_at(&header, PAGE_SIZE_AT) != Some(PAGE_SIZE as u32) {
         return skipped;
     }
     let primary = usize::from(header[GOD_BYTE] & PRIMARY_BIT != 0);
@@ -101,17 +96,6 @@ pub(crate) fn check(file_len: u64, read: &mut ReadAt<'_>) -> Result<Checked> {
     if slot[SYSTEM_ROOT_NON_NULL_AT] == 0 {
         return skipped;
     }
-    let (Some(header_pages), Some(max_pages)) = (
-        u32_at(&header, REGION_HEADER_PAGES_AT),
-        u32_at(&header, REGION_MAX_DATA_PAGES_AT),
-    ) else {
-        return skipped;
-    };
-    let Some(layout) = Layout::from_file_len(file_len, header_pages.into(), max_pages.into())
-    else {
-        // redb refuses a length that maps onto no layout.
-        return skipped;
-    };
     let root = page_ref(slot, SYSTEM_ROOT_AT)
         .ok_or_else(|| damaged("the commit slot's system root is unreadable"))?;
     let mut walk = Walk {
@@ -140,22 +124,7 @@ pub(crate) fn check(file_len: u64, read: &mut ReadAt<'_>) -> Result<Checked> {
 ///
 /// `Corrupt { table: "(redb)", .. }` naming the page; `Io` when a read fails.
 pub(crate) fn check_table_tree(file_len: u64, read: &mut ReadAt<'_>) -> Result<()> {
-    if file_len < 2 * PAGE_SIZE {
-        return Ok(());
-    }
-    let mut header = [0u8; HEADER_LEN];
-    read(0, &mut header).map_err(Error::io)?;
-    if u32_at(&header, PAGE_SIZE_AT) != Some(PAGE_SIZE as u32) {
-        return Ok(());
-    }
-    let (Some(header_pages), Some(max_pages)) = (
-        u32_at(&header, REGION_HEADER_PAGES_AT),
-        u32_at(&header, REGION_MAX_DATA_PAGES_AT),
-    ) else {
-        return Ok(());
-    };
-    let Some(layout) = Layout::from_file_len(file_len, header_pages.into(), max_pages.into())
-    else {
+    let Some((header, layout)) = header_and_layout(file_len, read)? else {
         return Ok(());
     };
     let primary = usize::from(header[GOD_BYTE] & PRIMARY_BIT != 0);
@@ -212,17 +181,49 @@ pub(crate) fn check_table_tree(file_len: u64, read: &mut ReadAt<'_>) -> Result<(
     Ok(())
 }
 
+/// The commit slots' header and the file's layout, or `None` for a file these checks leave
+/// to redb (too short, another page size, a length that maps onto no layout: redb refuses
+/// those itself).
+fn header_and_layout(
+    file_len: u64,
+    read: &mut ReadAt<'_>,
+) -> Result<Option<([u8; HEADER_LEN], Layout)>> {
+    if file_len < 2 * PAGE_SIZE {
+        return Ok(None);
+    }
+    let mut header = [0u8; HEADER_LEN];
+    read(0, &mut header).map_err(Error::io)?;
+    if u32_at(&header, PAGE_SIZE_AT) != Some(PAGE_SIZE as u32) {
+        return Ok(None);
+    }
+    let (Some(header_pages), Some(max_pages)) = (
+        u32_at(&header, REGION_HEADER_PAGES_AT),
+        u32_at(&header, REGION_MAX_DATA_PAGES_AT),
+    ) else {
+        return Ok(None);
+    };
+    Ok(Layout::from_file_len(file_len, header_pages.into(), max_pages.into()).map(|l| (header, l)))
+}
+
+/// Runs a check on the redb file at `path`, read through a handle of its own.
+fn on_file<R>(
+    path: &std::path::Path,
+    check: impl FnOnce(u64, &mut ReadAt<'_>) -> Result<R>,
+) -> Result<R> {
+    let file = std::fs::File::open(path).map_err(Error::io)?;
+    let len = file.metadata().map_err(Error::io)?.len();
+    check(len, &mut |at, buf| {
+        super::reading::read_exact_at(&file, buf, at)
+    })
+}
+
 /// [`check_table_tree`] on the redb file at `path`.
 ///
 /// # Errors
 ///
 /// As [`check_table_tree`].
 pub(crate) fn check_table_tree_file(path: &std::path::Path) -> Result<()> {
-    let file = std::fs::File::open(path).map_err(Error::io)?;
-    let len = file.metadata().map_err(Error::io)?.len();
-    check_table_tree(len, &mut |at, buf| {
-        super::reading::read_exact_at(&file, buf, at)
-    })
+    on_file(path, check_table_tree)
 }
 
 /// What [`check`] read: pages of the system tree, and page numbers listed to be freed.
@@ -239,11 +240,7 @@ pub(crate) struct Checked {
 ///
 /// As [`check`].
 pub(crate) fn check_file(path: &std::path::Path) -> Result<Checked> {
-    let file = std::fs::File::open(path).map_err(Error::io)?;
-    let len = file.metadata().map_err(Error::io)?.len();
-    check(len, &mut |at, buf| {
-        super::reading::read_exact_at(&file, buf, at)
-    })
+    on_file(path, check)
 }
 
 /// [`check`] on a storage backend, before the storage engine takes it.
