@@ -78,6 +78,9 @@ pub const DEFAULT_CHECKPOINT_BYTES: u64 = 4 << 20;
 pub const DEFAULT_REPLAY_CACHE_BYTES: usize = 1 << 20;
 /// The storage engine's page cache bound by default: 1 GiB (redb's default).
 pub const DEFAULT_CACHE_BYTES: usize = 1 << 30;
+/// Files up to this size have every page's numbers checked when a writer opens them by
+/// default: 32 MiB, a few milliseconds of reading.
+pub const DEFAULT_PAGE_CHECK_BYTES: u64 = 32 << 20;
 /// The page cache bound of read-only inspection ([`Inspector`](crate::Inspector), the
 /// CLI): 32 MiB, so that scanning a large journal (`export`, `verify`) runs in
 /// bounded memory.
@@ -99,6 +102,7 @@ pub(crate) struct Config {
     pub checkpoint_bytes: u64,
     pub replay_cache_bytes: usize,
     pub cache_bytes: usize,
+    pub page_check_bytes: u64,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -119,6 +123,7 @@ impl Default for Config {
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
             replay_cache_bytes: DEFAULT_REPLAY_CACHE_BYTES,
             cache_bytes: DEFAULT_CACHE_BYTES,
+            page_check_bytes: DEFAULT_PAGE_CHECK_BYTES,
             clock: Arc::new(SystemClock),
         }
     }
@@ -138,6 +143,7 @@ impl std::fmt::Debug for Config {
             .field("sharing", &self.sharing)
             .field("compaction_batch", &self.compaction_batch)
             .field("cache_bytes", &self.cache_bytes)
+            .field("page_check_bytes", &self.page_check_bytes)
             .field("quick_repair", &self.quick_repair)
             .field("checkpoint_bytes", &self.checkpoint_bytes)
             .field("replay_cache_bytes", &self.replay_cache_bytes)

@@ -163,7 +163,11 @@ pub(crate) fn open_on(
 ) -> std::result::Result<Database, redb::DatabaseError> {
     let checked = crate::index::system_tree::check_backend(&backend).and_then(|_| {
         let len = backend.len().map_err(Error::io)?;
-        crate::index::system_tree::check_table_tree(len, &mut |at, buf| backend.read(at, buf))
+        crate::index::system_tree::check_page_numbers(
+            len,
+            &mut |at, buf| backend.read(at, buf),
+            crate::index::system_tree::Depth::Full,
+        )
     });
     if let Err(e) = checked {
         return Err(redb::DatabaseError::Storage(match e.kind() {
@@ -285,8 +289,10 @@ impl Inspector {
     fn open_unguarded(path: &Path) -> Result<Inspector> {
         let meta = existing_journal_file(path)?;
         check_redb_magic(path)?;
-        // Before redb reads the tree of table definitions (see `system_tree`).
-        crate::index::system_tree::check_table_tree_file(path)?;
+        // Before redb follows any page number (see `system_tree::check_page_numbers`).
+        crate::index::system_tree::check_page_numbers_file(path, |_| {
+            crate::index::system_tree::Depth::Full
+        })?;
         let file = std::fs::File::open(path).map_err(|e| {
             Error::io_while("open the journal file", "nothing was read or changed", e)
         })?;

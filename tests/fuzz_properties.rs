@@ -618,3 +618,128 @@ fn inspection_stays_within_memory_and_refuses(name: &str, with_log: bool) {
         "inspection changed the file"
     );
 }
+
+/// A journal whose branch page in one of its tables names, as its second child, a page of
+/// order 20 (4 GiB): one byte changed in the `aged` seed. redb allocates a page's whole
+/// size before reading it and checks only that the order is at most 20, so the first
+/// read of that child (listing the table's entries, a lookup, a checkpoint's insert) took
+/// 2 or 4 GiB. Every page number of the trees is now checked before anything reads the
+/// file, by the inspector, by repair's source and by the writer's open.
+#[test]
+fn inspecting_a_file_whose_table_branch_names_a_4_gib_page_stays_within_memory() {
+    inspection_stays_within_memory_and_refuses(
+        "regressions/open_file/inspect-oom-table-branch-4-gib-page-48c5b200",
+        false,
+    );
+}
+
+/// redb's page number: index (20 bits), region (20 bits), order (5 bits, from bit 59).
+fn page_number(region: u64, index: u64, order: u64) -> [u8; 8] {
+    (index | region << 20 | order << 59).to_le_bytes()
+}
+
+/// The same damage, everywhere in every seed: each page of each seed journal in turn is
+/// made a branch (key count 0, as redb reads any) whose one child is a page of order 20,
+/// outside the file; and each child number of each branch page in turn is given order 20.
+/// Every claim of `open_file` (the read-only paths, the writer's open on the disk in
+/// memory, repair in place and dry) stays within 320 MiB on each, so no path follows a
+/// page number the walk did not check.
+#[test]
+fn any_page_made_to_name_a_4_gib_page_is_refused_within_memory() {
+    const PAGE: usize = 4096;
+    let huge = page_number(0, 0, 20);
+    let mut inputs = 0;
+    for (name, input) in seed_journals() {
+        let (db, log) = open_file::split(input);
+        let rejoin = |db: &[u8]| match log {
+            Some(log) => open_file::join(db, log),
+            None => db.to_vec(),
+        };
+        let mut damaged: Vec<(String, Vec<u8>)> = Vec::new();
+        for page in 1..db.len() / PAGE {
+            let at = page * PAGE;
+            // A branch: type 2, key count 0, then one checksum (16 bytes), one child.
+            let mut made = db.to_vec();
+            made[at] = 2;
+            made[at + 2..at + 4].copy_from_slice(&0u16.to_le_bytes());
+            made[at + 24..at + 32].copy_from_slice(&huge);
+            damaged.push((format!("{name}: page {page} made a branch"), rejoin(&made)));
+            if db[at] == 2 {
+                let keys = usize::from(u16::from_le_bytes([db[at + 2], db[at + 3]]));
+                let pages_at = at + 8 + 16 * (keys + 1);
+                for child in 0..=keys {
+                    let order_byte = pages_at + 8 * child + 7;
+                    let mut made = db.to_vec();
+                    made[order_byte] = (made[order_byte] & 0x07) | (20 << 3);
+                    damaged.push((
+                        format!("{name}: child {child} of branch page {page} given order 20"),
+                        rejoin(&made),
+                    ));
+                }
+            }
+        }
+        for (what, bytes) in damaged {
+            let ((), usage) = alloc_meter::measure(|| open_file::check_every_claim(&bytes));
+            assert!(
+                usage.peak_live < 320 << 20,
+                "{what}: the checks held {} MiB at their peak (largest allocation {} KiB)",
+                usage.peak_live >> 20,
+                usage.largest >> 10
+            );
+            inputs += 1;
+        }
+    }
+    assert!(inputs > 100, "only {inputs} damaged inputs were checked");
+}
+
+/// The writer refuses that file before the storage engine reads it, whatever its page
+/// check size (every page, or the branch walk of a large file: the damaged number is a
+/// branch's child), and says what to do; the file is left as it was, with no log beside
+/// it, and after `repair` the journal opens for writing.
+#[test]
+fn a_writer_refuses_a_file_whose_table_branch_names_a_4_gib_page_at_any_page_check_size() {
+    let input =
+        fuzz_dir().join("regressions/open_file/inspect-oom-table-branch-4-gib-page-48c5b200");
+    let bytes = std::fs::read(input).expect("regression input");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("journal.opj");
+    for size in [None, Some(0), Some(u64::MAX)] {
+        std::fs::write(&path, &bytes).expect("write");
+        let (opened, usage) = alloc_meter::measure(|| {
+            let mut builder = opjournal::Journal::builder();
+            if let Some(size) = size {
+                builder = builder.page_check_size(size);
+            }
+            builder.open(&path)
+        });
+        let err = opened.expect_err("the damaged file does not open for writing");
+        assert!(
+            matches!(err.kind(), opjournal::ErrorKind::Corrupt { .. }),
+            "{size:?}: {err:?}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("outside the file") && message.contains("opjournal repair"),
+            "{size:?}: {message}"
+        );
+        assert!(
+            usage.peak_live < 64 << 20,
+            "{size:?}: {} MiB",
+            usage.peak_live >> 20
+        );
+        assert_eq!(
+            std::fs::read(&path).expect("read"),
+            bytes,
+            "{size:?}: the file changed"
+        );
+        assert!(
+            !opjournal::FileLog::path_for(&path).exists(),
+            "{size:?}: a log was created"
+        );
+    }
+    opjournal::repair(&path, &opjournal::RepairOptions::default(), &mut |_, _| {}).expect("repair");
+    opjournal::Journal::open(&path)
+        .expect("the repaired journal opens for writing")
+        .close()
+        .expect("close");
+}

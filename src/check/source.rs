@@ -273,9 +273,11 @@ impl Source {
                     let cap = (self.extent.trailing() > 0).then(|| self.extent.journal_len());
                     let backend = InPlace::new(file()?, cap).map_err(Error::io)?;
                     let len = redb::StorageBackend::len(&backend).map_err(Error::io)?;
-                    crate::index::system_tree::check_table_tree(len, &mut |at, buf| {
-                        redb::StorageBackend::read(&backend, at, buf)
-                    })?;
+                    crate::index::system_tree::check_page_numbers(
+                        len,
+                        &mut |at, buf| redb::StorageBackend::read(&backend, at, buf),
+                        crate::index::system_tree::Depth::Full,
+                    )?;
                     redb::Builder::new()
                         .set_cache_size(crate::config::INSPECT_CACHE_BYTES)
                         .set_concurrency_mode(redb::ConcurrencyMode::ExclusiveWriter)

@@ -29,7 +29,9 @@ use crate::error::{Error, Result};
 const HEADER_LEN: usize = 320;
 const GOD_BYTE: usize = 9;
 const PRIMARY_BIT: u8 = 1;
+const RECOVERY_REQUIRED: u8 = 2;
 const TWO_PHASE_COMMIT: u8 = 4;
+const PRIMARY_UNFLUSHED: u8 = 8;
 const PAGE_SIZE_AT: usize = 12;
 const REGION_HEADER_PAGES_AT: usize = 16;
 const REGION_MAX_DATA_PAGES_AT: usize = 20;
@@ -113,72 +115,278 @@ pub(crate) fn check(file_len: u64, read: &mut ReadAt<'_>) -> Result<Checked> {
     })
 }
 
-/// Checks the page numbers of the tree of table definitions that redb reads first (the
-/// primary commit slot's user root), before any open reads it: redb allocates a page's
-/// whole size, from the order its number claims, before reading it, so a damaged page
-/// number there (fuzzing found one claiming 4 GiB) must be refused, as must a table root
-/// outside the file. Unlike [`check`] this applies to every open, read-only ones
-/// included, and checks no checksums: a page that does not parse is left to redb.
+/// Checks every page number the storage engine can follow in a file of `file_len` bytes
+/// read through `read`, before any open reads it: the tree of table definitions (the
+/// commit slot's user root), the system tree, and every table's tree, through every branch.
+/// redb allocates a page's whole size, from the order its number claims, before it reads
+/// the page (and checks only that the order is at most 20), so one damaged page number
+/// anywhere (fuzzing found one claiming 4 GiB in the table definitions, and a single
+/// flipped byte in a branch of any table does the same) would make the first read of it
+/// take gigabytes. A page number whose range lies outside the file is refused. Unlike
+/// [`check`] this applies to every open, read-only ones included, and checks no
+/// checksums: a page that does not parse is left to redb, which answers it as damage.
+///
+/// Which slot: the one redb reads without verifying it. That is the primary of a clean
+/// file or of a two-phase commit, and the secondary while the primary is marked unflushed
+/// (readers serve the previous commit then). A file a crash left after a one-phase commit
+/// is verified by redb, checksum by checksum, before it uses either slot, so its trees are
+/// not walked; nor is any other secondary, whose pages may have been reused since.
+///
+/// It reads every page the trees reach, once (about the file's size; see
+/// [`PagesChecked`]), with memory of one page plus a bit per page of the file.
 ///
 /// # Errors
 ///
-/// `Corrupt { table: "(redb)", .. }` naming the page; `Io` when a read fails.
-pub(crate) fn check_table_tree(file_len: u64, read: &mut ReadAt<'_>) -> Result<()> {
+/// `Corrupt { table: "(redb)", key: "page numbers", .. }` naming the page; `Io` when a
+/// read fails.
+pub(crate) fn check_page_numbers(
+    file_len: u64,
+    read: &mut ReadAt<'_>,
+    depth: Depth,
+) -> Result<PagesChecked> {
     let Some((header, layout)) = header_and_layout(file_len, read)? else {
-        return Ok(());
+        return Ok(PagesChecked::default());
     };
     let primary = usize::from(header[GOD_BYTE] & PRIMARY_BIT != 0);
-    let slot = &header[SLOT_AT[primary]..SLOT_AT[primary] + SLOT_LEN];
-    if slot[0] != SLOT_VERSION || slot[USER_ROOT_NON_NULL_AT] == 0 {
-        return Ok(());
+    let slot_ok = |i: usize| {
+        let slot = &header[SLOT_AT[i]..SLOT_AT[i] + SLOT_LEN];
+        slot[0] == SLOT_VERSION
+            && u128_at(slot, SLOT_CHECKSUM_AT) == Some(xxh3(&slot[..SLOT_CHECKSUM_AT]))
+    };
+    let god = header[GOD_BYTE];
+    let two_phase = god & TWO_PHASE_COMMIT != 0;
+    let unflushed = god & PRIMARY_UNFLUSHED != 0;
+    let recovery = god & RECOVERY_REQUIRED != 0;
+    let mut slots = Vec::new();
+    // redb trusts a primary written by a two-phase commit (durable before the header named
+    // it) and a clean file's primary, and reads them unverified. Otherwise a writer's open
+    // verifies a slot's trees by their checksums before it uses them, following only
+    // numbers of pages that verified, and falls back to the other slot: nothing to check.
+    if slot_ok(primary) && (two_phase || !(recovery || unflushed)) {
+        slots.push(primary);
     }
-    let Some(root) = page_ref(slot, USER_ROOT_AT) else {
-        return Ok(());
+    // Readers serve the previous commit while the primary is marked unflushed.
+    if unflushed && slot_ok(1 - primary) {
+        slots.push(1 - primary);
+    }
+    let mut walk = PageWalk {
+        layout,
+        depth,
+        seen: vec![0u64; usize::try_from(file_len / PAGE_SIZE / 64 + 1).unwrap_or(0)],
+        larger: HashSet::new(),
+        checked: PagesChecked::default(),
     };
-    let outside = |what: &str, page: PageNumber| {
-        damaged(format!(
-            "the tree of table definitions points at {page}, outside the file ({what})"
-        ))
-    };
-    let mut stack = vec![(root.page, 0usize)];
-    let mut seen = HashSet::new();
-    while let Some((page, depth)) = stack.pop() {
-        if depth >= MAX_DEPTH || !seen.insert(page) {
-            break;
+    for i in slots {
+        let slot = &header[SLOT_AT[i]..SLOT_AT[i] + SLOT_LEN];
+        if slot[0] != SLOT_VERSION {
+            continue;
         }
-        let (start, len) = layout.range(page).ok_or_else(|| outside("a page", page))?;
-        let len = usize::try_from(len).map_err(|_| outside("a page", page))?;
-        let mut buf = vec![0u8; len];
-        read(start, &mut buf).map_err(Error::io)?;
-        match buf.first() {
-            // Every child redb would follow, read as leniently as redb reads them (it
-            // takes any key count, zero included).
-            Some(&BRANCH) => {
-                let keys = u16_at(&buf, 2).map_or(0, usize::from);
-                let pages_at = 8 + 16 * (keys + 1);
-                for i in 0..=keys {
-                    let Some(raw) = buf.get(pages_at + 8 * i..pages_at + 8 * i + 8) else {
-                        break;
-                    };
-                    let mut b = [0u8; 8];
-                    b.copy_from_slice(raw);
-                    stack.push((PageNumber::from_le(b), depth + 1));
-                }
+        for (non_null, at) in [
+            (USER_ROOT_NON_NULL_AT, USER_ROOT_AT),
+            (SYSTEM_ROOT_NON_NULL_AT, SYSTEM_ROOT_AT),
+        ] {
+            if slot[non_null] == 0 {
+                continue;
             }
-            Some(&LEAF) => {
-                for (_, v) in leaf_pairs(&buf, Shape::TABLE_TREE).unwrap_or_default() {
-                    if let Some(def) = Definition::parse(&buf[v.0..v.1])
-                        && let Some(r) = def.root
-                        && layout.range(r.page).is_none()
-                    {
-                        return Err(outside("a table's root", r.page));
+            if let Some(root) = page_ref(slot, at) {
+                walk.tree(read, root.page, true)?;
+            }
+        }
+    }
+    Ok(walk.checked)
+}
+
+/// How much of a page [`check_page_numbers`] reads first: enough to tell a leaf.
+const HEAD: usize = 16;
+
+/// What [`check_page_numbers`] read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PagesChecked {
+    /// Pages read (each once).
+    pub(crate) pages: u64,
+    /// Page numbers checked against the layout (roots and branch children).
+    pub(crate) numbers: u64,
+}
+
+/// How much of the trees [`check_page_numbers`] reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Depth {
+    /// Every page the trees reach: every page number redb can follow is checked.
+    Full,
+    /// The tables' branch pages, not their leaves (about one page in a hundred): every
+    /// child number of every branch is checked, but a leaf damaged into looking like a
+    /// branch is not seen.
+    Branches,
+}
+
+impl Depth {
+    /// A writer's walk of a file of `len` bytes: every page up to `limit` bytes.
+    pub(crate) fn for_writer(len: u64, limit: u64) -> Depth {
+        if len <= limit {
+            Depth::Full
+        } else {
+            Depth::Branches
+        }
+    }
+}
+
+struct PageWalk {
+    layout: Layout,
+    depth: Depth,
+    /// A bit per page of the file: pages of order 0 already read.
+    seen: Vec<u64>,
+    /// Pages of a higher order already read (few: only values over a page use them).
+    larger: HashSet<(u64, u8)>,
+    checked: PagesChecked,
+}
+
+impl PageWalk {
+    /// Walks the tree at `root`; `definitions` when its leaves are table definitions (the
+    /// user root's and the system root's trees), whose tables' trees are walked too.
+    fn tree(&mut self, read: &mut ReadAt<'_>, root: PageNumber, definitions: bool) -> Result<()> {
+        // In [`Depth::Branches`], a table's pages at the depth of its leftmost leaf are
+        // leaves (redb's trees are balanced): their numbers are checked, they are not read.
+        let leaf_depth = match self.depth {
+            Depth::Branches if !definitions => self.leftmost_leaf_depth(read, root)?,
+            _ => None,
+        };
+        let mut stack = vec![(root, 0usize)];
+        let mut buf = Vec::new();
+        let mut roots = Vec::new();
+        while let Some((page, depth)) = stack.pop() {
+            self.checked.numbers += 1;
+            let (start, len) = self.layout.range(page).ok_or_else(|| outside(page))?;
+            if leaf_depth.is_some_and(|d| depth >= d) {
+                continue;
+            }
+            // A page read before (with at least this order: a larger one may hold more
+            // children) was checked; a cycle or a shared child ends here, so every page is
+            // read at most once per order and the walk ends.
+            if !self.first_visit(start, page.order) {
+                continue;
+            }
+            let len = usize::try_from(len).map_err(|_| outside(page))?;
+            // A data leaf holds no page numbers: its first bytes (which say it is a leaf)
+            // are enough. A branch, and a leaf of table definitions, are read whole.
+            let head = if definitions { len } else { len.min(HEAD) };
+            self.read_page(read, start, head, len, &mut buf)?;
+            match buf.first() {
+                // Every child redb would follow, read as leniently as redb reads them (it
+                // takes any key count, zero included, and parses no further to follow one).
+                Some(&BRANCH) => stack.extend(children(&buf).map(|c| (c, depth + 1))),
+                Some(&LEAF) if definitions => {
+                    for (_, v) in leaf_pairs(&buf, Shape::TABLE_TREE).unwrap_or_default() {
+                        if let Some(def) = Definition::parse(&buf[v.0..v.1])
+                            && let Some(r) = def.root
+                        {
+                            roots.push(r.page);
+                        }
                     }
                 }
+                _ => {}
             }
-            _ => {}
+        }
+        for root in roots {
+            self.tree(read, root, false)?;
+        }
+        Ok(())
+    }
+
+    /// Reads `head` bytes of the page at `start` into `buf`, and all `len` of it if it is
+    /// a branch.
+    fn read_page(
+        &mut self,
+        read: &mut ReadAt<'_>,
+        start: u64,
+        head: usize,
+        len: usize,
+        buf: &mut Vec<u8>,
+    ) -> Result<()> {
+        buf.resize(head, 0);
+        read(start, buf).map_err(Error::io)?;
+        if buf.first() == Some(&BRANCH) && head < len {
+            buf.resize(len, 0);
+            read(start + head as u64, &mut buf[head..]).map_err(Error::io)?;
+        }
+        self.checked.pages += 1;
+        Ok(())
+    }
+
+    /// The depth of the first leaf down the tree's first children (`None` when the
+    /// descent meets a page outside the file, or no leaf within [`MAX_DEPTH`]: the walk
+    /// then reads every page and refuses what it must).
+    fn leftmost_leaf_depth(
+        &mut self,
+        read: &mut ReadAt<'_>,
+        root: PageNumber,
+    ) -> Result<Option<usize>> {
+        let mut page = root;
+        let mut buf = Vec::new();
+        for depth in 0..MAX_DEPTH {
+            let Some((start, len)) = self.layout.range(page) else {
+                return Ok(None);
+            };
+            let Ok(len) = usize::try_from(len) else {
+                return Ok(None);
+            };
+            self.read_page(read, start, len.min(HEAD), len, &mut buf)?;
+            match buf.first() {
+                Some(&BRANCH) => match children(&buf).next() {
+                    Some(first) => page = first,
+                    None => return Ok(None),
+                },
+                Some(&LEAF) => return Ok(Some(depth)),
+                _ => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether the page at byte `start` is read for the first time with `order` or more.
+    fn first_visit(&mut self, start: u64, order: u8) -> bool {
+        if order > 0 {
+            return self.larger.insert((start, order));
+        }
+        let bit = start / PAGE_SIZE;
+        let (Ok(word), mask) = (usize::try_from(bit / 64), 1u64 << (bit % 64)) else {
+            return false;
+        };
+        match self.seen.get_mut(word) {
+            Some(w) if *w & mask == 0 => {
+                *w |= mask;
+                true
+            }
+            _ => false,
         }
     }
-    Ok(())
+}
+
+/// The children of a branch page, as redb reads them: any key count (zero included),
+/// child page numbers after the checksums, as many as the page holds.
+fn children(page: &[u8]) -> impl Iterator<Item = PageNumber> + '_ {
+    let keys = u16_at(page, 2).map_or(0, usize::from);
+    let pages_at = 8 + 16 * (keys + 1);
+    (0..=keys).map_while(move |i| {
+        let raw = page.get(pages_at + 8 * i..pages_at + 8 * i + 8)?;
+        let mut b = [0u8; 8];
+        b.copy_from_slice(raw);
+        Some(PageNumber::from_le(b))
+    })
+}
+
+fn outside(page: PageNumber) -> Error {
+    Error::corrupt(
+        "(redb)",
+        "page numbers",
+        format!(
+            "the storage engine's trees point at {page}, outside the file (reading it would \
+             allocate {} bytes); nothing was read or changed: run `opjournal repair` on the \
+             file, which rebuilds what it can read into a new file",
+            PAGE_SIZE
+                .checked_shl(u32::from(page.order.min(63)))
+                .unwrap_or(u64::MAX)
+        ),
+    )
 }
 
 /// The commit slots' header and the file's layout, or `None` for a file these checks leave
@@ -217,13 +425,41 @@ fn on_file<R>(
     })
 }
 
-/// [`check_table_tree`] on the redb file at `path`.
+/// [`check_page_numbers`] on the redb file at `path`, read through a handle of its own, as
+/// deep as `depth` says for the file's length.
+/// The file may be live (a writer in another process checkpointing meanwhile): a refusal
+/// is only returned when the commit slots read the same after the walk as before it, so
+/// the walk saw one commit's pages; otherwise it walks again (at most three times).
 ///
 /// # Errors
 ///
-/// As [`check_table_tree`].
-pub(crate) fn check_table_tree_file(path: &std::path::Path) -> Result<()> {
-    on_file(path, check_table_tree)
+/// As [`check_page_numbers`].
+pub(crate) fn check_page_numbers_file(
+    path: &std::path::Path,
+    depth: impl Fn(u64) -> Depth,
+) -> Result<PagesChecked> {
+    let mut tries = 0;
+    loop {
+        let before = on_file(path, |len, read| header_of(len, read))?;
+        let walked = on_file(path, |len, read| check_page_numbers(len, read, depth(len)));
+        tries += 1;
+        match walked {
+            Err(e) if tries < 3 && on_file(path, |len, read| header_of(len, read))? != before => {
+                drop(e);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The commit slots as read now (empty for a file too short to hold them).
+fn header_of(file_len: u64, read: &mut ReadAt<'_>) -> Result<Vec<u8>> {
+    if file_len < HEADER_LEN as u64 {
+        return Ok(Vec::new());
+    }
+    let mut header = vec![0u8; HEADER_LEN];
+    read(0, &mut header).map_err(Error::io)?;
+    Ok(header)
 }
 
 /// What [`check`] read: pages of the system tree, and page numbers listed to be freed.
@@ -785,6 +1021,119 @@ mod tests {
         let mut damaged = bytes.clone();
         damaged[usize::try_from(user_page).expect("offset") + 1] ^= 0x40;
         assert!(check(damaged.len() as u64, &mut reader(&damaged)).is_ok());
+    }
+
+    /// The offsets and first bytes of the pages a walk of `bytes` at `depth` reads.
+    fn pages_read(bytes: &[u8], depth: Depth) -> (PagesChecked, Vec<(usize, u8)>) {
+        let mut pages = Vec::new();
+        let checked = check_page_numbers(
+            bytes.len() as u64,
+            &mut |at, buf| {
+                reader(bytes)(at, buf)?;
+                let at = usize::try_from(at).map_err(std::io::Error::other)?;
+                if at > 0 && at % PAGE_SIZE as usize == 0 {
+                    pages.push((at, buf[0]));
+                }
+                Ok(())
+            },
+            depth,
+        )
+        .expect("an intact journal passes");
+        (checked, pages)
+    }
+
+    fn refused_as_outside(bytes: &[u8], depth: Depth) -> bool {
+        match check_page_numbers(bytes.len() as u64, &mut reader(bytes), depth) {
+            Err(e) => {
+                assert!(
+                    matches!(e.kind(), crate::ErrorKind::Corrupt { key, .. } if key == "page numbers"),
+                    "{e:?}"
+                );
+                assert!(e.to_string().contains("outside the file"), "{e}");
+                true
+            }
+            Ok(_) => false,
+        }
+    }
+
+    #[test]
+    fn the_branch_walk_checks_every_number_the_full_walk_does_reading_only_branches() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bytes = std::fs::read(journal_file(dir.path())).expect("read");
+        let (full, full_pages) = pages_read(&bytes, Depth::Full);
+        let (branches, branch_pages) = pages_read(&bytes, Depth::Branches);
+        assert_eq!(full.numbers, branches.numbers, "{full:?} {branches:?}");
+        assert!(
+            full.pages as usize >= bytes.len() / PAGE_SIZE as usize / 2,
+            "{full:?}"
+        );
+        assert!(branches.pages * 4 < full.pages, "{full:?} {branches:?}");
+        // Beside branches, the branch walk reads the table definitions and one leaf per
+        // table (the descent that finds the leaves' depth).
+        let branch_count = full_pages.iter().filter(|(_, t)| *t == BRANCH).count();
+        assert!(branch_count > 0, "the journal has branch pages");
+        assert!(
+            branch_pages.iter().filter(|(_, t)| *t == BRANCH).count() >= branch_count,
+            "every branch is read"
+        );
+    }
+
+    #[test]
+    fn a_branch_child_outside_the_file_is_refused_by_both_walks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bytes = std::fs::read(journal_file(dir.path())).expect("read");
+        let (_, pages) = pages_read(&bytes, Depth::Full);
+        let branches: Vec<usize> = pages
+            .iter()
+            .filter(|(_, t)| *t == BRANCH)
+            .map(|(at, _)| *at)
+            .collect();
+        assert!(!branches.is_empty());
+        for at in branches {
+            let keys = usize::from(u16_at(&bytes, at + 2).expect("key count"));
+            // The last child: order 20 (4 GiB), or an index past the file's pages.
+            let child = at + 8 + 16 * (keys + 1) + 8 * keys;
+            for raw in [(20u64 << 59) | 1, 0x000F_FFFF] {
+                let mut damaged = bytes.clone();
+                damaged[child..child + 8].copy_from_slice(&raw.to_le_bytes());
+                assert!(refused_as_outside(&damaged, Depth::Full), "page at {at}");
+                assert!(
+                    refused_as_outside(&damaged, Depth::Branches),
+                    "page at {at}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_leaf_made_a_branch_naming_a_page_outside_is_refused_by_the_full_walk_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bytes = std::fs::read(journal_file(dir.path())).expect("read");
+        let (_, pages) = pages_read(&bytes, Depth::Full);
+        let (_, branch_walk) = pages_read(&bytes, Depth::Branches);
+        let leaves: Vec<usize> = pages
+            .iter()
+            .filter(|(_, t)| *t == LEAF)
+            .map(|(at, _)| *at)
+            .collect();
+        assert!(leaves.len() > 4);
+        let mut unread_by_branch_walk = 0;
+        for at in leaves {
+            let mut damaged = bytes.clone();
+            damaged[at] = BRANCH;
+            damaged[at + 2..at + 4].copy_from_slice(&0u16.to_le_bytes());
+            damaged[at + 24..at + 32].copy_from_slice(&((20u64 << 59) | 1).to_le_bytes());
+            assert!(refused_as_outside(&damaged, Depth::Full), "leaf at {at}");
+            // The limit the branch walk documents: a leaf it does not read.
+            if !branch_walk.iter().any(|(p, _)| *p == at) {
+                assert!(
+                    !refused_as_outside(&damaged, Depth::Branches),
+                    "leaf at {at}"
+                );
+                unread_by_branch_walk += 1;
+            }
+        }
+        assert!(unread_by_branch_walk > 0);
     }
 
     #[test]

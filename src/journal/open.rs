@@ -36,6 +36,12 @@ impl Journal {
     pub(crate) fn open_with(path: &Path, cfg: Config) -> Result<Journal> {
         check_redb_magic(path)?;
         if path.exists() {
+            // Before the storage engine follows any page number of the file: one outside
+            // it would be read as a page of up to 4 GiB (see `system_tree`).
+            let limit = cfg.page_check_bytes;
+            crate::index::system_tree::check_page_numbers_file(path, |len| {
+                crate::index::system_tree::Depth::for_writer(len, limit)
+            })?;
             crate::index::guarded("open", || refuse_before_writing(path))?;
         } else {
             Self::create_atomically(path, &cfg)?;
@@ -120,6 +126,13 @@ impl Journal {
         crate::index::guarded("open", || {
             // A damaged system tree would abort the process on the first commit.
             crate::index::system_tree::check_backend(&backend)?;
+            // And every page number it can follow.
+            let len = backend.len().map_err(Error::io)?;
+            crate::index::system_tree::check_page_numbers(
+                len,
+                &mut |at, buf| backend.read(at, buf),
+                crate::index::system_tree::Depth::for_writer(len, cfg.page_check_bytes),
+            )?;
             let db = Self::redb_builder(&cfg)
                 .create_with_backend(backend)
                 .map_err(|e| open_error(path, e))?;
