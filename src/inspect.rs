@@ -153,21 +153,16 @@ pub(crate) fn open_scratch(
     open_on(scratch)
 }
 
-/// Opens a database on `backend` as a writer would. Its system tree is checked first
-/// (see `index::system_tree`): the storage engine loads the allocator state recorded
-/// there without checking it, and a damaged page number in it is read as a page of up to
-/// 4 GiB, allocated before the read fails. A damaged system tree is refused as the engine
-/// refuses a damaged file.
+/// Opens a database on `backend` as a writer would. Its system tree and every page number
+/// of its trees are checked first (see `index::system_tree`): the storage engine loads the
+/// allocator state recorded there without checking it, and a damaged page number is read
+/// as a page of up to 4 GiB, allocated before the read fails. A damaged file is refused as
+/// the engine refuses one.
 pub(crate) fn open_on(
     backend: impl StorageBackend,
 ) -> std::result::Result<Database, redb::DatabaseError> {
-    let checked = crate::index::system_tree::check_backend(&backend).and_then(|_| {
-        let len = backend.len().map_err(Error::io)?;
-        crate::index::system_tree::check_page_numbers(
-            len,
-            &mut |at, buf| backend.read(at, buf),
-            crate::index::system_tree::Depth::Full,
-        )
+    let checked = crate::index::system_tree::check_backend(&backend, |_| {
+        crate::index::system_tree::Depth::Full
     });
     if let Err(e) = checked {
         return Err(redb::DatabaseError::Storage(match e.kind() {

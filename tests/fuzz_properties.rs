@@ -593,6 +593,17 @@ fn inspecting_a_file_whose_system_tree_names_a_4_gib_page_stays_within_memory() 
     );
 }
 
+/// Every claim of the `open_file` target, checked on `bytes`, holds at most 320 MiB.
+fn every_claim_stays_within_memory(what: &str, bytes: &[u8]) {
+    let ((), usage) = alloc_meter::measure(|| open_file::check_every_claim(bytes));
+    assert!(
+        usage.peak_live < 320 << 20,
+        "{what}: the checks held {} MiB at their peak (largest allocation {} KiB)",
+        usage.peak_live >> 20,
+        usage.largest >> 10
+    );
+}
+
 /// Every claim of the `open_file` target checked on the regression input `name` stays
 /// within a memory bound, and `Inspector::open` refuses the file as damaged without
 /// changing it. `with_log`: whether the input holds a journal and its log.
@@ -600,13 +611,7 @@ fn inspection_stays_within_memory_and_refuses(name: &str, with_log: bool) {
     let bytes = std::fs::read(fuzz_dir().join(name)).expect("regression input");
     let (db, log) = open_file::split(&bytes);
     assert_eq!(log.is_some(), with_log, "whether the input holds a log");
-    let ((), usage) = alloc_meter::measure(|| open_file::check_every_claim(&bytes));
-    assert!(
-        usage.peak_live < 320 << 20,
-        "the checks held {} MiB at their peak (largest allocation {} KiB)",
-        usage.peak_live >> 20,
-        usage.largest >> 10
-    );
+    every_claim_stays_within_memory(name, &bytes);
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("journal.opj");
     assert!(open_file::write(&path, db, log), "the files are written");
@@ -679,13 +684,7 @@ fn any_page_made_to_name_a_4_gib_page_is_refused_within_memory() {
             }
         }
         for (what, bytes) in damaged {
-            let ((), usage) = alloc_meter::measure(|| open_file::check_every_claim(&bytes));
-            assert!(
-                usage.peak_live < 320 << 20,
-                "{what}: the checks held {} MiB at their peak (largest allocation {} KiB)",
-                usage.peak_live >> 20,
-                usage.largest >> 10
-            );
+            every_claim_stays_within_memory(&what, &bytes);
             inputs += 1;
         }
     }

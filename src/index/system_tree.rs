@@ -85,14 +85,9 @@ pub(crate) fn check(file_len: u64, read: &mut ReadAt<'_>) -> Result<Checked> {
     if header[GOD_BYTE] & TWO_PHASE_COMMIT == 0 {
         return skipped;
     }
-    let primary = usize::from(header[GOD_BYTE] & PRIMARY_BIT != 0);
-    let slot = &header[SLOT_AT[primary]..SLOT_AT[primary] + SLOT_LEN];
-    if slot[0] != SLOT_VERSION {
-        return skipped;
-    }
+    let slot = slot(&header, primary_of(&header));
     // redb refuses a two-phase primary whose checksum fails: nothing to add.
-    let stored = u128_at(slot, SLOT_CHECKSUM_AT).unwrap_or(0);
-    if xxh3(&slot[..SLOT_CHECKSUM_AT]) != stored {
+    if !slot_verifies(slot) {
         return skipped;
     }
     if slot[SYSTEM_ROOT_NON_NULL_AT] == 0 {
@@ -147,12 +142,8 @@ pub(crate) fn check_page_numbers(
     let Some((header, layout)) = header_and_layout(file_len, read)? else {
         return Ok(PagesChecked::default());
     };
-    let primary = usize::from(header[GOD_BYTE] & PRIMARY_BIT != 0);
-    let slot_ok = |i: usize| {
-        let slot = &header[SLOT_AT[i]..SLOT_AT[i] + SLOT_LEN];
-        slot[0] == SLOT_VERSION
-            && u128_at(slot, SLOT_CHECKSUM_AT) == Some(xxh3(&slot[..SLOT_CHECKSUM_AT]))
-    };
+    let primary = primary_of(&header);
+    let slot_ok = |i: usize| slot_verifies(slot(&header, i));
     let god = header[GOD_BYTE];
     let two_phase = god & TWO_PHASE_COMMIT != 0;
     let unflushed = god & PRIMARY_UNFLUSHED != 0;
@@ -177,10 +168,7 @@ pub(crate) fn check_page_numbers(
         checked: PagesChecked::default(),
     };
     for i in slots {
-        let slot = &header[SLOT_AT[i]..SLOT_AT[i] + SLOT_LEN];
-        if slot[0] != SLOT_VERSION {
-            continue;
-        }
+        let slot = slot(&header, i);
         for (non_null, at) in [
             (USER_ROOT_NON_NULL_AT, USER_ROOT_AT),
             (SYSTEM_ROOT_NON_NULL_AT, SYSTEM_ROOT_AT),
@@ -413,6 +401,23 @@ fn header_and_layout(
     Ok(Layout::from_file_len(file_len, header_pages.into(), max_pages.into()).map(|l| (header, l)))
 }
 
+/// The primary commit slot's index.
+fn primary_of(header: &[u8; HEADER_LEN]) -> usize {
+    usize::from(header[GOD_BYTE] & PRIMARY_BIT != 0)
+}
+
+/// Commit slot `i` (0 or 1) of `header`.
+fn slot(header: &[u8; HEADER_LEN], i: usize) -> &[u8] {
+    &header[SLOT_AT[i]..SLOT_AT[i] + SLOT_LEN]
+}
+
+/// Whether a commit slot is of the version this code reads and passes its checksum (redb
+/// uses neither a slot of another version nor one that fails).
+fn slot_verifies(slot: &[u8]) -> bool {
+    slot[0] == SLOT_VERSION
+        && u128_at(slot, SLOT_CHECKSUM_AT) == Some(xxh3(&slot[..SLOT_CHECKSUM_AT]))
+}
+
 /// Runs a check on the redb file at `path`, read through a handle of its own.
 fn on_file<R>(
     path: &std::path::Path,
@@ -440,14 +445,17 @@ pub(crate) fn check_page_numbers_file(
 ) -> Result<PagesChecked> {
     let mut tries = 0;
     loop {
-        let before = on_file(path, |len, read| header_of(len, read))?;
-        let walked = on_file(path, |len, read| check_page_numbers(len, read, depth(len)));
         tries += 1;
-        match walked {
-            Err(e) if tries < 3 && on_file(path, |len, read| header_of(len, read))? != before => {
-                drop(e);
-            }
-            other => return other,
+        // One handle per try: the slots before the walk, the walk, and, only when it
+        // refuses, the slots again.
+        let (walked, slots_changed) = on_file(path, |len, read| {
+            let before = header_of(len, read)?;
+            let walked = check_page_numbers(len, read, depth(len));
+            let changed = walked.is_err() && header_of(len, read)? != before;
+            Ok((walked, changed))
+        })?;
+        if !(slots_changed && tries < 3) {
+            return walked;
         }
     }
 }
@@ -479,14 +487,21 @@ pub(crate) fn check_file(path: &std::path::Path) -> Result<Checked> {
     on_file(path, check)
 }
 
-/// [`check`] on a storage backend, before the storage engine takes it.
+/// [`check`] and [`check_page_numbers`] (as deep as `depth` says for the storage's length)
+/// on a storage backend, before the storage engine takes it.
 ///
 /// # Errors
 ///
-/// As [`check`].
-pub(crate) fn check_backend(backend: &dyn redb::StorageBackend) -> Result<Checked> {
+/// As [`check`] and [`check_page_numbers`].
+pub(crate) fn check_backend(
+    backend: &dyn redb::StorageBackend,
+    depth: impl Fn(u64) -> Depth,
+) -> Result<Checked> {
     let len = backend.len().map_err(Error::io)?;
-    check(len, &mut |at, buf| backend.read(at, buf))
+    let mut read = |at, buf: &mut [u8]| backend.read(at, buf);
+    let checked = check(len, &mut read)?;
+    check_page_numbers(len, &mut read, depth(len))?;
+    Ok(checked)
 }
 
 /// Where the regions of a redb file are (as redb computes it from the file's length).
@@ -1042,6 +1057,21 @@ mod tests {
         (checked, pages)
     }
 
+    /// The bytes of [`journal_file`].
+    fn journal_bytes() -> Vec<u8> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::read(journal_file(dir.path())).expect("read")
+    }
+
+    /// The offsets of the pages read whose first byte is `kind`.
+    fn offsets_of(pages: &[(usize, u8)], kind: u8) -> Vec<usize> {
+        pages
+            .iter()
+            .filter(|(_, t)| *t == kind)
+            .map(|(at, _)| *at)
+            .collect()
+    }
+
     fn refused_as_outside(bytes: &[u8], depth: Depth) -> bool {
         match check_page_numbers(bytes.len() as u64, &mut reader(bytes), depth) {
             Err(e) => {
@@ -1058,8 +1088,7 @@ mod tests {
 
     #[test]
     fn the_branch_walk_checks_every_number_the_full_walk_does_reading_only_branches() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let bytes = std::fs::read(journal_file(dir.path())).expect("read");
+        let bytes = journal_bytes();
         let (full, full_pages) = pages_read(&bytes, Depth::Full);
         let (branches, branch_pages) = pages_read(&bytes, Depth::Branches);
         assert_eq!(full.numbers, branches.numbers, "{full:?} {branches:?}");
@@ -1070,24 +1099,19 @@ mod tests {
         assert!(branches.pages * 4 < full.pages, "{full:?} {branches:?}");
         // Beside branches, the branch walk reads the table definitions and one leaf per
         // table (the descent that finds the leaves' depth).
-        let branch_count = full_pages.iter().filter(|(_, t)| *t == BRANCH).count();
+        let branch_count = offsets_of(&full_pages, BRANCH).len();
         assert!(branch_count > 0, "the journal has branch pages");
         assert!(
-            branch_pages.iter().filter(|(_, t)| *t == BRANCH).count() >= branch_count,
+            offsets_of(&branch_pages, BRANCH).len() >= branch_count,
             "every branch is read"
         );
     }
 
     #[test]
     fn a_branch_child_outside_the_file_is_refused_by_both_walks() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let bytes = std::fs::read(journal_file(dir.path())).expect("read");
+        let bytes = journal_bytes();
         let (_, pages) = pages_read(&bytes, Depth::Full);
-        let branches: Vec<usize> = pages
-            .iter()
-            .filter(|(_, t)| *t == BRANCH)
-            .map(|(at, _)| *at)
-            .collect();
+        let branches = offsets_of(&pages, BRANCH);
         assert!(!branches.is_empty());
         for at in branches {
             let keys = usize::from(u16_at(&bytes, at + 2).expect("key count"));
@@ -1107,15 +1131,10 @@ mod tests {
 
     #[test]
     fn a_leaf_made_a_branch_naming_a_page_outside_is_refused_by_the_full_walk_only() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let bytes = std::fs::read(journal_file(dir.path())).expect("read");
+        let bytes = journal_bytes();
         let (_, pages) = pages_read(&bytes, Depth::Full);
         let (_, branch_walk) = pages_read(&bytes, Depth::Branches);
-        let leaves: Vec<usize> = pages
-            .iter()
-            .filter(|(_, t)| *t == LEAF)
-            .map(|(at, _)| *at)
-            .collect();
+        let leaves = offsets_of(&pages, LEAF);
         assert!(leaves.len() > 4);
         let mut unread_by_branch_walk = 0;
         for at in leaves {
