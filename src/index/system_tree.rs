@@ -35,6 +35,8 @@ const PRIMARY_UNFLUSHED: u8 = 8;
 const PAGE_SIZE_AT: usize = 12;
 const REGION_HEADER_PAGES_AT: usize = 16;
 const REGION_MAX_DATA_PAGES_AT: usize = 20;
+const FULL_REGIONS_AT: usize = 24;
+const TRAILING_REGION_PAGES_AT: usize = 28;
 const SLOT_AT: [usize; 2] = [64, 192];
 const SLOT_LEN: usize = 128;
 const SLOT_VERSION: u8 = 3;
@@ -398,6 +400,23 @@ fn header_and_layout(
     ) else {
         return Ok(None);
     };
+    // A cleanly closed file shorter than the layout its header records (a truncated copy)
+    // is refused by redb, naming the truncation, before it reads any page.
+    if header[GOD_BYTE] & RECOVERY_REQUIRED == 0
+        && let (Some(full), Some(trailing)) = (
+            u32_at(&header, FULL_REGIONS_AT),
+            u32_at(&header, TRAILING_REGION_PAGES_AT),
+        )
+    {
+        let region = (u64::from(header_pages) + u64::from(max_pages)) * PAGE_SIZE;
+        let tail = match trailing {
+            0 => 0,
+            t => (u64::from(header_pages) + u64::from(t)) * PAGE_SIZE,
+        };
+        if PAGE_SIZE + u64::from(full) * region + tail > file_len {
+            return Ok(None);
+        }
+    }
     Ok(Layout::from_file_len(file_len, header_pages.into(), max_pages.into()).map(|l| (header, l)))
 }
 
@@ -1153,6 +1172,26 @@ mod tests {
             }
         }
         assert!(unread_by_branch_walk > 0);
+    }
+
+    #[test]
+    fn a_clean_file_shorter_than_its_recorded_layout_is_left_to_the_engine_which_names_it() {
+        let bytes = journal_bytes();
+        let cut = &bytes[..bytes.len() / 2 / PAGE_SIZE as usize * PAGE_SIZE as usize];
+        for depth in [Depth::Full, Depth::Branches] {
+            let checked = check_page_numbers(cut.len() as u64, &mut reader(cut), depth)
+                .expect("a truncated file is left to the engine");
+            assert_eq!(checked, PagesChecked::default());
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cut.opj");
+        std::fs::write(&path, cut).expect("write");
+        let err = crate::Inspector::open(&path).expect_err("a truncated file is refused");
+        let cause = std::error::Error::source(&err).map(ToString::to_string);
+        assert!(
+            cause.as_deref().is_some_and(|c| c.contains("truncated")),
+            "{err}: {cause:?}"
+        );
     }
 
     #[test]
