@@ -408,12 +408,19 @@ fn header_and_layout(
             u32_at(&header, TRAILING_REGION_PAGES_AT),
         )
     {
-        let region = (u64::from(header_pages) + u64::from(max_pages)) * PAGE_SIZE;
+        // Every factor is read from the file: a product that overflows claims more than
+        // any file holds, so it counts as longer than this one.
+        let pages = |n: u32| (u64::from(header_pages) + u64::from(n)).checked_mul(PAGE_SIZE);
         let tail = match trailing {
-            0 => 0,
-            t => (u64::from(header_pages) + u64::from(t)) * PAGE_SIZE,
+            0 => Some(0),
+            t => pages(t),
         };
-        if PAGE_SIZE + u64::from(full) * region + tail > file_len {
+        let recorded_len = pages(max_pages)
+            .and_then(|region| u64::from(full).checked_mul(region))
+            .zip(tail)
+            .and_then(|(regions, tail)| regions.checked_add(tail))
+            .and_then(|len| len.checked_add(PAGE_SIZE));
+        if recorded_len.is_none_or(|len| len > file_len) {
             return Ok(None);
         }
     }
@@ -537,12 +544,13 @@ impl Layout {
         if max_pages == 0 || max_pages > MAX_PAGE_INDEX + 1 || header_pages > MAX_PAGE_INDEX + 1 {
             return None;
         }
-        let region_bytes = (header_pages + max_pages) * PAGE_SIZE;
+        // Both counts are at most 2^20 (checked above), so no product below overflows.
+        let region_bytes = (header_pages + max_pages).checked_mul(PAGE_SIZE)?;
         let rest = file_len.checked_sub(PAGE_SIZE)?;
         let full_regions = rest / region_bytes;
-        let mut tail = rest - full_regions * region_bytes;
-        let trailing_pages = if tail >= (header_pages + 1) * PAGE_SIZE {
-            tail -= header_pages * PAGE_SIZE;
+        let mut tail = rest.checked_sub(full_regions.checked_mul(region_bytes)?)?;
+        let trailing_pages = if tail >= (header_pages + 1).checked_mul(PAGE_SIZE)? {
+            tail = tail.checked_sub(header_pages.checked_mul(PAGE_SIZE)?)?;
             tail / PAGE_SIZE
         } else {
             0
@@ -577,16 +585,20 @@ impl Layout {
         if page.order > MAX_ORDER || page.region >= self.regions() {
             return None;
         }
-        let end_page = (page.index + 1) << page.order;
+        // The page number comes from the file: checked, although its fields are bounded
+        // by their bit widths.
+        let end_page = (page.index.checked_add(1)?).checked_shl(u32::from(page.order))?;
         if end_page > self.region_pages(page.region) {
             return None;
         }
-        let region_bytes = (self.header_pages + self.full_region_pages) * PAGE_SIZE;
-        let len = PAGE_SIZE << page.order;
-        let start = PAGE_SIZE
-            + page.region * region_bytes
-            + self.header_pages * PAGE_SIZE
-            + page.index * len;
+        let region_bytes = (self.header_pages + self.full_region_pages).checked_mul(PAGE_SIZE)?;
+        let len = PAGE_SIZE.checked_shl(u32::from(page.order))?;
+        let start = page
+            .region
+            .checked_mul(region_bytes)?
+            .checked_add(self.header_pages.checked_mul(PAGE_SIZE)?)?
+            .checked_add(page.index.checked_mul(len)?)?
+            .checked_add(PAGE_SIZE)?;
         Some((start, len))
     }
 }
@@ -1192,6 +1204,26 @@ mod tests {
             cause.as_deref().is_some_and(|c| c.contains("truncated")),
             "{err}: {cause:?}"
         );
+    }
+
+    #[test]
+    fn header_counts_whose_layout_overflows_are_left_to_the_engine_without_overflow() {
+        let mut bytes = journal_bytes();
+        bytes[GOD_BYTE] &= !RECOVERY_REQUIRED;
+        for at in [REGION_HEADER_PAGES_AT, REGION_MAX_DATA_PAGES_AT, FULL_REGIONS_AT] {
+            bytes[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        }
+        let len = bytes.len() as u64;
+        assert!(
+            header_and_layout(len, &mut reader(&bytes))
+                .expect("no read fails")
+                .is_none()
+        );
+        for depth in [Depth::Full, Depth::Branches] {
+            let checked = check_page_numbers(len, &mut reader(&bytes), depth)
+                .expect("an impossible layout is left to the engine");
+            assert_eq!(checked, PagesChecked::default());
+        }
     }
 
     #[test]
