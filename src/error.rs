@@ -531,13 +531,13 @@ impl fmt::Display for Error {
             ErrorKind::NotAJournal { path, detail } => write!(
                 f,
                 "`{}` is not an opjournal journal: {detail}",
-                path.display()
+                shown(path)
             ),
             ErrorKind::Locked { path } => write!(
                 f,
                 "journal `{}` is open for writing by another handle (this or another process); \
                  close it first, or share one `Journal` through an `Arc`",
-                path.display()
+                shown(path)
             ),
             ErrorKind::UnsupportedFormat { found, supported } => write!(
                 f,
@@ -842,4 +842,20 @@ mod tests {
         assert!(err.is_retryable(), "{err:?}");
         assert!(std::error::Error::source(&err).is_some(), "{err:?}");
     }
+}
+
+/// A path as messages show it: its control characters escaped (`\n`), so that a message
+/// naming a strange path is still one line of a log.
+pub(crate) fn shown(path: &std::path::Path) -> String {
+    path.display()
+        .to_string()
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_debug().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }

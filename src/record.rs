@@ -990,6 +990,7 @@ mod convert {
                 at: e.at,
                 operation_id: e.operation_id.clone(),
                 kind: (&e.kind).into(),
+                pending: false,
             }
         }
     }

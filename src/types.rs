@@ -510,8 +510,10 @@ impl Admission {
 
 /// One entry of the event journal, the file's source of truth.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Event {
-    /// Position in the journal; unique, increasing, never reused.
+    /// Position in the journal; unique, increasing, never reused. 0 for a pending event
+    /// (see [`Event::pending`]), which gets its position when it commits.
     pub seq: u64,
     /// When it was recorded (the journal's clock).
     pub at: Timestamp,
@@ -519,6 +521,13 @@ pub struct Event {
     pub operation_id: Option<String>,
     /// What happened.
     pub kind: EventKind,
+    /// `true` for a delivery or an acknowledgement that this handle recorded and has not
+    /// committed yet ([`Journal::delivered`](crate::Journal::delivered) and
+    /// [`Journal::acknowledge`](crate::Journal::acknowledge) are durable lazily: with the
+    /// next commit, or [`Journal::flush`](crate::Journal::flush)). A crash loses it, which
+    /// only causes a recognizable redelivery. Readers in other processes do not see it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
 }
 
 /// What an event records. Every index (receipts, scopes, timers, windows) is a function of

@@ -741,6 +741,92 @@ fn usage_errors_exit_2_and_help_exits_0() {
 }
 
 #[test]
+fn no_arguments_is_one_usage_error_with_a_hint_not_the_whole_help() {
+    let o = run(&[]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stdout(&o).is_empty(), "{}", stdout(&o));
+    let err = stderr(&o);
+    let first = err.lines().next().unwrap_or_default();
+    assert!(first.starts_with("error: no command given"), "{err}");
+    assert!(err.contains("Usage: opjournal"), "{err}");
+    assert!(err.contains("--help"), "{err}");
+    assert!(!err.contains("Commands:"), "the whole help was printed:\n{err}");
+    assert!(err.lines().count() <= 6, "{err}");
+}
+
+#[test]
+fn a_path_holding_a_newline_stays_on_one_line_of_the_error() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let missing = dir.path().join("a\nb.opj");
+    let not_a_journal = dir.path().join("notes\n.opj");
+    std::fs::write(&not_a_journal, b"not a journal at all")?;
+    for (path, first) in [
+        (&missing, "no such file `"),
+        (&not_a_journal, "is not an opjournal journal"),
+    ] {
+        for cmd in ["stats", "verify", "repair"] {
+            let o = run(&[cmd, path_str(path)]);
+            assert_eq!(code(&o), 2, "{cmd}: {}", stderr(&o));
+            let err = stderr(&o);
+            let lines: Vec<&str> = err.lines().collect();
+            assert!(
+                lines[0].starts_with("error: ") && lines[0].contains(first),
+                "{cmd}: {err}"
+            );
+            assert!(lines[0].contains("\\n"), "{cmd}: the newline is shown escaped: {err}");
+            assert!(
+                lines.iter().all(|l| l.starts_with("error: ")
+                    || l.starts_with("hint: ")
+                    || l.starts_with("  caused by: ")),
+                "{cmd}: a line of the error was split: {err}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn ls_takes_every_rfc_3339_time_the_last_second_of_year_9999_included() {
+    let s = sample();
+    let p = path_str(&s.path);
+    let o = run(&["ls", p, "--since", "9999-12-31T23:59:59Z"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("no operation matches"), "{}", stdout(&o));
+    let o = run(&["ls", p, "--until", "9999-12-31T23:59:59+01:00"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("op_doubt"), "{}", stdout(&o));
+}
+
+/// A 64 GiB sparse file of zeros is not a journal, answered at once: the commands read
+/// at most the first 64 MiB looking for journal records, never the whole file (which took
+/// minutes). The timeout only bounds a hang.
+#[test]
+fn a_64_gib_sparse_file_of_zeros_is_refused_as_not_a_journal_without_reading_it() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("zeros.opj");
+    std::fs::File::create(&path)?.set_len(64 << 30)?;
+    for args in [
+        vec!["verify", path_str(&path)],
+        vec!["repair", "--dry-run", path_str(&path)],
+        vec!["repair", path_str(&path)],
+        vec!["stats", path_str(&path)],
+    ] {
+        let o = opjournal(&args)
+            .timeout(Duration::from_secs(60))
+            .output()?;
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("is not an opjournal journal"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    assert_eq!(std::fs::metadata(&path)?.len(), 64 << 30);
+    assert_eq!(std::fs::read_dir(dir.path())?.count(), 1, "nothing was written beside it");
+    Ok(())
+}
+
+#[test]
 fn help_explains_each_command_in_a_sentence_and_gives_an_example() {
     let o = run(&["--help"]);
     let top = stdout(&o);

@@ -115,3 +115,50 @@ fn close_reports_a_log_that_could_not_be_removed() -> opjournal::Result<()> {
     );
     Ok(())
 }
+
+/// One handle, one view: a delivery or an acknowledgement this handle recorded shows in
+/// `history` as soon as `lookup` shows it, marked pending until it commits, and then
+/// appears committed, once, with its position.
+#[test]
+fn history_shows_this_handles_pending_deliveries_and_acks_as_lookup_does() -> opjournal::Result<()>
+{
+    use opjournal::{DeliveryState, EventKind};
+    let env = Env::new();
+    let mut editor = FakeEditor::at(0);
+    let journal = env.open();
+    run_op(&journal, &mut editor, Operation::new("a", add_light("a")), "a")?;
+    let committed = journal.history("a")?;
+    assert!(committed.iter().all(|e| !e.pending && e.seq > 0), "{committed:?}");
+
+    journal.delivered("a")?;
+    let receipt = journal.lookup("a")?.expect("recorded");
+    assert!(
+        receipt.delivery == Some(DeliveryState::Delivered),
+        "{receipt:?}"
+    );
+    let history = journal.history("a")?;
+    assert_eq!(history.len(), committed.len() + 1, "{history:?}");
+    let last = history.last().expect("an event");
+    assert!(
+        last.pending && last.seq == 0 && matches!(last.kind, EventKind::Delivered { .. }),
+        "{last:?}"
+    );
+
+    journal.acknowledge("a", None)?;
+    let history = journal.history("a")?;
+    let pending: Vec<_> = history.iter().filter(|e| e.pending).collect();
+    assert_eq!(pending.len(), 2, "{history:?}");
+    assert!(
+        matches!(pending[1].kind, EventKind::Acknowledged { .. }),
+        "{history:?}"
+    );
+
+    // Committed: the same events, each once, now with positions.
+    journal.flush()?;
+    let flushed = journal.history("a")?;
+    assert_eq!(flushed.len(), committed.len() + 2, "{flushed:?}");
+    assert!(flushed.iter().all(|e| !e.pending && e.seq > 0), "{flushed:?}");
+    let kinds = |h: &[opjournal::Event]| h.iter().map(|e| e.kind.clone()).collect::<Vec<_>>();
+    assert_eq!(kinds(&flushed), kinds(&history));
+    Ok(())
+}

@@ -341,6 +341,7 @@ fn parse_event(line: u64, data: Value) -> Result<Event> {
         at: e.at,
         operation_id: e.operation_id,
         kind,
+        pending: false,
     }))
 }
 

@@ -274,6 +274,16 @@ pub fn repair(
         )
     })?;
     let is_redb = check_redb_magic(path).is_ok();
+    // Not the storage engine's file and no journal event near its start: not a journal,
+    // answered before anything reads the rest of it.
+    if !is_redb && !super::salvage::probe_for_events(&file, extent.journal_len())? {
+        return Err(Error::new(ErrorKind::NotAJournal {
+            path: path.to_path_buf(),
+            detail: "it does not start with the redb file signature, and its first 64 MiB \
+                     hold no intact journal record"
+                .into(),
+        }));
+    }
     let mut src = Source::open(path, extent)?;
     let mut report = RepairReport {
         dry_run: options.dry_run,

@@ -52,14 +52,16 @@ impl CliError {
 
     /// Prints the message to stderr (ignoring a closed stderr: there is nowhere else to
     /// say it).
+    /// Each part stays on its own line: control characters in it (a path holding a
+    /// newline) are printed escaped.
     pub(crate) fn print(&self) {
         let mut err = std::io::stderr().lock();
-        let _ = writeln!(err, "error: {}", self.message);
+        let _ = writeln!(err, "error: {}", one_line(&self.message));
         for cause in &self.causes {
-            let _ = writeln!(err, "  caused by: {cause}");
+            let _ = writeln!(err, "  caused by: {}", one_line(cause));
         }
         if let Some(hint) = &self.hint {
-            let _ = writeln!(err, "hint: {hint}");
+            let _ = writeln!(err, "hint: {}", one_line(hint));
         }
     }
 
@@ -73,6 +75,24 @@ impl From<CliError> for Failure {
     fn from(e: CliError) -> Self {
         Failure::Error(e)
     }
+}
+
+/// `text` with its control characters escaped as Rust escapes them (`\n`, `\t`,
+/// `\u{1b}`), so that one message is one line of a terminal or a log.
+pub(crate) fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return text.into();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_debug().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
 }
 
 /// What the command was doing to the file, which decides the hint for a lock conflict.

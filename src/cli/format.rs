@@ -107,23 +107,30 @@ impl std::str::FromStr for TimeArg {
         if let Some(d) = parse_ago(s) {
             return Ok(TimeArg::Ago(d));
         }
-        let at = if let Ok(t) = s.parse::<jiff::Timestamp>() {
-            t
-        } else if let Ok(dt) = s.parse::<jiff::civil::DateTime>() {
-            dt.to_zoned_datetime(jiff::tz::TimeZone::UTC)
-                .map_err(|e| format!("`{s}`: {e}"))?
-                .timestamp()
-        } else if let Ok(date) = s.parse::<jiff::civil::Date>() {
-            date.to_zoned_datetime(jiff::tz::TimeZone::UTC)
-                .map_err(|e| format!("`{s}`: {e}"))?
-                .timestamp()
-        } else {
-            return Err(format!(
+        let neither = || {
+            format!(
                 "`{s}` is neither a time (`2026-11-30T14:00:00Z`, `2026-11-30T16:00:00+02:00`, \
                  `2026-11-30`) nor a duration before now (`15min`, `2h`, `3days`)"
-            ));
+            )
         };
-        let ms = u64::try_from(at.as_millisecond()).map_err(|_| format!("`{s}` is before 1970"))?;
+        // Civil fields and an offset, converted here rather than through `jiff::Timestamp`,
+        // whose range ends a day before the year 10000 ends: every RFC 3339 time is taken.
+        let pieces = jiff::fmt::temporal::Pieces::parse(s).map_err(|_| neither())?;
+        if pieces.offset().is_none() && pieces.time_zone_annotation().is_some() {
+            return Err(format!(
+                "`{s}` names a time zone but no offset: give one (`Z`, `+02:00`)"
+            ));
+        }
+        let date = pieces.date();
+        let time = pieces.time().unwrap_or(jiff::civil::Time::midnight());
+        let offset = pieces.to_numeric_offset().unwrap_or(jiff::tz::Offset::UTC);
+        let local = date
+            .to_datetime(time)
+            .duration_since(jiff::civil::date(1970, 1, 1).to_datetime(jiff::civil::Time::midnight()));
+        let utc = local.checked_sub(offset.duration_since(jiff::tz::Offset::UTC));
+        let ms = utc
+            .and_then(|d| u64::try_from(d.as_millis()).ok())
+            .ok_or_else(|| format!("`{s}` is before 1970"))?;
         Ok(TimeArg::At(Timestamp(ms)))
     }
 }
@@ -678,6 +685,20 @@ mod tests {
             );
         }
         assert!("1969-12-31".parse::<TimeArg>().is_err());
+        // Every RFC 3339 time, the last second of year 9999 included (past the range of
+        // the time library's own timestamps).
+        assert_eq!(
+            "9999-12-31T23:59:59Z".parse::<TimeArg>()?,
+            TimeArg::At(Timestamp(253_402_300_799_000))
+        );
+        assert_eq!(
+            "9999-12-31T23:59:59-01:00".parse::<TimeArg>()?,
+            TimeArg::At(Timestamp(253_402_304_399_000))
+        );
+        assert_eq!(
+            "1970-01-01T00:00:00Z".parse::<TimeArg>()?,
+            TimeArg::At(Timestamp(0))
+        );
         assert_eq!(
             TimeArg::Ago(Duration::from_secs(1)).resolve(T0),
             Timestamp(T0.0 - 1000)

@@ -440,6 +440,18 @@ pub(crate) fn main() -> ExitCode {
         .and_then(|m| Cli::from_arg_matches(&m));
     let cli = match parsed {
         Ok(cli) => cli,
+        // No command at all: one usage error and a hint, as ripgrep does, rather than the
+        // whole help on stderr.
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = command()
+                .error(
+                    clap::error::ErrorKind::MissingSubcommand,
+                    "no command given: name one, such as `opjournal stats FILE` \
+                     (`opjournal --help` lists them all)",
+                )
+                .print();
+            return ExitCode::from(2);
+        }
         Err(e) => {
             // Help and version go to stdout and exit 0; usage errors go to stderr, exit 2.
             let _ = e.print();

@@ -513,11 +513,11 @@ impl Journal {
         })
     }
 
-    /// The operation's committed events, oldest first (all attempts still retained).
-    ///
-    /// Deliveries and acknowledgements are committed lazily (see [`Journal::delivered`]):
-    /// one recorded a moment ago appears here once committed; [`Journal::flush`] commits
-    /// it now. This read writes nothing.
+    /// The operation's events, oldest first (all attempts still retained), as this handle
+    /// sees them: the committed ones, then the deliveries and acknowledgements it recorded
+    /// that are not committed yet ([`Journal::delivered`] is durable lazily), each marked
+    /// [`Event::pending`], so that `history` agrees with [`Journal::lookup`].
+    /// [`Journal::flush`] commits them now. This read writes nothing.
     ///
     /// # Errors
     ///
@@ -525,13 +525,20 @@ impl Journal {
     pub fn history(&self, operation_id: &str) -> Result<Vec<Event>> {
         let _span = crate::trace_span!(DEBUG, "history", operation_id = %operation_id);
         self.guard("history", || {
-            self.inner.read_with(None, |snap, _| {
+            self.inner.read_with(Some(operation_id), |snap, _| {
                 let mut out = Vec::new();
                 for seq in snap.tables.op_event_seqs(operation_id)? {
                     if let Some(ev) = snap.tables.event(seq)? {
                         out.push(Event::from(&ev));
                     }
                 }
+                out.extend(snap.pending.iter().map(|p| Event {
+                    seq: 0,
+                    at: p.at,
+                    operation_id: Some(p.id.clone()),
+                    kind: (&p.kind).into(),
+                    pending: true,
+                }));
                 Ok(out)
             })
         })

@@ -145,7 +145,11 @@ fn dispatch(command: &Command, out: &mut Out) -> Run {
 
 /// A line on stderr: `note: ...`.
 pub(crate) fn note(msg: impl AsRef<str>) {
-    let _ = writeln!(std::io::stderr(), "note: {}", msg.as_ref());
+    let _ = writeln!(
+        std::io::stderr(),
+        "note: {}",
+        crate::cli::failure::one_line(msg.as_ref())
+    );
 }
 
 /// The name of an access mode, as in the JSON summary.
