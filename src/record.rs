@@ -1,7 +1,8 @@
 //! The stored records: the file's own types, apart from the API's (`types.rs`), so that
-//! an API change never changes the file by accident. Their bincode encoding is the file
-//! format (docs/format.md): the order of fields and of enum variants must not change
-//! without a format version bump, and the golden-bytes test (tests/format.rs) guards it.
+//! an API change never changes the file by accident. Their encoding (`src/codec.rs`) is
+//! the file format (docs/format.md): the order of fields and of enum variants must not
+//! change without a format version bump, and the golden-bytes test (tests/format.rs)
+//! guards it.
 //! The API's types are converted from and to these at the edge (`convert` below).
 
 use serde::{Deserialize, Serialize};

@@ -818,7 +818,7 @@ impl<'s> Build<'s> {
 
     fn quarantine(&mut self, table: &str, key: String, problem: String, raw: &[u8]) {
         // A quarantined value: a framed record whose payload is (table, key, problem) in
-        // bincode, followed by the raw bytes as they were found (like a result payload, so
+        // the codec's encoding, followed by the raw bytes as they were found (like a result payload, so
         // the decode limit does not apply to them).
         let mut payload = codec::encode_payload(&(table, key.as_str(), problem.as_str()));
         payload.extend_from_slice(raw);
