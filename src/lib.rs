@@ -114,6 +114,8 @@ mod inspect;
 mod intent;
 mod journal;
 mod log;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 mod record;
 #[cfg(feature = "service")]
 pub mod service;

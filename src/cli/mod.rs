@@ -187,19 +187,32 @@ Examples:
 
     /// Run the reference editor service on a loopback port, over the journal (docs/protocol.md).
     /// The first line on stdout is `listening on 127.0.0.1:PORT`; it runs until stopped.
+    /// With `--mcp` it speaks the Model Context Protocol instead (docs/mcp.md): over stdio,
+    /// or with `--port` over Streamable HTTP at `http://127.0.0.1:PORT/mcp`.
     #[command(after_help = "\
 Examples:
   opjournal serve --journal project.opj
   opjournal serve --journal project.opj --port 7878 --max-connections 64 --idle-timeout 1min
+  opjournal serve --mcp --journal project.opj              # MCP over stdio (for an MCP host)
+  opjournal serve --mcp --journal project.opj --port 8765  # MCP over Streamable HTTP
 
 The document is kept beside the journal (project.scene.json and project.scene.log).")]
     Serve {
         /// The journal file (created if missing).
         #[arg(long)]
         journal: PathBuf,
-        /// The port on 127.0.0.1 (0: one chosen by the system, printed at start).
-        #[arg(long, default_value_t = 0)]
-        port: u16,
+        /// Speak the Model Context Protocol: the scene as tools, the edits journaled. Over
+        /// stdio, or over Streamable HTTP with `--port`.
+        #[arg(long)]
+        mcp: bool,
+        /// The port on 127.0.0.1 (0: one chosen by the system, printed at start; the
+        /// default without `--mcp`).
+        #[arg(long)]
+        port: Option<u16>,
+        /// Fault injection for tests (with `--mcp`): hold the first operation that reaches
+        /// this step (accepted, mutated, committed) until the process is killed.
+        #[arg(long, hide = true, value_name = "STEP")]
+        fault_hold: Option<String>,
         /// Connections served at once; the next one is answered `too_many_connections`.
         #[arg(long, value_name = "N", default_value_t = 256)]
         max_connections: usize,
@@ -484,17 +497,25 @@ pub(crate) fn main() -> ExitCode {
         }
         Command::Serve {
             journal,
+            mcp,
             port,
+            fault_hold,
             max_connections,
             idle_timeout,
         } => {
-            return serve::run(&serve::ServeArgs {
+            let args = serve::ServeArgs {
                 journal,
                 port,
                 max_connections,
                 idle_timeout,
                 json: cli.json,
-            });
+                fault_hold,
+            };
+            return if mcp {
+                serve::run_mcp(&args)
+            } else {
+                serve::run(&args)
+            };
         }
         _ => {}
     }

@@ -7,6 +7,10 @@
 //! Notes go to stderr. It runs until stopped by a signal: every outcome it answered is
 //! durable, and what a kill can lose (recent delivery counts and acknowledgements) only
 //! causes recognizable redeliveries (docs/protocol.md, "What survives a crash").
+//!
+//! `opjournal serve --mcp` serves the same document as MCP tools (`opjournal::mcp::editor`,
+//! docs/mcp.md): over stdio (stdout is the protocol; nothing else is written there), or
+//! with `--port` over Streamable HTTP, announcing `listening on http://127.0.0.1:PORT/mcp`.
 
 use std::io::Write as _;
 use std::net::TcpListener;
@@ -21,10 +25,12 @@ use opjournal::service::{JournalOpener, Service, ServiceConfig, chain};
 #[derive(Debug, Clone)]
 pub(crate) struct ServeArgs {
     pub journal: PathBuf,
-    pub port: u16,
+    pub port: Option<u16>,
     pub max_connections: usize,
     pub idle_timeout: Duration,
     pub json: bool,
+    /// Fault injection (`--fault-hold`, hidden): hold the first operation at this step.
+    pub fault_hold: Option<String>,
 }
 
 /// How often the service's housekeeping runs (expiries, retention, lazy writes).
@@ -38,10 +44,11 @@ pub(crate) fn run(args: &ServeArgs) -> ExitCode {
     cfg.max_connections = args.max_connections;
     cfg.idle_timeout = args.idle_timeout;
     cfg.notes = Box::new(|note| eprintln!("editor: {note}"));
-    let listener = match TcpListener::bind(("127.0.0.1", args.port)) {
+    let port = args.port.unwrap_or(0);
+    let listener = match TcpListener::bind(("127.0.0.1", port)) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("error: could not listen on 127.0.0.1:{}: {e}", args.port);
+            eprintln!("error: could not listen on 127.0.0.1:{port}: {e}");
             return ExitCode::from(2);
         }
     };
@@ -73,5 +80,106 @@ pub(crate) fn run(args: &ServeArgs) -> ExitCode {
     drop(out);
     loop {
         std::thread::park();
+    }
+}
+
+/// `opjournal serve --mcp`: the editor as MCP tools, over stdio or (with `--port`) over
+/// Streamable HTTP. Over stdio it ends when the host closes stdin (writing a snapshot of the
+/// document); over HTTP it runs until stopped by a signal.
+pub(crate) fn run_mcp(args: &ServeArgs) -> ExitCode {
+    use opjournal::mcp::editor::{EditorConfig, SceneEditor, serve_http, serve_stdio};
+    use opjournal::service::Stage;
+
+    let hold = match args.fault_hold.as_deref() {
+        None => None,
+        Some("accepted") => Some(Stage::Accepted),
+        Some("mutated") => Some(Stage::Mutated),
+        Some("committed") => Some(Stage::Committed),
+        Some(other) => {
+            eprintln!(
+                "error: `--fault-hold {other}` names no step; use `accepted`, `mutated` or `committed`"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let journal = match Journal::open(&args.journal) {
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("error: could not open the journal: {}", chain(&e));
+            return ExitCode::from(2);
+        }
+    };
+    let document = args.journal.with_extension("scene.json");
+    let mut cfg = EditorConfig::new(document.clone());
+    cfg.notes = Box::new(|note| eprintln!("editor: {note}"));
+    let editor = match SceneEditor::open(journal.clone(), cfg) {
+        Ok((editor, _settled)) => editor,
+        Err(e) => {
+            eprintln!("error: {}", chain(&e));
+            return ExitCode::from(2);
+        }
+    };
+    let _compactor = journal.spawn_compactor(COMPACT_EVERY);
+    drop(journal);
+    if let Some(stage) = hold {
+        editor.pauses().arm(stage);
+        let watching = editor.clone();
+        // Say when the operation is held, for the test that kills the process there.
+        let _ = std::thread::Builder::new()
+            .name("fault-hold".into())
+            .spawn(move || {
+                if let Ok(id) = watching.pauses().wait_held(Duration::from_secs(24 * 3600)) {
+                    eprintln!("editor: `{id}` is held at {stage:?} (fault injection)");
+                }
+            });
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: could not start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let served = runtime.block_on(async {
+        let Some(port) = args.port else {
+            let served = serve_stdio(editor.clone()).await;
+            return served.and_then(|()| editor.snapshot());
+        };
+        let listener = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+            Ok(l) => l,
+            Err(source) => {
+                return Err(opjournal::service::ServiceError::Io {
+                    what: format!("listen on 127.0.0.1:{port}"),
+                    source,
+                });
+            }
+        };
+        let server = serve_http(editor.clone(), listener)?;
+        let line = if args.json {
+            serde_json::json!({
+                "type": "listening",
+                "data": {"url": server.url(), "journal": args.journal, "document": document},
+            })
+            .to_string()
+        } else {
+            format!("listening on {}", server.url())
+        };
+        let mut out = std::io::stdout().lock();
+        if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+            // Nobody reads stdout: serve anyway.
+        }
+        drop(out);
+        std::future::pending::<()>().await;
+        Ok(())
+    });
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", chain(&e));
+            ExitCode::from(2)
+        }
     }
 }
