@@ -161,11 +161,18 @@ impl Extent {
         {
             return none;
         }
-        let region = (u64::from(header_pages) + u64::from(max_pages)) * page_size;
-        let mut len = page_size + full_regions * region;
-        if trailing > 0 {
-            len += (u64::from(header_pages) + u64::from(trailing)) * page_size;
-        }
+        // Bounded by the checks above, and checked all the same: every factor is read
+        // from the file.
+        let pages = |n: u32| (u64::from(header_pages) + u64::from(n)).checked_mul(page_size);
+        let tail = if trailing > 0 { pages(trailing) } else { Some(0) };
+        let len = pages(max_pages)
+            .and_then(|region| full_regions.checked_mul(region))
+            .and_then(|regions| regions.checked_add(page_size))
+            .zip(tail)
+            .and_then(|(len, tail)| len.checked_add(tail));
+        let Some(len) = len else {
+            return none;
+        };
         Extent {
             file_len,
             stored_len: Some(len),

@@ -510,13 +510,18 @@ pub(crate) fn scan_storage<E: From<io::Error>>(
             ));
             break;
         }
+        // Record numbers come from the file: one that leaves no successor ends the cycle.
+        let Some(next_lsn) = out.next_lsn.checked_add(1) else {
+            out.stopped = End::Stale(format!("at offset {at}: the last record number"));
+            break;
+        };
         each(Record {
             lsn: out.next_lsn,
             kind: rh[3],
             payload,
         })?;
         out.prev_crc = crc;
-        out.next_lsn += 1;
+        out.next_lsn = next_lsn;
         out.records += 1;
         at = end;
         out.end = end;
@@ -814,9 +819,12 @@ pub(crate) fn dropped<E: From<io::Error>>(
         let (why, end, chain, kind, payload, needs_followers) =
             match probe(storage, len, at, cursor, next_lsn, prev)? {
                 Probe::Valid { end, crc } => {
+                    let Some(next) = next_lsn.checked_add(1) else {
+                        break;
+                    };
                     at = end;
                     prev = crc;
-                    next_lsn += 1;
+                    next_lsn = next;
                     continue;
                 }
                 Probe::End => {
@@ -844,7 +852,7 @@ pub(crate) fn dropped<E: From<io::Error>>(
                 len,
                 end,
                 cursor,
-                next_lsn + 1,
+                next_lsn.saturating_add(1),
                 &chain,
                 &mut buf,
                 &mut each,
@@ -943,7 +951,10 @@ fn valid_run<E: From<io::Error>>(
         })?;
         n += 1;
         prevs = vec![stored];
-        lsn += 1;
+        let Some(next) = lsn.checked_add(1) else {
+            break;
+        };
+        lsn = next;
         at = end;
     }
     Ok(n)
@@ -1107,6 +1118,11 @@ impl Writer {
             .ok()
             .filter(|l| u64::from(*l) <= MAX_PAYLOAD)
             .ok_or_else(|| io::Error::other("a log record of more than 1 GiB"))?;
+        // The record number comes from the file (the last checkpoint): checked, so that a
+        // damaged one cannot wrap around to numbers already used.
+        let next_lsn = self.next_lsn.checked_add(1).ok_or_else(|| {
+            io::Error::other("the log's record numbers are used up (a damaged checkpoint?)")
+        })?;
         self.frame.clear();
         self.frame.extend_from_slice(&RECORD_MAGIC);
         self.frame.push(LOG_VERSION);
@@ -1144,7 +1160,7 @@ impl Writer {
         self.storage.sync_data()?;
         self.offset = end;
         self.prev_crc = crc;
-        self.next_lsn += 1;
+        self.next_lsn = next_lsn;
         Ok(self.frame.len() as u64)
     }
 
