@@ -539,15 +539,37 @@ pub fn serve_http(
     editor: SceneEditor,
     listener: tokio::net::TcpListener,
 ) -> Result<HttpServer, ServiceError> {
+    serve_http_with(
+        editor,
+        listener,
+        StreamableHttpServerConfig::default(),
+        LocalSessionManager::default(),
+    )
+}
+
+/// [`serve_http`] with rmcp's transport settings (keep-alives, the SSE retry interval that
+/// lets a client resume a broken stream, allowed hosts) and session manager (its
+/// `session_config`: session idle timeout, cache of completed streams). The config's
+/// cancellation token is replaced by the server's own (see [`HttpServer::shutdown`]).
+///
+/// # Errors
+///
+/// [`ServiceError::Io`] when the listener's address cannot be read.
+pub fn serve_http_with(
+    editor: SceneEditor,
+    listener: tokio::net::TcpListener,
+    config: StreamableHttpServerConfig,
+    sessions: LocalSessionManager,
+) -> Result<HttpServer, ServiceError> {
     let addr = listener.local_addr().map_err(|source| ServiceError::Io {
         what: "read the listening address".into(),
         source,
     })?;
     let stop = CancellationToken::new();
-    let config = StreamableHttpServerConfig::default().with_cancellation_token(stop.child_token());
+    let config = config.with_cancellation_token(stop.child_token());
     let service = StreamableHttpService::new(
         move || Ok(editor.clone()),
-        Arc::new(LocalSessionManager::default()),
+        Arc::new(sessions),
         config,
     );
     let stopping = stop.clone();

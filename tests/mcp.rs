@@ -1,0 +1,1094 @@
+//! MCP (issue 24), tested against clients nobody here wrote: the official Python SDK (`mcp`
+//! on PyPI, pinned in tests/mcp/requirements.txt, driven by tests/mcp/driver.py) over
+//! Streamable HTTP, in both protocol revisions it lets a client pin (2025-11-25 with the
+//! `initialize` handshake and sessions, 2026-07-28 without), and rmcp's own client over
+//! stdio.
+//!
+//! The failure window of DESIGN.md §5 is forced at each boundary by a TCP proxy between the
+//! client and the server, which cuts every connection and refuses new ones until the test
+//! restores it; the editor holds the operation at an exact step ([`Pauses`]) meanwhile. The
+//! call is then re-issued, as the protocol says a client must after a broken stream: the
+//! edit lands once in the document, and the second answer is the recorded result, marked
+//! as a replay. The kill -9 tests run `opjournal serve --mcp` as a process.
+//!
+//! The Python tests need the SDK: `.ci/run` installs it (`python3 -m venv target/mcp-venv`,
+//! then `pip install -r tests/mcp/requirements.txt`). They find that interpreter, or the one
+//! named by `OPJOURNAL_MCP_PYTHON`; without either they are skipped with a note, except
+//! under CI (`CI` set), where they fail.
+#![cfg(all(feature = "cli", feature = "mcp"))]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use opjournal::mcp::editor::{EditorConfig, HttpServer, SceneEditor, serve_http_with};
+use opjournal::service::{Stage, Verdict};
+use opjournal::{DeliveryState, ExecutionStatus, Journal, ManualClock, Timestamp};
+use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use serde_json::{Value, json};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const WAIT: Duration = Duration::from_secs(30);
+/// The SDK version the suite was written against (tests/mcp/requirements.txt pins it).
+const PINNED_SDK: &str = "2.3.0";
+/// The two revisions the SDK lets a client pin: its `mode` values.
+const LEGACY: &str = "legacy";
+const MODERN: &str = "2026-07-28";
+
+// ---------------------------------------------------------------------------------------
+// The Python SDK, driven line by line.
+// ---------------------------------------------------------------------------------------
+
+/// The Python with the SDK installed, or `None` (skip) outside CI.
+fn python() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("OPJOURNAL_MCP_PYTHON") {
+        let p = PathBuf::from(p);
+        assert!(
+            p.exists(),
+            "OPJOURNAL_MCP_PYTHON names {p:?}, which does not exist"
+        );
+        return Some(p);
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-venv/bin/python");
+    if venv.exists() {
+        return Some(venv);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must install the MCP Python SDK into target/mcp-venv (see .ci/run) or set OPJOURNAL_MCP_PYTHON"
+    );
+    eprintln!(
+        "skipped: no MCP Python SDK (python3 -m venv target/mcp-venv && target/mcp-venv/bin/pip install -r tests/mcp/requirements.txt)"
+    );
+    None
+}
+
+/// tests/mcp/driver.py in a child process.
+struct Driver {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<Value>,
+    early: HashMap<String, Value>,
+    next: usize,
+}
+
+impl Driver {
+    fn start(python: &Path) -> Result<Driver, Box<dyn std::error::Error>> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/driver.py");
+        let mut child = Command::new(python)
+            .arg(script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                match serde_json::from_str::<Value>(&line) {
+                    Ok(v) => {
+                        if tx.send(v).is_err() {
+                            break;
+                        }
+                    }
+                    Err(_) => eprintln!("driver: {line}"),
+                }
+            }
+        });
+        let mut driver = Driver {
+            child,
+            stdin,
+            lines,
+            early: HashMap::new(),
+            next: 0,
+        };
+        let ready = driver.answer("ready")?;
+        assert_eq!(ready["mcp"], PINNED_SDK, "the SDK under test: {ready}");
+        Ok(driver)
+    }
+
+    /// Sends a command; returns its tag.
+    fn send(&mut self, mut cmd: Value) -> Result<String, Box<dyn std::error::Error>> {
+        self.next += 1;
+        let tag = format!("t{}", self.next);
+        cmd["tag"] = json!(tag);
+        writeln!(self.stdin, "{cmd}")?;
+        self.stdin.flush()?;
+        Ok(tag)
+    }
+
+    /// The answer to the command tagged `tag`.
+    fn answer(&mut self, tag: &str) -> Result<Value, Box<dyn std::error::Error>> {
+        if let Some(v) = self.early.remove(tag) {
+            return Ok(v);
+        }
+        let deadline = Instant::now() + WAIT + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(v) if v["tag"] == tag => return Ok(v),
+                Ok(v) => {
+                    let t = v["tag"].as_str().unwrap_or_default().to_string();
+                    self.early.insert(t, v);
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(format!("no answer to `{tag}` in time").into());
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(format!("the driver ended before answering `{tag}`").into());
+                }
+            }
+        }
+    }
+
+    /// One `tools/call` on a client of its own (a new connection).
+    fn call(
+        &mut self,
+        url: &str,
+        mode: &str,
+        tool: &str,
+        args: Value,
+    ) -> Result<String, Box<dyn std::error::Error>> {
+        self.send(json!({"op": "call", "url": url, "mode": mode, "tool": tool, "args": args, "timeout": 20}))
+    }
+
+    fn call_now(
+        &mut self,
+        url: &str,
+        mode: &str,
+        tool: &str,
+        args: Value,
+    ) -> Result<Value, Box<dyn std::error::Error>> {
+        let tag = self.call(url, mode, tool, args)?;
+        self.answer(&tag)
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The editor in this process, and a proxy that cuts connections.
+// ---------------------------------------------------------------------------------------
+
+struct Editor {
+    runtime: tokio::runtime::Runtime,
+    editor: SceneEditor,
+    server: Option<HttpServer>,
+    clock: ManualClock,
+    _dir: tempfile::TempDir,
+}
+
+impl Editor {
+    fn start() -> Result<Editor, Box<dyn std::error::Error>> {
+        Editor::start_with(|b| b)
+    }
+
+    fn start_with(
+        tune: impl FnOnce(opjournal::JournalBuilder) -> opjournal::JournalBuilder,
+    ) -> Result<Editor, Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let clock = ManualClock::new(Timestamp::from_millis(1_800_000_000_000));
+        let journal =
+            tune(Journal::builder().clock(clock.clone())).open(dir.path().join("p.opj"))?;
+        let (editor, _) =
+            SceneEditor::open(journal, EditorConfig::new(dir.path().join("p.scene.json")))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let served = editor.clone();
+        let server = runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+            // A client may resume a broken stream after the retry interval: short here, so a
+            // refused resumption fails the call quickly.
+            let config = StreamableHttpServerConfig::default()
+                .with_sse_retry(Some(Duration::from_millis(100)))
+                .with_sse_keep_alive(None);
+            Ok::<_, Box<dyn std::error::Error>>(serve_http_with(
+                served,
+                listener,
+                config,
+                LocalSessionManager::default(),
+            )?)
+        })?;
+        Ok(Editor {
+            runtime,
+            editor,
+            server: Some(server),
+            clock,
+            _dir: dir,
+        })
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.server
+            .as_ref()
+            .map_or_else(|| ([127, 0, 0, 1], 0).into(), HttpServer::addr)
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr())
+    }
+
+    fn journal(&self) -> &Journal {
+        self.editor.journaled().journal()
+    }
+
+    fn times_applied(&self, op: &str) -> usize {
+        self.editor.document().times_applied(op)
+    }
+
+    /// Waits until nothing executes (a released operation finished and recorded).
+    fn wait_idle(&self) -> TestResult {
+        let deadline = Instant::now() + WAIT;
+        while self.editor.journaled().running() > 0 {
+            if Instant::now() > deadline {
+                return Err("an operation is still running".into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Editor {
+    fn drop(&mut self) {
+        self.editor.pauses().release(Verdict::Continue);
+        if let Some(server) = self.server.take() {
+            self.runtime.block_on(server.shutdown());
+        }
+    }
+}
+
+/// A TCP proxy in front of `upstream`: passes bytes both ways until cut.
+struct Proxy {
+    addr: SocketAddr,
+    refusing: Arc<AtomicBool>,
+    live: Arc<Mutex<Vec<TcpStream>>>,
+    accepted: Arc<AtomicUsize>,
+}
+
+impl Proxy {
+    fn start(upstream: SocketAddr) -> Result<Proxy, Box<dyn std::error::Error>> {
+        let listener = TcpListener::bind(("127.0.0.1", 0))?;
+        let addr = listener.local_addr()?;
+        let refusing = Arc::new(AtomicBool::new(false));
+        let live: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (r, l, a) = (refusing.clone(), live.clone(), accepted.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                a.fetch_add(1, Ordering::SeqCst);
+                if r.load(Ordering::SeqCst) {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                if let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) {
+                    let mut live = l.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    live.retain(|s| s.peer_addr().is_ok());
+                    live.push(c2);
+                    live.push(s2);
+                }
+                pipe(client.try_clone(), server.try_clone());
+                pipe(server.try_clone(), client.try_clone());
+            }
+        });
+        Ok(Proxy {
+            addr,
+            refusing,
+            live,
+            accepted,
+        })
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    /// Cuts every connection and refuses new ones until [`Proxy::restore`].
+    fn cut(&self) {
+        self.refusing.store(true, Ordering::SeqCst);
+        let live = std::mem::take(
+            &mut *self
+                .live
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for s in live {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Refuses new connections (those open go on).
+    fn refuse(&self) {
+        self.refusing.store(true, Ordering::SeqCst);
+    }
+
+    fn restore(&self) {
+        self.refusing.store(false, Ordering::SeqCst);
+    }
+}
+
+fn pipe(from: std::io::Result<TcpStream>, to: std::io::Result<TcpStream>) {
+    let (Ok(mut from), Ok(mut to)) = (from, to) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = to.shutdown(Shutdown::Both);
+        let _ = from.shutdown(Shutdown::Both);
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// Reading answers.
+// ---------------------------------------------------------------------------------------
+
+fn result(answer: &Value) -> Result<&Value, Box<dyn std::error::Error>> {
+    if answer["ok"] != true {
+        return Err(format!("the call failed: {answer}").into());
+    }
+    Ok(&answer["result"])
+}
+
+fn meta<'a>(result: &'a Value, key: &str) -> &'a Value {
+    &result["_meta"][format!("dev.opjournal/{key}")]
+}
+
+fn text(result: &Value) -> String {
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn add(id: &str, object: &str) -> Value {
+    json!({"operation_id": id, "object": object, "beside": "door"})
+}
+
+/// Holds the next operation at `stage`, sends the call through the proxy, waits until it is
+/// held, cuts the connection, and checks that the client's call failed.
+fn call_and_cut_at(
+    ed: &Editor,
+    proxy: &Proxy,
+    py: &mut Driver,
+    mode: &str,
+    id: &str,
+    object: &str,
+    stage: Stage,
+) -> TestResult {
+    ed.editor.pauses().arm(stage);
+    let tag = py.call(&proxy.url(), mode, "scene.add", add(id, object))?;
+    let held = ed.editor.pauses().wait_held(WAIT)?;
+    assert_eq!(held, id);
+    proxy.cut();
+    let first = py.answer(&tag)?;
+    assert_eq!(
+        first["ok"], false,
+        "the cut call cannot have answered: {first}"
+    );
+    Ok(())
+}
+
+fn reissue_is_a_replay_of_one_edit(
+    ed: &Editor,
+    proxy: &Proxy,
+    py: &mut Driver,
+    mode: &str,
+    id: &str,
+    object: &str,
+) -> TestResult {
+    proxy.restore();
+    let again = py.call_now(&proxy.url(), mode, "scene.add", add(id, object))?;
+    let r = result(&again)?;
+    assert_eq!(r["isError"], false, "{r}");
+    assert_eq!(
+        meta(r, "replayed"),
+        true,
+        "the re-issued call is a replay: {r}"
+    );
+    assert_eq!(meta(r, "status"), "applied");
+    assert!(meta(r, "delivery").as_u64() >= Some(2), "{r}");
+    assert!(text(r).contains(object), "{r}");
+    assert_eq!(ed.times_applied(id), 1, "the edit landed once");
+    assert_eq!(
+        ed.editor.document().objects().get(object),
+        Some(&Some("door".to_string()))
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn the_python_sdk_lists_the_tools_with_a_required_operation_id_in_both_revisions() -> TestResult {
+    let Some(python) = python() else {
+        return Ok(());
+    };
+    let ed = Editor::start()?;
+    let mut py = Driver::start(&python)?;
+    for (mode, protocol) in [(LEGACY, "2025-11-25"), (MODERN, "2026-07-28")] {
+        let tag = py.send(json!({"op": "list", "url": ed.url(), "mode": mode}))?;
+        let listed = py.answer(&tag)?;
+        assert_eq!(listed["ok"], true, "{listed}");
+        assert_eq!(listed["protocol"], protocol, "{listed}");
+        let tools = listed["tools"].as_array().ok_or("no tools")?;
+        let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
+        assert_eq!(names.len(), 4, "{names:?}");
+        for tool in tools {
+            let required = &tool["inputSchema"]["required"];
+            let needs_id = required
+                .as_array()
+                .is_some_and(|r| r.iter().any(|x| x == "operation_id"));
+            assert_eq!(needs_id, tool["name"] != "scene.read", "{tool}");
+            if needs_id {
+                let described = tool["inputSchema"]["properties"]["operation_id"]["description"]
+                    .as_str()
+                    .unwrap_or_default();
+                assert!(described.contains("Reuse the SAME id"), "{described}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Boundary 1: the connection drops before the server accepts the call. Nothing is
+/// recorded; the re-issued call is new work, and runs once.
+fn cut_before_acceptance(mode: &str) -> TestResult {
+    let Some(python) = python() else {
+        return Ok(());
+    };
+    let ed = Editor::start()?;
+    let proxy = Proxy::start(ed.addr())?;
+    let mut py = Driver::start(&python)?;
+    proxy.refuse();
+    let first = py.call_now(&proxy.url(), mode, "scene.add", add("op_b1", "lamp"))?;
+    assert_eq!(first["ok"], false, "{first}");
+    assert!(
+        ed.journal().lookup("op_b1")?.is_none(),
+        "nothing was accepted"
+    );
+    assert_eq!(ed.times_applied("op_b1"), 0);
+    proxy.restore();
+    let again = py.call_now(&proxy.url(), mode, "scene.add", add("op_b1", "lamp"))?;
+    let r = result(&again)?;
+    assert_eq!(
+        meta(r, "replayed"),
+        false,
+        "the first call never arrived: {r}"
+    );
+    assert_eq!(meta(r, "delivery"), 1);
+    assert_eq!(ed.times_applied("op_b1"), 1);
+    Ok(())
+}
+
+#[test]
+fn a_call_cut_before_acceptance_runs_once_when_reissued_2025_11_25() -> TestResult {
+    cut_before_acceptance(LEGACY)
+}
+
+#[test]
+fn a_call_cut_before_acceptance_runs_once_when_reissued_2026_07_28() -> TestResult {
+    cut_before_acceptance(MODERN)
+}
+
+/// Boundary 2: accepted, not yet executed. The client's connection is cut; the re-issued
+/// call attaches to the running operation (it waits, applies nothing) and receives its
+/// outcome once the edit is made.
+fn cut_after_acceptance(mode: &str) -> TestResult {
+    let Some(python) = python() else {
+        return Ok(());
+    };
+    let ed = Editor::start()?;
+    let proxy = Proxy::start(ed.addr())?;
+    let mut py = Driver::start(&python)?;
+    call_and_cut_at(&ed, &proxy, &mut py, mode, "op_b2", "lamp", Stage::Accepted)?;
+    assert_eq!(
+        ed.journal().lookup("op_b2")?.map(|r| r.status),
+        Some(ExecutionStatus::Running)
+    );
+    proxy.restore();
+    let tag = py.call(&proxy.url(), mode, "scene.add", add("op_b2", "lamp"))?;
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        ed.times_applied("op_b2"),
+        0,
+        "the attached call applied nothing"
+    );
+    ed.editor.pauses().release(Verdict::Continue);
+    let r = result(&py.answer(&tag)?)?.clone();
+    assert_eq!(meta(&r, "replayed"), true, "{r}");
+    assert_eq!(meta(&r, "status"), "applied", "{r}");
+    assert_eq!(ed.times_applied("op_b2"), 1);
+    Ok(())
+}
+
+#[test]
+fn a_reissued_call_attaches_to_the_operation_accepted_before_the_cut_2025_11_25() -> TestResult {
+    cut_after_acceptance(LEGACY)
+}
+
+#[test]
+fn a_reissued_call_attaches_to_the_operation_accepted_before_the_cut_2026_07_28() -> TestResult {
+    cut_after_acceptance(MODERN)
+}
+
+/// Boundary 3: the edit is made (and, at `Committed`, recorded) but the result never
+/// reaches the client. The handler goes on after the cut; the re-issued call is answered
+/// with the recorded result.
+fn cut_after_the_edit(mode: &str, stage: Stage) -> TestResult {
+    let Some(python) = python() else {
+        return Ok(());
+    };
+    let ed = Editor::start()?;
+    let proxy = Proxy::start(ed.addr())?;
+    let mut py = Driver::start(&python)?;
+    call_and_cut_at(&ed, &proxy, &mut py, mode, "op_b3", "lamp", stage)?;
+    ed.editor.pauses().release(Verdict::Continue);
+    ed.wait_idle()?;
+    let receipt = ed.journal().lookup("op_b3")?.ok_or("not recorded")?;
+    assert_eq!(
+        receipt.status,
+        ExecutionStatus::Applied,
+        "the detached handler recorded it"
+    );
+    reissue_is_a_replay_of_one_edit(&ed, &proxy, &mut py, mode, "op_b3", "lamp")
+}
+
+#[test]
+fn a_result_cut_after_the_edit_was_saved_is_replayed_not_reapplied_2025_11_25() -> TestResult {
+    cut_after_the_edit(LEGACY, Stage::Mutated)
+}
+
+#[test]
+fn a_result_cut_after_the_edit_was_saved_is_replayed_not_reapplied_2026_07_28() -> TestResult {
+    cut_after_the_edit(MODERN, Stage::Mutated)
+}
+
+#[test]
+fn a_result_cut_after_the_outcome_committed_is_replayed_not_reapplied_2025_11_25() -> TestResult {
+    cut_after_the_edit(LEGACY, Stage::Committed)
+}
+
+#[test]
+fn a_result_cut_after_the_outcome_committed_is_replayed_not_reapplied_2026_07_28() -> TestResult {
+    cut_after_the_edit(MODERN, Stage::Committed)
+}
+
+/// Boundary 4: the result was delivered, then the client reloads before anything
+/// acknowledged it. The duplicate answer is harmless and recognizable.
+fn delivered_then_reloaded(mode: &str) -> TestResult {
+    let Some(python) = python() else {
+        return Ok(());
+    };
+    let ed = Editor::start()?;
+    let proxy = Proxy::start(ed.addr())?;
+    let mut py = Driver::start(&python)?;
+    let first = py.call_now(&proxy.url(), mode, "scene.add", add("op_b4", "lamp"))?;
+    let r = result(&first)?;
+    assert_eq!(meta(r, "replayed"), false);
+    assert_eq!(meta(r, "delivery"), 1);
+    proxy.cut();
+    let receipt = ed.journal().lookup("op_b4")?.ok_or("not recorded")?;
+    assert_eq!(
+        receipt.delivery,
+        Some(DeliveryState::Delivered),
+        "delivered, not acknowledged"
+    );
+    reissue_is_a_replay_of_one_edit(&ed, &proxy, &mut py, mode, "op_b4", "lamp")?;
+    assert_eq!(
+        ed.journal().lookup("op_b4")?.map(|r| r.delivery_count),
+        Some(2)
+    );
+    Ok(())
+}
+
+#[test]
+fn a_delivered_result_asked_again_after_a_reload_is_a_marked_replay_2025_11_25() -> TestResult {
+    delivered_then_reloaded(LEGACY)
+}
+
+#[test]
+fn a_delivered_result_asked_again_after_a_reload_is_a_marked_replay_2026_07_28() -> TestResult {
+    delivered_then_reloaded(MODERN)
+}
+
+/// Boundary 5 and the acknowledgement: within one MCP session (2025-11-25), each call
+/// acknowledges the results delivered to the session before it, so a session window of 2
+/// never fills; results never followed by a call stay unacknowledged until the ack timeout
+/// frees them, and their audit records stay.
+#[test]
+fn the_next_call_of_a_session_acknowledges_and_the_ack_timeout_frees_the_rest() -> TestResult {
+    let Some(python) = python() else {
+        return Ok(());
+    };
+    let ed = Editor::start_with(|b| b.session_window(2).ack_timeout(Duration::from_secs(900)))?;
+    let mut py = Driver::start(&python)?;
+    let open = py.send(json!({"op": "open", "session": "s", "url": ed.url(), "mode": LEGACY}))?;
+    assert_eq!(py.answer(&open)?["ok"], true);
+    for i in 0..5 {
+        let tag = py.send(json!({"op": "call", "session": "s", "tool": "scene.add", "args": add(&format!("op_s{i}"), &format!("o{i}"))}))?;
+        let r = result(&py.answer(&tag)?)?.clone();
+        assert_eq!(
+            meta(&r, "status"),
+            "applied",
+            "call {i} of a session with a window of 2: {r}"
+        );
+    }
+    // The scene.read, a plain tool, acknowledges the last one too.
+    let tag = py.send(json!({"op": "call", "session": "s", "tool": "scene.read", "args": {}}))?;
+    result(&py.answer(&tag)?)?;
+    ed.journal().flush()?;
+    for i in 0..5 {
+        let r = ed.journal().lookup(&format!("op_s{i}"))?.ok_or("gone")?;
+        assert_eq!(r.delivery, Some(DeliveryState::Acknowledged), "op_s{i}");
+    }
+    // Sessions that never call again: one call each, never acknowledged.
+    for i in 0..3 {
+        let r = py.call_now(
+            &ed.url(),
+            LEGACY,
+            "scene.add",
+            add(&format!("op_n{i}"), &format!("n{i}")),
+        )?;
+        result(&r)?;
+    }
+    for i in 0..3 {
+        let r = ed.journal().lookup(&format!("op_n{i}"))?.ok_or("gone")?;
+        assert_eq!(r.delivery, Some(DeliveryState::Delivered), "op_n{i}");
+    }
+    // Later independent mutations proceed.
+    let later = py.call_now(&ed.url(), MODERN, "scene.add", add("op_later", "later"))?;
+    assert_eq!(meta(result(&later)?, "status"), "applied");
+    ed.clock.advance(Duration::from_secs(901));
+    ed.journal().compact()?;
+    for i in 0..3 {
+        let r = ed
+            .journal()
+            .lookup(&format!("op_n{i}"))?
+            .ok_or("the audit record stays")?;
+        assert_eq!(r.delivery, Some(DeliveryState::AckExpired), "op_n{i}");
+        assert_eq!(r.status, ExecutionStatus::Applied);
+    }
+    let close = py.send(json!({"op": "close", "session": "s"}))?;
+    py.answer(&close)?;
+    Ok(())
+}
+
+/// Boundary 6: reconnecting again and again with the same call. Every answer is a replay
+/// of one edit; the delivery count grows until the retry budget is spent (then the result
+/// is still answered); the server keeps nothing per reconnect; the file stays small.
+fn repeated_reconnects(mode: &str) -> TestResult {
+    let Some(python) = python() else {
+        return Ok(());
+    };
+    let ed = Editor::start()?;
+    let proxy = Proxy::start(ed.addr())?;
+    let mut py = Driver::start(&python)?;
+    let first = py.call_now(&proxy.url(), mode, "scene.add", add("op_b6", "lamp"))?;
+    assert_eq!(meta(result(&first)?, "replayed"), false);
+    let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    let journal_path = ed.journal().path().to_path_buf();
+    let log_path = opjournal::FileLog::path_for(&journal_path);
+    let mut deliveries = Vec::new();
+    for round in 0..20 {
+        proxy.cut();
+        proxy.restore();
+        let again = py.call_now(&proxy.url(), mode, "scene.add", add("op_b6", "lamp"))?;
+        let r = result(&again)?;
+        assert_eq!(meta(r, "replayed"), true, "round {round}: {r}");
+        deliveries.push(meta(r, "delivery").as_u64().unwrap_or(0));
+    }
+    assert_eq!(deliveries.first(), Some(&2));
+    assert_eq!(deliveries.last(), Some(&21), "{deliveries:?}");
+    assert_eq!(ed.times_applied("op_b6"), 1);
+    let receipt = ed.journal().lookup("op_b6")?.ok_or("gone")?;
+    assert_eq!(
+        receipt.delivery,
+        Some(DeliveryState::Exhausted),
+        "the retry budget is spent, the result still answered"
+    );
+    assert_eq!(ed.editor.journaled().running(), 0);
+    assert!(
+        ed.editor.journaled().unacknowledged_in_memory() <= 21,
+        "one entry per session at most"
+    );
+    let bytes = size(&journal_path) + size(&log_path);
+    assert!(
+        bytes < 4 << 20,
+        "journal and log: {bytes} bytes after 21 deliveries"
+    );
+    assert!(proxy.accepted.load(Ordering::SeqCst) >= 21);
+    Ok(())
+}
+
+#[test]
+fn repeated_reconnects_replay_one_edit_and_keep_the_server_bounded_2025_11_25() -> TestResult {
+    repeated_reconnects(LEGACY)
+}
+
+#[test]
+fn repeated_reconnects_replay_one_edit_and_keep_the_server_bounded_2026_07_28() -> TestResult {
+    repeated_reconnects(MODERN)
+}
+
+/// Eight clients send the same first call at once (one operation id): one execution, seven
+/// answers attached to it.
+fn eight_clients(mode: &str) -> TestResult {
+    let Some(python) = python() else {
+        return Ok(());
+    };
+    let ed = Editor::start()?;
+    let mut py = Driver::start(&python)?;
+    ed.editor.pauses().arm(Stage::Accepted);
+    let tags: Vec<String> = (0..8)
+        .map(|_| py.call(&ed.url(), mode, "scene.add", add("op_8", "lamp")))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(ed.editor.pauses().wait_held(WAIT)?, "op_8");
+    // Let the seven others arrive and wait on it.
+    std::thread::sleep(Duration::from_millis(700));
+    ed.editor.pauses().release(Verdict::Continue);
+    let mut fresh = 0;
+    for tag in tags {
+        let r = result(&py.answer(&tag)?)?.clone();
+        assert_eq!(meta(&r, "status"), "applied", "{r}");
+        if meta(&r, "replayed") == false {
+            fresh += 1;
+        }
+    }
+    assert_eq!(fresh, 1, "one answer of the execution, seven replays");
+    assert_eq!(ed.times_applied("op_8"), 1);
+    Ok(())
+}
+
+#[test]
+fn eight_clients_sending_one_operation_id_at_once_make_one_edit_2025_11_25() -> TestResult {
+    eight_clients(LEGACY)
+}
+
+#[test]
+fn eight_clients_sending_one_operation_id_at_once_make_one_edit_2026_07_28() -> TestResult {
+    eight_clients(MODERN)
+}
+
+/// A client that gives up (a read timeout: the SDK sends `notifications/cancelled`) does not
+/// stop or undo the edit: it is made and recorded, and the call re-issued gets it.
+#[test]
+fn a_cancelled_call_still_makes_its_edit_once_and_the_reissue_gets_it() -> TestResult {
+    let Some(python) = python() else {
+        return Ok(());
+    };
+    let ed = Editor::start()?;
+    let mut py = Driver::start(&python)?;
+    ed.editor.pauses().arm(Stage::Accepted);
+    let tag = py.send(json!({"op": "call", "url": ed.url(), "mode": LEGACY, "tool": "scene.add", "args": add("op_c", "lamp"), "timeout": 1}))?;
+    ed.editor.pauses().wait_held(WAIT)?;
+    let first = py.answer(&tag)?;
+    assert_eq!(first["ok"], false, "the client gave up: {first}");
+    ed.editor.pauses().release(Verdict::Continue);
+    ed.wait_idle()?;
+    assert_eq!(
+        ed.journal().lookup("op_c")?.map(|r| r.status),
+        Some(ExecutionStatus::Applied)
+    );
+    let again = py.call_now(&ed.url(), LEGACY, "scene.add", add("op_c", "lamp"))?;
+    assert_eq!(meta(result(&again)?, "replayed"), true);
+    assert_eq!(ed.times_applied("op_c"), 1);
+    Ok(())
+}
+
+/// What the agent is told: the same id with other arguments, a missing id, an id in
+/// `_meta`, a refused edit (its id free again), and a stale base revision.
+#[test]
+fn the_agent_is_told_what_to_do_for_a_mismatch_a_missing_id_a_refusal_and_a_stale_base()
+-> TestResult {
+    let Some(python) = python() else {
+        return Ok(());
+    };
+    let ed = Editor::start()?;
+    let mut py = Driver::start(&python)?;
+    let url = ed.url();
+    result(&py.call_now(&url, MODERN, "scene.add", add("op_m", "lamp"))?)?;
+    let mismatch = py.call_now(&url, MODERN, "scene.add", add("op_m", "other"))?;
+    let r = result(&mismatch)?;
+    assert_eq!(
+        (r["isError"].clone(), meta(r, "status").clone()),
+        (json!(true), json!("mismatch")),
+        "{r}"
+    );
+    assert!(text(r).contains("new operation_id"), "{r}");
+    let missing = py.call_now(
+        &url,
+        MODERN,
+        "scene.add",
+        json!({"object": "x", "beside": "door"}),
+    )?;
+    let r = result(&missing)?;
+    assert_eq!(meta(r, "status"), "invalid", "{r}");
+    assert!(text(r).contains("operation_id"), "{r}");
+    let tag = py.send(json!({"op": "call", "url": url, "mode": MODERN, "tool": "scene.add",
+        "args": {"object": "viameta", "beside": "door"}, "meta": {"dev.opjournal/operation_id": "op_meta"}}))?;
+    let r = result(&py.answer(&tag)?)?.clone();
+    assert_eq!(
+        (meta(&r, "status").clone(), meta(&r, "operation_id").clone()),
+        (json!("applied"), json!("op_meta")),
+        "{r}"
+    );
+    let refused = py.call_now(
+        &url,
+        MODERN,
+        "scene.add",
+        json!({"operation_id": "op_r", "object": "y", "beside": "nothing"}),
+    )?;
+    let r = result(&refused)?;
+    assert_eq!(meta(r, "status"), "not_applied", "{r}");
+    assert!(
+        ed.journal().lookup("op_r")?.is_none(),
+        "a refused edit frees its id"
+    );
+    let fixed = py.call_now(
+        &url,
+        MODERN,
+        "scene.add",
+        json!({"operation_id": "op_r", "object": "y", "beside": "door"}),
+    )?;
+    assert_eq!(meta(result(&fixed)?, "replayed"), false);
+    let stale = py.call_now(
+        &url,
+        MODERN,
+        "scene.add",
+        json!({"operation_id": "op_s", "object": "z", "beside": "door", "base_revision": 1}),
+    )?;
+    let r = result(&stale)?;
+    assert_eq!(meta(r, "status"), "stale_base", "{r}");
+    assert!(text(r).contains("Read the project again"), "{r}");
+    assert_eq!(ed.times_applied("op_s"), 0);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// `opjournal serve --mcp` as a process: kill -9 mid-call.
+// ---------------------------------------------------------------------------------------
+
+/// `opjournal serve --mcp --port 0` on `journal`; its stderr lines arrive on `notes`.
+struct Process {
+    child: Child,
+    url: String,
+    notes: Receiver<String>,
+}
+
+impl Process {
+    fn start(journal: &Path, extra: &[&str]) -> Result<Process, Box<dyn std::error::Error>> {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_opjournal"))
+            .args(["serve", "--mcp", "--port", "0", "--journal"])
+            .arg(journal)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let stderr = child.stderr.take().ok_or("no stderr")?;
+        let (tx, notes) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("server: {line}");
+                let _ = tx.send(line);
+            }
+        });
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let url = line
+            .trim_end()
+            .strip_prefix("listening on ")
+            .ok_or_else(|| format!("unexpected first line {line:?}"))?
+            .to_string();
+        Ok(Process { child, url, notes })
+    }
+
+    fn wait_note(&self, contains: &str) -> Result<String, Box<dyn std::error::Error>> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .notes
+                .recv_timeout(left)
+                .map_err(|_| format!("no note with `{contains}`"))?;
+            if line.contains(contains) {
+                return Ok(line);
+            }
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The number of lines of the document's edit log that record operation `id`.
+fn logged_edits(journal: &Path, id: &str) -> usize {
+    let log = std::fs::read_to_string(journal.with_extension("scene.log")).unwrap_or_default();
+    log.lines()
+        .filter(|l| serde_json::from_str::<Value>(l).is_ok_and(|v| v["op"] == id))
+        .count()
+}
+
+/// Killed with the edit saved in the document but its outcome not recorded: the restart
+/// finds the operation in doubt, sees the edit in the document and records it as applied;
+/// the re-issued call is a replay.
+#[test]
+fn a_server_killed_after_the_edit_settles_it_from_the_document_and_replays_it() -> TestResult {
+    let Some(python) = python() else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let journal = dir.path().join("p.opj");
+    let mut py = Driver::start(&python)?;
+    let mut server = Process::start(&journal, &["--fault-hold", "mutated"])?;
+    let tag = py.call(&server.url, LEGACY, "scene.add", add("op_k", "lamp"))?;
+    server.wait_note("is held at Mutated")?;
+    server.child.kill()?; // SIGKILL
+    server.child.wait()?;
+    let first = py.answer(&tag)?;
+    assert_eq!(first["ok"], false, "{first}");
+    assert_eq!(
+        logged_edits(&journal, "op_k"),
+        1,
+        "the edit was saved before the kill"
+    );
+    let server = Process::start(&journal, &[])?;
+    let note = server.wait_note("op_k was in doubt")?;
+    assert!(note.contains("recorded as applied"), "{note}");
+    for mode in [LEGACY, MODERN] {
+        let again = py.call_now(&server.url, mode, "scene.add", add("op_k", "lamp"))?;
+        let r = result(&again)?;
+        assert_eq!(meta(r, "replayed"), true, "{r}");
+        assert_eq!(meta(r, "result_revision"), 1, "{r}");
+    }
+    assert_eq!(logged_edits(&journal, "op_k"), 1, "never applied twice");
+    Ok(())
+}
+
+/// Killed after acceptance, before the edit: the restart finds the operation in doubt, sees
+/// no edit in the document and records it as not applied; the re-issued call then makes the
+/// edit, once.
+#[test]
+fn a_server_killed_before_the_edit_settles_it_as_not_applied_and_the_reissue_runs_once()
+-> TestResult {
+    let Some(python) = python() else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let journal = dir.path().join("p.opj");
+    let mut py = Driver::start(&python)?;
+    let mut server = Process::start(&journal, &["--fault-hold", "accepted"])?;
+    let tag = py.call(&server.url, MODERN, "scene.add", add("op_k2", "lamp"))?;
+    server.wait_note("is held at Accepted")?;
+    server.child.kill()?;
+    server.child.wait()?;
+    assert_eq!(py.answer(&tag)?["ok"], false);
+    assert_eq!(logged_edits(&journal, "op_k2"), 0);
+    let server = Process::start(&journal, &[])?;
+    let note = server.wait_note("op_k2 was in doubt")?;
+    assert!(note.contains("recorded as not applied"), "{note}");
+    let again = py.call_now(&server.url, MODERN, "scene.add", add("op_k2", "lamp"))?;
+    let r = result(&again)?;
+    assert_eq!(meta(r, "replayed"), false, "{r}");
+    assert_eq!(logged_edits(&journal, "op_k2"), 1);
+    let third = py.call_now(&server.url, LEGACY, "scene.add", add("op_k2", "lamp"))?;
+    assert_eq!(meta(result(&third)?, "replayed"), true);
+    assert_eq!(logged_edits(&journal, "op_k2"), 1);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// rmcp's own client over stdio.
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn rmcp_client_over_stdio_initializes_lists_calls_and_gets_a_replay() -> TestResult {
+    use rmcp::ServiceExt;
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::TokioChildProcess;
+
+    let dir = tempfile::tempdir()?;
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"));
+    cmd.args(["serve", "--mcp", "--journal"])
+        .arg(dir.path().join("p.opj"));
+    let client = ().serve(TokioChildProcess::new(cmd)?).await?;
+    let info = client.peer_info().ok_or("no initialize result")?;
+    let server = info.server_info.as_ref().ok_or("no server info")?;
+    assert_eq!(server.name, "opjournal-editor");
+    let tools = client.list_all_tools().await?;
+    let mut names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        ["scene.add", "scene.delete", "scene.read", "scene.rename"]
+    );
+    let args = add("op_rmcp", "lamp");
+    let args = args.as_object().ok_or("not an object")?.clone();
+    let first = client
+        .call_tool(CallToolRequestParams::new("scene.add").with_arguments(args.clone()))
+        .await?;
+    let second = client
+        .call_tool(CallToolRequestParams::new("scene.add").with_arguments(args))
+        .await?;
+    let m = |r: &rmcp::model::CallToolResult, k: &str| {
+        r.meta
+            .as_ref()
+            .and_then(|m| m.0.get(&format!("dev.opjournal/{k}")).cloned())
+    };
+    assert_eq!(m(&first, "replayed"), Some(json!(false)));
+    assert_eq!(m(&second, "replayed"), Some(json!(true)));
+    assert_eq!(m(&second, "delivery"), Some(json!(2)));
+    assert_eq!(
+        first.content, second.content,
+        "the recorded result, as first answered"
+    );
+    let read = client
+        .call_tool(CallToolRequestParams::new("scene.read"))
+        .await?;
+    let objects = read.structured_content.ok_or("no structured content")?;
+    assert_eq!(objects["revision"], 1, "one edit: {objects}");
+    client.cancel().await?;
+    Ok(())
+}
