@@ -12,9 +12,10 @@
 //! as a replay. The kill -9 tests run `opjournal serve --mcp` as a process.
 //!
 //! The Python tests need the SDK: `.ci/run` installs it (`python3 -m venv target/mcp-venv`,
-//! then `pip install -r tests/mcp/requirements.txt`). They find that interpreter, or the one
-//! named by `OPJOURNAL_MCP_PYTHON`; without either they are skipped with a note, except
-//! under CI (`CI` set), where they fail.
+//! then `pip install -r tests/mcp/requirements.txt`) and runs this suite with
+//! `OPJOURNAL_MCP_PYTHON` naming it, so that there a missing SDK fails the suite. Elsewhere
+//! they use that venv if it exists, and are skipped with a note if not (the workspace's
+//! `cargo test` runs before CI installs the SDK).
 #![cfg(all(feature = "cli", feature = "mcp"))]
 
 use std::collections::HashMap;
@@ -47,7 +48,9 @@ const MODERN: &str = "2026-07-28";
 // The Python SDK, driven line by line.
 // ---------------------------------------------------------------------------------------
 
-/// The Python with the SDK installed, or `None` (skip) outside CI.
+/// The Python with the SDK installed: the one `OPJOURNAL_MCP_PYTHON` names (it must exist:
+/// `.ci/run` names it, so there the suite fails rather than skips), else the venv under
+/// target/ if there is one, else `None`: the test is skipped with a note.
 fn python() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("OPJOURNAL_MCP_PYTHON") {
         let p = PathBuf::from(p);
@@ -61,10 +64,6 @@ fn python() -> Option<PathBuf> {
     if venv.exists() {
         return Some(venv);
     }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI must install the MCP Python SDK into target/mcp-venv (see .ci/run) or set OPJOURNAL_MCP_PYTHON"
-    );
     eprintln!(
         "skipped: no MCP Python SDK (python3 -m venv target/mcp-venv && target/mcp-venv/bin/pip install -r tests/mcp/requirements.txt)"
     );
