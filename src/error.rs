@@ -664,6 +664,22 @@ impl From<std::io::Error> for Error {
     }
 }
 
+/// A path as messages show it: its control characters escaped (`\n`), so that a message
+/// naming a strange path is still one line of a log.
+pub(crate) fn shown(path: &std::path::Path) -> String {
+    path.display()
+        .to_string()
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_debug().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -844,18 +860,3 @@ mod tests {
     }
 }
 
-/// A path as messages show it: its control characters escaped (`\n`), so that a message
-/// naming a strange path is still one line of a log.
-pub(crate) fn shown(path: &std::path::Path) -> String {
-    path.display()
-        .to_string()
-        .chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_debug().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}

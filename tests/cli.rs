@@ -750,7 +750,10 @@ fn no_arguments_is_one_usage_error_with_a_hint_not_the_whole_help() {
     assert!(first.starts_with("error: no command given"), "{err}");
     assert!(err.contains("Usage: opjournal"), "{err}");
     assert!(err.contains("--help"), "{err}");
-    assert!(!err.contains("Commands:"), "the whole help was printed:\n{err}");
+    assert!(
+        !err.contains("Commands:"),
+        "the whole help was printed:\n{err}"
+    );
     assert!(err.lines().count() <= 6, "{err}");
 }
 
@@ -773,7 +776,10 @@ fn a_path_holding_a_newline_stays_on_one_line_of_the_error() -> TestResult {
                 lines[0].starts_with("error: ") && lines[0].contains(first),
                 "{cmd}: {err}"
             );
-            assert!(lines[0].contains("\\n"), "{cmd}: the newline is shown escaped: {err}");
+            assert!(
+                lines[0].contains("\\n"),
+                "{cmd}: the newline is shown escaped: {err}"
+            );
             assert!(
                 lines.iter().all(|l| l.starts_with("error: ")
                     || l.starts_with("hint: ")
@@ -791,7 +797,11 @@ fn ls_takes_every_rfc_3339_time_the_last_second_of_year_9999_included() {
     let p = path_str(&s.path);
     let o = run(&["ls", p, "--since", "9999-12-31T23:59:59Z"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    assert!(stdout(&o).contains("no operation matches"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("no operation matches"),
+        "{}",
+        stdout(&o)
+    );
     let o = run(&["ls", p, "--until", "9999-12-31T23:59:59+01:00"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert!(stdout(&o).contains("op_doubt"), "{}", stdout(&o));
@@ -811,9 +821,7 @@ fn a_64_gib_sparse_file_of_zeros_is_refused_as_not_a_journal_without_reading_it(
         vec!["repair", path_str(&path)],
         vec!["stats", path_str(&path)],
     ] {
-        let o = opjournal(&args)
-            .timeout(Duration::from_secs(60))
-            .output()?;
+        let o = opjournal(&args).timeout(Duration::from_secs(60)).output()?;
         assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
         assert!(
             stderr(&o).contains("is not an opjournal journal"),
@@ -822,7 +830,11 @@ fn a_64_gib_sparse_file_of_zeros_is_refused_as_not_a_journal_without_reading_it(
         );
     }
     assert_eq!(std::fs::metadata(&path)?.len(), 64 << 30);
-    assert_eq!(std::fs::read_dir(dir.path())?.count(), 1, "nothing was written beside it");
+    assert_eq!(
+        std::fs::read_dir(dir.path())?.count(),
+        1,
+        "nothing was written beside it"
+    );
     Ok(())
 }
 
@@ -1207,6 +1219,75 @@ fn editor(journal: Arc<Journal>, stop: Arc<AtomicBool>) -> std::thread::JoinHand
         }
         n
     })
+}
+
+/// `repair --dry-run` writes nothing, so an editor having the journal open does not stop
+/// it: it repairs a consistent copy, while the editor keeps committing and checkpointing,
+/// and never reports damage that is not there.
+#[test]
+fn repair_dry_run_works_beside_a_live_writer_and_reports_no_damage() -> TestResult {
+    let s = Sample::empty_dir();
+    let journal = Arc::new(
+        Journal::builder()
+            .checkpoint_size(64 * 1024)
+            .open(&s.path)?,
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = editor(journal.clone(), stop.clone());
+    let started = Instant::now();
+    while journal.stats()?.applied < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the writer makes progress"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let p = path_str(&s.path);
+    let mut rebuilt = 0;
+    for _ in 0..4 {
+        let o = run(&["--json", "repair", "--dry-run", p]);
+        assert_eq!(code(&o), 0, "{}{}", stdout(&o), stderr(&o));
+        assert!(
+            stderr(&o)
+                .contains("is open in another process: this dry run repairs a consistent copy"),
+            "{}",
+            stderr(&o)
+        );
+        let lines = json_lines(&o);
+        let (kind, summary) = lines.last().ok_or("a summary")?;
+        assert_eq!(kind, "summary", "{lines:?}");
+        let counts = summary;
+        assert_eq!(counts["lost"], 0, "{summary}");
+        assert_eq!(counts["quarantined"], 0, "{summary}");
+        let now = counts["receipts_rebuilt"]
+            .as_u64()
+            .ok_or("receipts_rebuilt")?;
+        assert!(
+            now >= rebuilt.max(3),
+            "{now} receipts after {rebuilt}: {summary}"
+        );
+        rebuilt = now;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let completed = writer.join().map_err(|_| "the writer panicked")?;
+    assert!(
+        completed >= rebuilt,
+        "{completed} completed, {rebuilt} seen"
+    );
+    // An idle editor: both files are left byte for byte as they were.
+    let log = opjournal::FileLog::path_for(&s.path);
+    let before = (std::fs::read(&s.path)?, std::fs::read(&log)?);
+    let o = run(&["repair", "--dry-run", p]);
+    assert_eq!(code(&o), 0, "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("lost: nothing"), "{}", stdout(&o));
+    assert!(before == (std::fs::read(&s.path)?, std::fs::read(&log)?));
+    // The repair itself still needs the editor closed.
+    assert_fails(
+        &["repair", p],
+        "is open in another process",
+        "close that process first",
+    );
+    Ok(())
 }
 
 #[test]

@@ -368,6 +368,8 @@ pub(crate) struct RepairArgs {
     /// The journal file (usually `*.opj`).
     pub file: PathBuf,
     /// Report what repair would do, working on a temporary copy; the file is not touched.
+    /// Works while an editor has the journal open: it then repairs a consistent copy of
+    /// the journal and its log.
     #[arg(long)]
     pub dry_run: bool,
     /// Do not write a backup copy (`FILE.<unix time>.bak`) before repairing.

@@ -1,12 +1,14 @@
 //! `opjournal repair FILE`: backup, rebuild every index from the event journal, quarantine
 //! damaged records, report what was lost; salvage when the storage engine refuses the file.
 
-use opjournal::ErrorKind;
+use std::path::{Path, PathBuf};
+
 use opjournal::{EngineAccess, RepairOptions, RepairReport};
+use opjournal::{ErrorKind, FileLog};
 use serde_json::{Value, json};
 
 use super::verify::findings_table;
-use super::{Outcome, Run, Summary, write_err};
+use super::{Outcome, Run, Summary, note, write_err};
 use crate::cli::RepairArgs;
 use crate::cli::failure::{CliError, Failure};
 use crate::cli::format::{clean, count};
@@ -22,7 +24,24 @@ pub(super) fn run(args: &RepairArgs, out: &mut Out) -> Run {
     // The library refuses, before writing anything, what is not a journal (not a regular
     // file, empty, no intact journal record), a newer format, and a file a writer holds.
     let bar = Progress::bar("repairing", "events");
-    let report = opjournal::repair(file, &options, &mut |done, total| bar.set(done, total));
+    let mut report = opjournal::repair(file, &options, &mut |done, total| bar.set(done, total));
+    // A dry run writes nothing, so a writer having the journal open does not stop it: it
+    // repairs a consistent copy of the journal's files instead (kept until it ends).
+    let _copy;
+    if let Err(e) = &report
+        && args.dry_run
+        && matches!(e.kind(), ErrorKind::Locked { .. })
+    {
+        let (dir, copy) = live_copy(file)?;
+        note(format!(
+            "`{}` is open in another process: this dry run repairs a consistent copy of the \
+             journal and its log, taken now (repairing the file itself needs that process \
+             closed)",
+            file.display()
+        ));
+        report = opjournal::repair(&copy, &options, &mut |done, total| bar.set(done, total));
+        _copy = dir;
+    }
     drop(bar);
     let report = match report {
         Ok(r) => r,
@@ -238,3 +257,62 @@ fn human(out: &mut Out, args: &RepairArgs, report: &RepairReport) -> Result<(), 
     }
     Ok(())
 }
+
+/// Copies the journal at `file` and its log, which a writer in another process has open,
+/// into a new temporary directory, and returns it with the copy's path. The copy is
+/// consistent: the storage engine never overwrites a page its latest commit can reach, and
+/// every commit rewrites the file's header, so a copy made while the header read the same
+/// before and after holds one commit and the log records written since (a torn last record
+/// reads as the log's end, as after a crash). The log is copied after the journal: a
+/// checkpoint that restarts the log commits first, which changes the header.
+fn live_copy(file: &Path) -> Result<(tempfile::TempDir, PathBuf), Failure> {
+    const TRIES: usize = 20;
+    let failed = |what: &str, e: std::io::Error| -> Failure {
+        CliError::new(format!(
+            "could not {what} for a dry run beside the writer: {e}"
+        ))
+        .hint("check the space in the temporary directory ($TMPDIR), or close the editor and run the dry run again")
+        .into()
+    };
+    let header = |f: &Path| -> std::io::Result<Vec<u8>> {
+        use std::io::Read as _;
+        let mut head = Vec::with_capacity(HEADER_BYTES);
+        std::fs::File::open(f)?
+            .take(HEADER_BYTES as u64)
+            .read_to_end(&mut head)?;
+        Ok(head)
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("opjournal-dry-run-")
+        .tempdir()
+        .map_err(|e| failed("create a temporary directory", e))?;
+    let copy = dir.path().join(
+        file.file_name()
+            .unwrap_or(std::ffi::OsStr::new("journal.opj")),
+    );
+    let (log, log_copy) = (FileLog::path_for(file), FileLog::path_for(&copy));
+    for _ in 0..TRIES {
+        let before = header(file).map_err(|e| failed("read the journal", e))?;
+        std::fs::copy(file, &copy).map_err(|e| failed("copy the journal", e))?;
+        match std::fs::copy(&log, &log_copy) {
+            Ok(_) => {}
+            // Closed meanwhile: the journal's header changed too, and the copy is retried.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let _ = std::fs::remove_file(&log_copy);
+            }
+            Err(e) => return Err(failed("copy the journal's log", e)),
+        }
+        if header(file).map_err(|e| failed("read the journal", e))? == before {
+            return Ok((dir, copy));
+        }
+    }
+    Err(CliError::new(format!(
+        "`{}` changed during each of {TRIES} copies for a dry run beside its writer",
+        file.display()
+    ))
+    .hint("run the dry run again when the editor is idle, or close it first")
+    .into())
+}
+
+/// The storage engine's header: its commit slots, which every commit rewrites.
+const HEADER_BYTES: usize = 512;
