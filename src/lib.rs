@@ -67,7 +67,8 @@
 //!   `complete`, `release`, `extend_lease`, `resolve`, `advance_revision`) is synced to disk
 //!   before it returns `Ok`: no call that returned `Ok` is lost to a crash or a power loss.
 //!   Concurrent callers share one commit. Deliveries and acknowledgements are durable
-//!   lazily (with the next commit, [`Journal::flush`], or within 200 ms): losing one only
+//!   lazily (with the next commit, a compactor pass, [`Journal::flush`] or close, or at the
+//!   next one recorded once 256 wait or the oldest has waited 200 ms): losing one only
 //!   causes a redelivery that is marked as a replay.
 //! - **What survives a crash.** Every recorded outcome, and every operation that was
 //!   `Running`, which reopens as `InDoubt`: nothing is ever re-executed automatically; the
@@ -149,7 +150,7 @@ pub use log::{FileLog, LogStorage, MemoryLog};
 pub use types::{
     Admission, Claim, Deadlines, DeliveryState, Event, EventKind, ExecutionStatus, InDoubtCause,
     OpResult, Operation, Outcome, OutcomeKind, Receipt, Replay, Resolution, ResolvedAs, ResultInfo,
-    RevisionCause, StaleBasePolicy,
+    RetireCause, RevisionCause, StaleBasePolicy,
 };
 pub use validate::{MAX_NAME_BYTES, validate_name};
 
