@@ -28,6 +28,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use opjournal::mcp::JournalEventStore;
 use opjournal::mcp::editor::{EditorConfig, HttpServer, SceneEditor, serve_http_with};
 use opjournal::service::{Stage, Verdict};
 use opjournal::{DeliveryState, ExecutionStatus, Journal, ManualClock, Timestamp};
@@ -218,11 +219,11 @@ impl Editor {
             let config = StreamableHttpServerConfig::default()
                 .with_sse_retry(Some(Duration::from_millis(100)))
                 .with_sse_keep_alive(None);
+            // As `serve_http` does: streams resumable through the journal-backed store.
+            let events = JournalEventStore::new(served.journaled().clone());
+            let sessions = LocalSessionManager::default().with_event_store(Arc::new(events));
             Ok::<_, Box<dyn std::error::Error>>(serve_http_with(
-                served,
-                listener,
-                config,
-                LocalSessionManager::default(),
+                served, listener, config, sessions,
             )?)
         })?;
         Ok(Editor {
@@ -606,6 +607,43 @@ fn a_result_cut_after_the_outcome_committed_is_replayed_not_reapplied_2025_11_25
 #[test]
 fn a_result_cut_after_the_outcome_committed_is_replayed_not_reapplied_2026_07_28() -> TestResult {
     cut_after_the_edit(MODERN, Stage::Committed)
+}
+
+/// A stream that broke while the call ran is resumed by the SDK with `Last-Event-ID`
+/// (2025-11-25 sessions): the journal-backed event store holds the resumed stream open
+/// until the outcome is recorded, then sends the recorded result, marked as a replay. The
+/// client never called again, and the edit landed once.
+#[test]
+fn a_stream_resumed_with_last_event_id_gets_the_recorded_result_2025_11_25() -> TestResult {
+    let Some(python) = python() else {
+        return Ok(());
+    };
+    let ed = Editor::start()?;
+    let proxy = Proxy::start(ed.addr())?;
+    let mut py = Driver::start(&python)?;
+    ed.editor.pauses().arm(Stage::Committed);
+    let tag = py.call(&proxy.url(), LEGACY, "scene.add", add("op_r", "lamp"))?;
+    assert_eq!(ed.editor.pauses().wait_held(WAIT)?, "op_r");
+    // The connection breaks; reconnecting works at once.
+    let before = proxy.accepted.load(Ordering::SeqCst);
+    proxy.cut();
+    proxy.restore();
+    std::thread::sleep(Duration::from_millis(500));
+    ed.editor.pauses().release(Verdict::Continue);
+    let r = result(&py.answer(&tag)?)?.clone();
+    assert_eq!(
+        meta(&r, "replayed"),
+        true,
+        "read back from the journal: {r}"
+    );
+    assert_eq!(meta(&r, "status"), "applied", "{r}");
+    assert!(text(&r).contains("lamp"), "{r}");
+    assert!(
+        proxy.accepted.load(Ordering::SeqCst) > before,
+        "the SDK reconnected to resume"
+    );
+    assert_eq!(ed.times_applied("op_r"), 1);
+    Ok(())
 }
 
 /// Boundary 4: the result was delivered, then the client reloads before anything

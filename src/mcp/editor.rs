@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::{Effect, Journaled, OpArgs, Step, ToolCall};
+use super::{Effect, JournalEventStore, Journaled, OpArgs, Step, ToolCall};
 use crate::service::{
     ApplyError, Document, DocumentStore, Edit, Notes, Pauses, Reconciled, SCOPE, ServiceError,
     Stage, Verdict, describe_reconciled,
@@ -529,8 +529,9 @@ impl Drop for HttpServer {
 }
 
 /// Serves `editor` over Streamable HTTP at `/mcp` on `listener`: protocol revisions with
-/// sessions (2025-11-25 and older: `Mcp-Session-Id`, resumable streams) and without
-/// (2026-07-28). Other paths answer 404. Call it inside a tokio runtime.
+/// sessions (2025-11-25 and older: `Mcp-Session-Id`, streams resumable with
+/// `Last-Event-ID` through a [`JournalEventStore`]) and without (2026-07-28). Other paths
+/// answer 404. Call it inside a tokio runtime.
 ///
 /// # Errors
 ///
@@ -539,11 +540,12 @@ pub fn serve_http(
     editor: SceneEditor,
     listener: tokio::net::TcpListener,
 ) -> Result<HttpServer, ServiceError> {
+    let events = JournalEventStore::new(editor.journaled().clone());
     serve_http_with(
         editor,
         listener,
         StreamableHttpServerConfig::default(),
-        LocalSessionManager::default(),
+        LocalSessionManager::default().with_event_store(Arc::new(events)),
     )
 }
 
@@ -567,11 +569,8 @@ pub fn serve_http_with(
     })?;
     let stop = CancellationToken::new();
     let config = config.with_cancellation_token(stop.child_token());
-    let service = StreamableHttpService::new(
-        move || Ok(editor.clone()),
-        Arc::new(sessions),
-        config,
-    );
+    let service =
+        StreamableHttpService::new(move || Ok(editor.clone()), Arc::new(sessions), config);
     let stopping = stop.clone();
     let task = tokio::spawn(async move {
         loop {

@@ -446,6 +446,10 @@ impl Journaled {
         Journaled::build(i.0, i.1, Some(resolver), i.3)
     }
 
+    #[cfg_attr(
+        not(feature = "service"),
+        expect(dead_code, reason = "the editor (feature `service`) is its one user")
+    )]
     pub(crate) fn with_hook(self, hook: StepHook) -> Journaled {
         let i = self.into_parts();
         Journaled::build(i.0, i.1, i.2, Some(hook))
@@ -490,6 +494,35 @@ impl Journaled {
         }
         let journal = self.inner.journal.clone();
         let _ = tokio::task::spawn_blocking(move || acknowledge(&journal, &session, &ids)).await;
+    }
+
+    /// The recorded result of `operation_id` as a replay (marked, and counted as a
+    /// delivery), or `None` if it has no recorded result (unknown, running, in doubt,
+    /// retired). Blocking: for [`super::JournalEventStore`]'s resumed streams.
+    pub(crate) fn replay_recorded(&self, operation_id: &str) -> Option<CallToolResult> {
+        let journal = &self.inner.journal;
+        let receipt = journal.lookup(operation_id).ok()??;
+        if !matches!(
+            receipt.status,
+            ExecutionStatus::Applied | ExecutionStatus::Failed
+        ) {
+            return None;
+        }
+        let recorded = journal.result(operation_id).ok()??;
+        let delivered = self
+            .inner
+            .deliver(operation_id, None)
+            .unwrap_or(receipt.clone());
+        let mut result = recorded_result(&receipt, &recorded.bytes);
+        set_meta(
+            &mut result,
+            operation_id,
+            status_name(receipt.status),
+            Some(true),
+            Some(delivered.delivery_count),
+            receipt.result_revision,
+        );
+        Some(result)
     }
 
     fn session_name(&self, s: &CallSession) -> Option<String> {
@@ -946,9 +979,16 @@ fn expired(r: &Receipt) -> CallToolResult {
         ),
         _ => "its outcome is not known".to_string(),
     };
+    // Damage is not age: a result that a repair found lost is not said to have aged out.
+    let gone = match r.retire_cause {
+        Some(crate::RetireCause::Damage { repaired_at }) => format!(
+            "finished and its result was lost to damage (repair on {repaired_at}), so it is no longer kept"
+        ),
+        _ => "finished long ago and its result is no longer kept".to_string(),
+    };
     let mut result = tool_error(
         format!(
-            "operation `{}` finished long ago and its result is no longer kept: {outcome}. Refresh (read the project again); do not retry",
+            "operation `{}` {gone}: {outcome}. Refresh (read the project again); do not retry",
             r.operation_id
         ),
         "expired",

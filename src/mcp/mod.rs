@@ -92,10 +92,13 @@
 mod args;
 #[cfg(feature = "service")]
 pub mod editor;
+mod events;
 mod journaled;
 
 pub use args::{OPERATION_ID_DESCRIPTION, OpArgs};
+pub use events::{DEFAULT_MAX_STREAMS, JournalEventStore};
 pub use journaled::{DEFAULT_WAIT, Effect, Journaled, Resolver, ToolCall};
+#[cfg(feature = "service")]
 pub(crate) use journaled::{Step, StepHook};
 
 /// The prefix of every `_meta` entry opjournal reads or writes.
