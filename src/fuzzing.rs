@@ -349,6 +349,7 @@ pub fn golden_records() -> Vec<(&'static str, Vec<u8>)> {
                 last_delivered_at: Some(t),
                 acknowledged_at: None,
             },
+            retire_cause: crate::record::RetireCause::Retention,
         }),
     };
     out.push(("receipt", codec::encode(RecordKind::Receipt, &receipt)));
@@ -418,6 +419,23 @@ pub fn golden_records() -> Vec<(&'static str, Vec<u8>)> {
                 changed_assets: vec!["scene/main/light-1".into()],
             },
         ),
+    ));
+    // Written only by `repair` (added within format 3; older records encode as before):
+    // the event that records a result lost to damage, and the receipt it leaves, whose
+    // payload ends with the retire-cause trailer (`01`, damage).
+    out.push((
+        "event.result_lost",
+        codec::encode(RecordKind::Event, &ev(15, EventKind::ResultLost)),
+    ));
+    let mut lost = receipt.clone();
+    if let ExecRecord::Done(d) = &mut lost.state {
+        d.result_seq = None;
+        d.retired_at = Some(Timestamp(t.0 + 60_000));
+        d.retire_cause = crate::record::RetireCause::Damage;
+    }
+    out.push((
+        "receipt.result_lost",
+        codec::encode(RecordKind::Receipt, &lost),
     ));
     out
 }

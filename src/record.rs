@@ -139,6 +139,11 @@ pub(crate) enum EventKind<H = IntentDigest> {
         /// The format it has now.
         to: u32,
     },
+    /// `repair` found the terminal operation's result payload damaged or missing before its
+    /// retention passed: the payload is gone (lost to damage, not aged out), the outcome and
+    /// audit record are kept, and the operation answers expired. Variant 14, written only by
+    /// `repair`; a build older than this variant reads it as a damaged record.
+    ResultLost,
 }
 
 impl<H> EventKind<H> {
@@ -159,6 +164,7 @@ impl<H> EventKind<H> {
             EventKind::Salvaged { .. } => "salvaged",
             EventKind::RevisionAdvanced { .. } => "revision_advanced",
             EventKind::FormatUpgraded { .. } => "format_upgraded",
+            EventKind::ResultLost => "result_lost",
         }
     }
 }
@@ -436,6 +442,7 @@ impl<H> EventKind<H> {
                 purge_at,
             },
             EventKind::FormatUpgraded { from, to } => EventKind::FormatUpgraded { from, to },
+            EventKind::ResultLost => EventKind::ResultLost,
         }
     }
 }
@@ -508,6 +515,57 @@ pub(crate) struct DoneRecord {
     pub deadlines: Deadlines,
     pub retired_at: Option<Timestamp>,
     pub delivery: DeliveryRecord,
+    /// Why the result was dropped, once retired. Stored as an optional trailer: the last
+    /// bytes of a receipt payload, written only for [`RetireCause::Damage`] (so every other
+    /// receipt encodes as before this field existed) and read by [`ReceiptRecord::decode`].
+    #[serde(skip_deserializing, skip_serializing_if = "RetireCause::is_retention")]
+    pub retire_cause: RetireCause,
+}
+
+/// Why a terminal operation's result payload was dropped.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum RetireCause {
+    /// Its retention passed (an `Retired` event). Never written: it is the absence of the
+    /// receipt's trailer.
+    #[default]
+    Retention,
+    /// `repair` found the payload damaged or missing (a `ResultLost` event).
+    Damage,
+}
+
+impl RetireCause {
+    pub(crate) fn is_retention(&self) -> bool {
+        *self == RetireCause::Retention
+    }
+}
+
+impl ReceiptRecord {
+    /// Decodes a receipt payload of format 2 or later: the record, then the optional
+    /// trailer ([`DoneRecord::retire_cause`]), which only a receipt retired by damage has.
+    /// A trailer anywhere else, or one that says `Retention` (never written), is refused, so
+    /// every receipt has one encoding.
+    pub(crate) fn decode(
+        version: u8,
+        payload: &[u8],
+    ) -> std::result::Result<ReceiptRecord, crate::codec::FrameError> {
+        let (mut rec, used): (ReceiptRecord, usize) =
+            crate::codec::decode_prefix(version, payload)?;
+        let trailer = payload.get(used..).unwrap_or_default();
+        if trailer.is_empty() {
+            return Ok(rec);
+        }
+        let cause: RetireCause = crate::codec::decode_payload(version, trailer)?;
+        match &mut rec.state {
+            ExecRecord::Done(d) if d.retired_at.is_some() && !cause.is_retention() => {
+                d.retire_cause = cause;
+                Ok(rec)
+            }
+            _ => Err(crate::codec::FrameError::Decode(format!(
+                "{} trailing bytes after the record",
+                trailer.len()
+            ))),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -813,6 +871,7 @@ mod convert {
                     from: *from,
                     to: *to,
                 },
+                EventKind::ResultLost => api::EventKind::ResultLost,
             }
         }
     }
@@ -980,6 +1039,7 @@ mod convert {
                     from: *from,
                     to: *to,
                 },
+                api::EventKind::ResultLost => EventKind::ResultLost,
             }
         }
     }

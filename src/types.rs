@@ -324,8 +324,9 @@ pub enum ExecutionStatus {
     Applied,
     /// Terminal: the operation failed. Replayed like a success.
     Failed,
-    /// Terminal and past result retention: the payload is gone, the audit record (outcome,
-    /// revisions, timestamps, history) remains.
+    /// Terminal, and the result payload is gone: its retention passed, or (see
+    /// [`Receipt::retire_cause`]) `repair` found it lost to damage. The audit record
+    /// (outcome, revisions, timestamps, history) remains.
     Retired,
 }
 
@@ -446,6 +447,25 @@ pub struct Receipt {
     pub purge_at: Option<Timestamp>,
     /// The result payload's size in bytes (terminal operations).
     pub result_size: Option<u64>,
+    /// Why the result payload is gone (`Retired` operations): its retention passed, or it
+    /// was lost to damage that `repair` found.
+    pub retire_cause: Option<RetireCause>,
+}
+
+/// Why a retired operation's result payload is gone.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum RetireCause {
+    /// The result retention passed (at [`Receipt::retain_until`]): the payload aged out, as
+    /// designed.
+    Retention,
+    /// The payload was lost to damage: `repair` (at `repaired_at`) found it damaged or
+    /// missing before its retention passed. The outcome is known; the result is not.
+    Damage {
+        /// When the repair that found the loss ran.
+        repaired_at: Timestamp,
+    },
 }
 
 impl Receipt {
@@ -485,7 +505,8 @@ pub enum Admission {
     InProgress(Receipt),
     /// The outcome is recorded: send the recorded result, marked as a replay.
     Replay(Replay),
-    /// The outcome is known but the result aged out: tell the client it finished (at
+    /// The outcome is known but the result is gone (it aged out, or was lost to damage:
+    /// `receipt.retire_cause` says which): tell the client it finished (at
     /// `receipt.result_revision`) and that it must refresh, not retry.
     Expired(Receipt),
     /// The claim holder vanished: look at the project, then
@@ -646,6 +667,11 @@ pub enum EventKind {
         /// The format it has now.
         to: u32,
     },
+    /// `repair` found the terminal operation's result payload damaged or missing before its
+    /// retention passed: the payload was lost to damage (it did not age out). The outcome and
+    /// the audit record are kept; the operation answers [`Admission::Expired`] with
+    /// [`Receipt::retire_cause`] [`RetireCause::Damage`].
+    ResultLost,
 }
 
 impl EventKind {
@@ -666,6 +692,7 @@ impl EventKind {
             EventKind::Salvaged { .. } => "salvaged",
             EventKind::RevisionAdvanced { .. } => "revision_advanced",
             EventKind::FormatUpgraded { .. } => "format_upgraded",
+            EventKind::ResultLost => "result_lost",
         }
     }
 }

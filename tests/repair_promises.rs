@@ -665,3 +665,244 @@ fn verify_beside_a_live_writer_never_reports_its_log_as_damaged() {
     assert!(runs >= 3, "verify ran {runs} times beside the writer");
     println!("verify ran {runs} times beside the writer");
 }
+
+// ---- issue 23 item 4: a result lost to damage is named, and never called aged out ----
+
+/// A line client of the editor service's protocol (docs/protocol.md), enough to drive it.
+#[cfg(feature = "service")]
+struct Line {
+    stream: std::net::TcpStream,
+    reader: std::io::BufReader<std::net::TcpStream>,
+}
+
+#[cfg(feature = "service")]
+impl Line {
+    fn connect(addr: std::net::SocketAddr, session: &str) -> Line {
+        let stream = std::net::TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        let reader = std::io::BufReader::new(stream.try_clone().expect("clone"));
+        let mut c = Line { stream, reader };
+        let welcome = c.ask(&serde_json::json!({"type": "hello", "session": session}));
+        assert_eq!(welcome["type"], "welcome", "{welcome}");
+        for _ in 0..welcome["pushing"].as_u64().expect("pushing") {
+            c.recv();
+        }
+        c
+    }
+
+    fn send(&mut self, msg: &serde_json::Value) {
+        use std::io::Write as _;
+        self.stream
+            .write_all(format!("{msg}\n").as_bytes())
+            .expect("send");
+    }
+
+    fn recv(&mut self) -> serde_json::Value {
+        use std::io::BufRead as _;
+        let mut line = String::new();
+        self.reader.read_line(&mut line).expect("receive");
+        serde_json::from_str(&line).expect("a JSON line")
+    }
+
+    fn ask(&mut self, msg: &serde_json::Value) -> serde_json::Value {
+        self.send(msg);
+        self.recv()
+    }
+
+    /// Submits `add <object> beside door` as `id` and reads until its final answer.
+    fn submit(&mut self, id: &str, base: u64, object: &str) -> serde_json::Value {
+        self.send(&serde_json::json!({
+            "type": "submit", "id": id, "base_revision": base,
+            "edit": {"kind": "add", "object": object, "beside": "door"},
+        }));
+        loop {
+            let m = self.recv();
+            if m["id"] == id && m["type"] != "accepted" {
+                return m;
+            }
+        }
+    }
+}
+
+/// The editor service on the journal `p` (its document beside it), in this process.
+#[cfg(feature = "service")]
+fn editor_service(p: &Path) -> opjournal::service::Service {
+    use opjournal::service::{JournalOpener, Service, ServiceConfig};
+    let path = p.to_path_buf();
+    let open: JournalOpener = Box::new(move || Journal::open(&path));
+    Service::start(
+        std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind"),
+        open,
+        ServiceConfig::new(p.with_extension("scene.json")),
+    )
+    .expect("the service starts")
+}
+
+/// Whether `page` holds a receipt record followed by a result record (format 3 keeps a
+/// small result inline right after its receipt): the frames start `4f 4a 03 03` and
+/// `4f 4a 03 05`.
+fn holds_receipts_with_inline_results(page: &[u8]) -> bool {
+    let receipt = page.windows(4).position(|w| w == [0x4f, 0x4a, 0x03, 0x03]);
+    receipt.is_some_and(|r| page[r..].windows(4).any(|w| w == [0x4f, 0x4a, 0x03, 0x05]))
+}
+
+#[cfg(feature = "service")]
+#[test]
+fn a_zeroed_page_of_receipts_names_every_result_lost_to_damage_and_no_answer_says_it_aged_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("p.opj");
+    // About 60 operations through the editor service, each acknowledged: small results,
+    // stored inline after their receipts.
+    let service = editor_service(&p);
+    let mut client = Line::connect(service.addr(), "agent-1");
+    let mut revision = 0;
+    for i in 0..60 {
+        let id = format!("op_{i:03}");
+        let answer = client.submit(&id, revision, &format!("lamp {i}"));
+        assert_eq!(answer["type"], "result", "{answer}");
+        revision = answer["revision"].as_u64().expect("revision");
+        let acked = client.ask(&serde_json::json!({"type": "ack", "id": id}));
+        assert_eq!(acked["type"], "acked", "{acked}");
+    }
+    drop(client);
+    service.shutdown().expect("the service stops");
+    assert!(!log_of(&p).exists(), "closed cleanly: one file");
+    let pristine = std::fs::read(&p).expect("read");
+    let before = answers(&p, None);
+    assert_eq!(before.len(), 60);
+    assert!(
+        before.values().all(|a| a.1.is_some()),
+        "every result is kept"
+    );
+
+    let x = dir.path().join("x.opj");
+    let candidates: Vec<usize> = (0..pristine.len() / 4096)
+        .filter(|&pg| holds_receipts_with_inline_results(&pristine[pg * 4096..(pg + 1) * 4096]))
+        .collect();
+    assert!(
+        !candidates.is_empty(),
+        "the journal has a page of receipts with inline results"
+    );
+    // Pages of the live receipts tree lose results when zeroed (a stale copy of a page,
+    // left by copy-on-write, loses nothing): every loss must be named.
+    let mut lost_results = 0;
+    let mut example: Option<(usize, String)> = None;
+    for &page in &candidates {
+        let mut bytes = pristine.clone();
+        bytes[page * 4096..(page + 1) * 4096].fill(0);
+        std::fs::write(&x, &bytes).expect("write");
+        let report = opjournal::repair(&x, &no_backup(), &mut |_, _| {}).expect("repair");
+        assert!(
+            opjournal::verify(&x).expect("verify").is_clean(),
+            "page {page}"
+        );
+        let ids: BTreeSet<String> = before.keys().cloned().collect();
+        let after = answers(&x, Some(&ids));
+        let lost: BTreeMap<&str, &opjournal::LostOperation> = report
+            .lost
+            .iter()
+            .map(|l| (l.operation_id.as_str(), l))
+            .collect();
+        for id in &ids {
+            let (b, a) = (&before[id], &after[id]);
+            if (&b.0, &b.1) == (&a.0, &a.1) {
+                continue;
+            }
+            let named = lost.get(id.as_str()).unwrap_or_else(|| {
+                panic!(
+                    "page {page}: {id} changed and is not named in the report: {:?} -> {:?}",
+                    b.0, a.0
+                )
+            });
+            let r = a.0.as_ref().expect("the operation is still known");
+            if b.1.is_some() && a.1.is_none() {
+                // What it was: applied, with its result. What it is: expired, its result
+                // lost to damage (not aged out), in its receipt and its history.
+                lost_results += 1;
+                let rev = b.0.as_ref().and_then(|r| r.result_revision).expect("rev");
+                assert_eq!(named.now, "expired", "page {page}: {named:?}");
+                assert!(
+                    named.was.starts_with(&format!("applied at revision {rev}"))
+                        && named.was.contains("with its result"),
+                    "page {page}: {named:?}"
+                );
+                assert!(named.detail.contains("lost to damage"), "{named:?}");
+                assert_eq!(r.status, opjournal::ExecutionStatus::Retired);
+                assert_eq!(r.result_revision, Some(rev));
+                assert!(
+                    matches!(r.retire_cause, Some(opjournal::RetireCause::Damage { .. })),
+                    "page {page}: {id}: {r:?}"
+                );
+                let last = a.2.last().expect("history");
+                assert_eq!(last.kind, opjournal::EventKind::ResultLost, "{id}");
+                assert_eq!(b.2[..], a.2[..a.2.len() - 1], "{id}: history kept");
+                example.get_or_insert((page, id.clone()));
+            }
+        }
+    }
+    assert!(
+        lost_results > 0,
+        "zeroing a page of receipts lost some results (pages {candidates:?})"
+    );
+
+    // The client's answer, `show` and `ls` for one of them.
+    let (page, id) = example.expect("an operation whose result was lost");
+    let mut bytes = pristine.clone();
+    bytes[page * 4096..(page + 1) * 4096].fill(0);
+    std::fs::write(&p, &bytes).expect("write");
+    opjournal::repair(&p, &no_backup(), &mut |_, _| {}).expect("repair");
+    let shown = run(&["show", path_str(&p), &id]);
+    assert_eq!(code(&shown), 0, "{}", stderr(&shown));
+    let shown = stdout(&shown);
+    assert!(!shown.contains("aged out"), "{shown}");
+    assert!(shown.contains("lost to damage (repair on "), "{shown}");
+    assert!(shown.contains("result_lost"), "{shown}");
+    let listed = run(&["ls", path_str(&p)]);
+    let row = stdout(&listed)
+        .lines()
+        .find(|l| l.starts_with(id.as_str()))
+        .map(str::to_string)
+        .expect("a row");
+    assert!(row.contains("retired (lost to damage)"), "{row}");
+
+    let service = editor_service(&p);
+    let mut client = Line::connect(service.addr(), "agent-1");
+    let n: usize = id["op_".len()..].parse().expect("n");
+    let answer = client.submit(&id, 0, &format!("lamp {n}"));
+    assert_eq!(answer["type"], "expired", "{answer}");
+    assert_eq!(answer["reason"], "damage", "{answer}");
+    assert!(answer["repaired_at"].is_u64(), "{answer}");
+    assert!(!answer.to_string().contains("aged"), "{answer}");
+    let status = client.ask(&serde_json::json!({"type": "status", "id": id}));
+    assert_eq!(status["state"], "retired", "{status}");
+    assert!(
+        status["history"]
+            .as_array()
+            .is_some_and(|h| h.last() == Some(&serde_json::json!("result_lost"))),
+        "{status}"
+    );
+    drop(client);
+    service.shutdown().expect("the service stops");
+    // Nothing ran again: the document applied each edit once.
+    let j = Journal::open(&p).expect("open");
+    let a = j
+        .submit(Operation::new(
+            id.clone(),
+            opjournal::service::Edit::Add {
+                object: format!("lamp {n}"),
+                beside: "door".into(),
+            }
+            .intent()
+            .expect("intent"),
+        ))
+        .expect("submit");
+    match a {
+        opjournal::Admission::Expired(r) => assert!(
+            matches!(r.retire_cause, Some(opjournal::RetireCause::Damage { .. })),
+            "{r:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}

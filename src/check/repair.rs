@@ -54,7 +54,7 @@ use crate::index::{self, Base, Layered, Layers, Memtable, Table, TableKey, View,
 use crate::log::{self, FileLog};
 use crate::record::{
     CheckpointRecord, Event, EventKind, ExecRecord, FormatRecord, IntentDigest, ReceiptRecord,
-    RevisionCause, ScopeRecord, StateRecord,
+    RetireCause, RevisionCause, ScopeRecord, StateRecord,
 };
 
 use super::salvage::scan_file;
@@ -1496,18 +1496,37 @@ impl<'s> Build<'s> {
                 },
             }
         };
+        // Whether, by its rebuilt history, the operation still keeps its result now (terminal,
+        // and its retention has not passed).
+        let kept_by_history = after
+            .as_ref()
+            .and_then(|r| engine::effective(r.clone(), now))
+            .is_some_and(|r| matches!(&r.state, ExecRecord::Done(d) if d.retired_at.is_none()));
         let was = match &before {
             Ok(Some(r)) => {
                 let mut s = describe_view(Some(r));
-                if matches!(r.state, ExecRecord::Done(ref d) if d.result_seq.is_some())
-                    && !before_result
-                    && !s.starts_with("retired")
-                {
+                let kept = matches!(r.state, ExecRecord::Done(ref d) if d.result_seq.is_some())
+                    && !s.starts_with("retired");
+                if kept && before_result {
+                    s.push_str(", with its result");
+                } else if kept {
                     s.push_str(", its result unreadable");
                 }
                 s
             }
             Ok(None) => "unknown (no receipt)".into(),
+            // What its events say it was: the stored receipt is gone with the damage, and
+            // its history is the record of what it answered.
+            Err(e) if complete && !in_log_drop && after.is_some() => format!(
+                "{}{} (as its events tell: its stored receipt could not be read: {})",
+                describe_view(after.as_ref()),
+                if kept_by_history {
+                    ", with its result"
+                } else {
+                    ""
+                },
+                corrupt_detail(e)
+            ),
             Err(e) => format!("unreadable ({})", corrupt_detail(e)),
         };
 
@@ -1550,9 +1569,23 @@ impl<'s> Build<'s> {
             };
             if !has {
                 self.wanted.result_keys.insert(seq);
+                // Damage took the payload unless retention had already dropped it: the file
+                // answered retired (its `Retired` or `ResultLost` event is what was lost),
+                // or, by its history, its retention has passed.
+                let before_cause = match &before {
+                    Ok(Some(r)) => engine::effective(r.clone(), now).and_then(|e| match e.state {
+                        ExecRecord::Done(d) if d.retired_at.is_some() => Some(d.retire_cause),
+                        _ => None,
+                    }),
+                    _ => None,
+                };
                 let a = Action::Retire {
                     op: id.to_string(),
                     seq,
+                    lost: match before_cause {
+                        Some(cause) => cause == RetireCause::Damage,
+                        None => kept_by_history,
+                    },
                 };
                 now_rec = a.simulate(after.as_ref(), now);
                 action = Some(a);
@@ -1578,11 +1611,13 @@ impl<'s> Build<'s> {
                 _ => false,
             },
         };
+        let lost_to_damage = matches!(action, Some(Action::Retire { lost: true, .. }));
         let same = match &before_view {
             Some(bv) => *bv == after_view && before_result == after_result,
             // The file's receipt could not be read: the rebuilt one is exact when its whole
-            // history is.
-            None => complete && !in_log_drop,
+            // history is, and its result is too unless it was lost (its history says it kept
+            // a result, and no copy of it survives).
+            None => complete && !in_log_drop && !lost_to_damage,
         };
         if same && complete && !in_log_drop {
             return Ok(action);
@@ -1623,8 +1658,13 @@ impl<'s> Build<'s> {
                 "the event that retired it was lost; it stays retired (its dropped payload is \
                  not revived)"
                     .to_string()
+            } else if lost_to_damage {
+                "its result payload was lost to damage (damaged or missing, no intact copy in \
+                 the file) before its retention passed; the outcome is kept, the result is not"
+                    .to_string()
             } else {
-                "its result payload was damaged or missing".to_string()
+                "its result payload was damaged or missing, after its retention had passed"
+                    .to_string()
             });
         }
         if why.is_empty() {
@@ -1708,9 +1748,9 @@ impl<'s> Build<'s> {
                         Action::Salvage { op, .. } => {
                             ctx.append(Some(op), a.event_kind())?;
                         }
-                        Action::Retire { op, seq } => {
+                        Action::Retire { op, seq, .. } => {
                             ctx.t.delete_result(*seq)?;
-                            ctx.append(Some(op), EventKind::Retired)?;
+                            ctx.append(Some(op), a.event_kind())?;
                         }
                     }
                 }
@@ -1842,8 +1882,10 @@ enum Action {
         info: Option<Box<ReceiptRecord>>,
         lost: u32,
     },
-    /// Its result payload was lost: retired (answers expired).
-    Retire { op: String, seq: u64 },
+    /// Its result payload is gone: retired (answers expired). `lost` when damage took it
+    /// before its retention passed (a `ResultLost` event, so its history and answers say
+    /// so); otherwise retention had dropped it and only the `Retired` event was missing.
+    Retire { op: String, seq: u64, lost: bool },
 }
 
 impl Action {
@@ -1877,7 +1919,8 @@ impl Action {
                     lost_events: *lost,
                 }
             }
-            Action::Retire { .. } => EventKind::Retired,
+            Action::Retire { lost: true, .. } => EventKind::ResultLost,
+            Action::Retire { lost: false, .. } => EventKind::Retired,
         }
     }
 
@@ -1917,6 +1960,11 @@ fn status_text(r: &crate::types::Receipt) -> String {
     let mut s = name(serde_json::to_value(r.status).unwrap_or_default());
     if let Some(rev) = r.result_revision {
         s.push_str(&format!(" at revision {rev}"));
+    }
+    if let Some(crate::types::RetireCause::Damage { repaired_at }) = r.retire_cause {
+        s.push_str(&format!(
+            " (its result lost to damage, found by the repair at {repaired_at})"
+        ));
     }
     if let Some(d) = &r.delivery {
         s.push_str(&format!(

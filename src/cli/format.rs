@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use opjournal::{
     DeliveryState, Event, EventKind, ExecutionStatus, InDoubtCause, OutcomeKind, Receipt,
-    ResolvedAs, RevisionCause, Timestamp,
+    ResolvedAs, RetireCause, RevisionCause, Timestamp,
 };
 use serde_json::{Value, json};
 
@@ -344,7 +344,23 @@ fn cause_sentence(c: InDoubtCause) -> &'static str {
 
 /// The status cell of a receipt: `applied`, `failed`, `in_doubt`, ...
 pub(crate) fn status(r: &Receipt) -> &'static str {
-    r.status.name()
+    match r.retire_cause {
+        // Not "retired" alone: that reads as aged out.
+        Some(RetireCause::Damage { .. }) => "retired (lost to damage)",
+        _ => r.status.name(),
+    }
+}
+
+/// Why a retired receipt has no result, as a clause: `the result payload aged out` or
+/// `the result payload was lost to damage (repair on <time>)`.
+pub(crate) fn retired_clause(r: &Receipt, now: Timestamp) -> String {
+    match r.retire_cause {
+        Some(RetireCause::Damage { repaired_at }) => format!(
+            "the result payload was lost to damage (repair on {}), not to retention",
+            when(repaired_at, now)
+        ),
+        _ => "the result payload aged out".into(),
+    }
 }
 
 /// The delivery cell: `delivered×2`, `pending`, `-`.
@@ -394,7 +410,10 @@ pub(crate) fn status_sentence(r: &Receipt, now: Timestamp) -> String {
                 (Some(false), _, Some(msg)) => format!("failed: {}", clean(msg)),
                 _ => "outcome recorded".into(),
             };
-            format!("retired ({outcome}; the result payload aged out, the audit record is kept)")
+            format!(
+                "retired ({outcome}; {}, the audit record is kept)",
+                retired_clause(r, now)
+            )
         }
         _ => r.status.name().into(),
     }
@@ -527,6 +546,11 @@ pub(crate) fn event_detail(ev: &Event) -> String {
         EventKind::AckExpired => "acknowledgement timeout passed".into(),
         EventKind::Exhausted => "retry budget spent".into(),
         EventKind::Retired => "result payload dropped; audit record kept".into(),
+        EventKind::ResultLost => {
+            "result payload lost to damage (found by repair, before its retention passed); \
+             outcome and audit record kept"
+                .into()
+        }
         EventKind::Salvaged {
             intent_name,
             lost_events,

@@ -5,7 +5,7 @@ use crate::index::{IndexEntry, TimerKind};
 use crate::record::DeliveryState;
 use crate::record::{
     Deadlines, DeliveryRecord, DoneRecord, Event, EventKind, ExecRecord, InDoubtCause, OutcomeKind,
-    ReceiptRecord, ResolvedAs, ResultInfo,
+    ReceiptRecord, ResolvedAs, ResultInfo, RetireCause,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -217,12 +217,16 @@ pub(crate) fn transition(
                 _ => Err(misfit(old)),
             }
         }
-        EventKind::Retired => {
+        EventKind::Retired | EventKind::ResultLost => {
             let mut rec = old.cloned().ok_or_else(|| misfit(old))?;
             match &mut rec.state {
                 ExecRecord::Done(d) if d.retired_at.is_none() => {
                     d.retired_at = Some(ev.at);
                     d.result_seq = None;
+                    d.retire_cause = match ev.kind {
+                        EventKind::ResultLost => RetireCause::Damage,
+                        _ => RetireCause::Retention,
+                    };
                     Ok(rec)
                 }
                 _ => Err(misfit(old)),
@@ -287,6 +291,7 @@ fn done_record(
             last_delivered_at: None,
             acknowledged_at: None,
         },
+        retire_cause: RetireCause::Retention,
     }
 }
 

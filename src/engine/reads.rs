@@ -7,7 +7,7 @@ use crate::clock::Timestamp;
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::View;
 use crate::intent::IntentHash;
-use crate::record::{DeliveryState, ExecRecord, OutcomeKind, ReceiptRecord};
+use crate::record::{DeliveryState, ExecRecord, OutcomeKind, ReceiptRecord, RetireCause};
 use crate::types::{Admission, ExecutionStatus, OpResult, Operation, Receipt, Replay};
 
 /// The public receipt for an effective record; `None` for a vacant (unknown) id.
@@ -37,6 +37,7 @@ pub(crate) fn view(rec: &ReceiptRecord) -> Option<Receipt> {
         retain_until: None,
         purge_at: None,
         result_size: None,
+        retire_cause: None,
     };
     match &rec.state {
         ExecRecord::Vacant { .. } => return None,
@@ -61,8 +62,12 @@ pub(crate) fn view(rec: &ReceiptRecord) -> Option<Receipt> {
                     r.applied = Some(false);
                 }
             }
-            if d.retired_at.is_some() {
+            if let Some(at) = d.retired_at {
                 r.status = ExecutionStatus::Retired;
+                r.retire_cause = Some(match d.retire_cause {
+                    RetireCause::Retention => crate::types::RetireCause::Retention,
+                    RetireCause::Damage => crate::types::RetireCause::Damage { repaired_at: at },
+                });
             } else {
                 r.result_size = Some(d.result.len);
             }

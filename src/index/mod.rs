@@ -169,7 +169,7 @@ pub(crate) fn decode_receipt_frame(
     let bytes = split_receipt_value(bytes).0;
     match codec::unframe_versioned(RecordKind::Receipt, bytes)? {
         (1, payload) => codec::decode_payload(1, payload).map(ReceiptRecord::from_v1),
-        (v, payload) => codec::decode_payload(v, payload),
+        (v, payload) => ReceiptRecord::decode(v, payload),
     }
 }
 

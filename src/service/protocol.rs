@@ -144,6 +144,14 @@ pub enum Reply {
         completed_at: Option<Timestamp>,
         /// The document's revision now.
         current_revision: u64,
+        /// Why the result is no longer kept: `retention` (it aged out) or `damage` (it was
+        /// lost to damage that `opjournal repair` found, see `repaired_at`). A service older
+        /// than this field sends none: read that as `retention`.
+        #[serde(default = "retention")]
+        reason: String,
+        /// When the repair that found the result lost ran (`reason: damage`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        repaired_at: Option<Timestamp>,
     },
     /// The service stopped while running the operation and has not yet checked whether its
     /// effect landed: ask again.
@@ -192,6 +200,11 @@ pub enum Reply {
         /// What went wrong, and what to do.
         message: String,
     },
+}
+
+/// The `reason` of an `expired` answer from a service that sends none.
+fn retention() -> String {
+    "retention".into()
 }
 
 /// An operation's outcome, as answered or pushed.

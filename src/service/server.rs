@@ -19,7 +19,7 @@ use super::protocol::{Edit, Reply, Request, ResultMsg, StatusMsg};
 use super::{Context, MAX_LINE, ServiceError, chain, lock};
 use crate::{
     Admission, Claim, ErrorKind, EventKind, ExecutionStatus, InDoubtCause, Journal, OpResult,
-    Operation, Outcome, Receipt, Resolution, validate_name,
+    Operation, Outcome, Receipt, Resolution, RetireCause, validate_name,
 };
 
 /// The journal scope of the document: revisions and the mutation lock are per scope.
@@ -835,14 +835,26 @@ impl Shared {
                         true,
                     ))));
                 }
-                // Done long ago: the result aged out. Say so; do not run it again.
+                // The result is gone: it aged out, or damage took it (a repair found it lost).
+                // Say which; do not run it again.
                 Admission::Expired(r) => {
+                    let repaired_at = match r.retire_cause {
+                        Some(RetireCause::Damage { repaired_at }) => Some(repaired_at),
+                        _ => None,
+                    };
                     return Ok(Some(Reply::Expired {
                         id: id.to_string(),
                         applied: r.applied == Some(true),
                         revision: r.result_revision,
                         completed_at: r.completed_at,
                         current_revision: self.revision(),
+                        reason: if repaired_at.is_some() {
+                            "damage"
+                        } else {
+                            "retention"
+                        }
+                        .into(),
+                        repaired_at,
                     }));
                 }
                 // Its execution ended without an outcome (a lease that ran out, a restart):

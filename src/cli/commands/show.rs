@@ -2,7 +2,7 @@
 
 use std::io::Write as _;
 
-use opjournal::{ErrorKind, Event, OpResult, Receipt, Timestamp};
+use opjournal::{ErrorKind, Event, OpResult, Receipt, RetireCause, Timestamp};
 use serde_json::json;
 
 use super::{Outcome, Run, Summary, inspect, read_err};
@@ -101,7 +101,7 @@ pub(super) fn run(args: &ShowArgs, out: &mut Out) -> Run {
             out.line("")?;
             out.line(format!("result: cannot be read: {}", clean(why)))?;
         }
-        (Some(r), None) => result_block(out, r, result.as_ref(), args.full)?,
+        (Some(r), None) => result_block(out, r, result.as_ref(), args.full, now)?,
         (None, None) => {}
     }
     history_block(out, &history)?;
@@ -161,13 +161,22 @@ fn result_block(
     r: &Receipt,
     result: Option<&OpResult>,
     full: bool,
+    now: Timestamp,
 ) -> Result<(), Failure> {
     let Some(res) = result else {
         if r.completed_at.is_some() {
             out.line("")?;
-            out.line(
-                "result: none stored (retired: the payload aged out; the outcome above is kept)",
-            )?;
+            out.line(match r.retire_cause {
+                Some(RetireCause::Damage { repaired_at }) => format!(
+                    "result: none stored (lost to damage (repair on {}): repair found the \
+                     payload damaged or missing before its retention passed; the outcome \
+                     above is kept)",
+                    when(repaired_at, now)
+                ),
+                _ => "result: none stored (retired: the payload aged out; the outcome above is \
+                      kept)"
+                    .to_string(),
+            })?;
         }
         return Ok(());
     };

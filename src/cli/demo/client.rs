@@ -253,6 +253,8 @@ impl Client {
                 revision,
                 completed_at,
                 current_revision,
+                repaired_at,
+                ..
             } => {
                 let how = match (applied, revision) {
                     (true, Some(rev)) => format!("finished at revision {rev}"),
@@ -260,8 +262,12 @@ impl Client {
                     (false, _) => "failed".to_string(),
                 };
                 let when = completed_at.map_or_else(String::new, |t| format!(" on {t}"));
+                let gone = match repaired_at {
+                    Some(t) => format!("its result was lost to damage (repair on {t})"),
+                    None => "its result is no longer kept".to_string(),
+                };
                 format!(
-                    "{id} {how}{when}, but its result is no longer kept: it was not run again; refresh the document (now at revision {current_revision}) rather than retry"
+                    "{id} {how}{when}, but {gone}: it was not run again; refresh the document (now at revision {current_revision}) rather than retry"
                 )
             }
             Reply::InDoubt { id, .. } => format!(
@@ -379,8 +385,13 @@ fn status_words(s: &StatusMsg) -> String {
         "applied" => format!("{}; {delivery}", done("applied")),
         "failed" => format!("{}; {delivery}", done("failed")),
         "retired" => format!(
-            "{}; its result aged out, the audit record is kept",
-            done("finished")
+            "{}; its result {}, the audit record is kept",
+            done("finished"),
+            if s.history.iter().any(|h| h == "result_lost") {
+                "was lost to damage (a repair found it)"
+            } else {
+                "aged out"
+            }
         ),
         other => format!("{id} is {other}"),
     };
