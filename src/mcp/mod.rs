@@ -118,3 +118,8 @@ pub const META_RESULT_REVISION: &str = "dev.opjournal/result_revision";
 /// `in_doubt`, `expired`, `mismatch`, `stale_base`, `window_full`, `invalid`,
 /// `unrecorded`, `unavailable`.
 pub const META_STATUS: &str = "dev.opjournal/status";
+
+/// docs/mcp.md's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/mcp.md")]
+struct McpGuideDoctests;
