@@ -1,4 +1,10 @@
-use super::*;
+use std::io;
+
+use super::damage::*;
+use super::format::*;
+use super::reader::*;
+use super::storage::*;
+use super::writer::*;
 
 const ID: u64 = 0x5eed_1234_abcd_0042;
 
