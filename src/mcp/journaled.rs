@@ -343,43 +343,46 @@ struct Inner {
 
 #[derive(Default)]
 struct Acks {
-    by_session: HashMap<String, VecDeque<String>>,
-    order: VecDeque<String>,
+    /// Session → the results delivered to it (oldest first), and when it last got one.
+    by_session: HashMap<String, (u64, VecDeque<String>)>,
+    clock: u64,
 }
 
 impl Acks {
     fn take(&mut self, session: &str) -> Vec<String> {
         self.by_session
             .remove(session)
-            .map(Vec::from)
+            .map(|(_, ids)| Vec::from(ids))
             .unwrap_or_default()
     }
 
     fn push(&mut self, session: &str, id: &str) {
-        if !self.by_session.contains_key(session) {
-            self.order.push_back(session.to_string());
-            while self.order.len() > MAX_SESSIONS {
-                if let Some(old) = self.order.pop_front() {
-                    self.by_session.remove(&old);
-                }
+        self.clock += 1;
+        let clock = self.clock;
+        if !self.by_session.contains_key(session) && self.by_session.len() >= MAX_SESSIONS {
+            // The session that got a result longest ago: its results are left to the
+            // acknowledgement timeout.
+            let oldest = self
+                .by_session
+                .iter()
+                .min_by_key(|(_, (touched, _))| *touched)
+                .map(|(s, _)| s.clone());
+            if let Some(oldest) = oldest {
+                self.by_session.remove(&oldest);
             }
         }
-        let ids = self.by_session.entry(session.to_string()).or_default();
+        let (touched, ids) = self.by_session.entry(session.to_string()).or_default();
+        *touched = clock;
         if !ids.iter().any(|i| i == id) {
             ids.push_back(id.to_string());
         }
         while ids.len() > MAX_PER_SESSION {
             ids.pop_front();
         }
-        // Sessions emptied by `take` leave their name in `order`: drop those.
-        if self.order.len() > 2 * self.by_session.len() + 64 {
-            let live = &self.by_session;
-            self.order.retain(|s| live.contains_key(s));
-        }
     }
 
     fn len(&self) -> usize {
-        self.by_session.values().map(VecDeque::len).sum()
+        self.by_session.values().map(|(_, ids)| ids.len()).sum()
     }
 }
 

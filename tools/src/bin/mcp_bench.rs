@@ -163,12 +163,17 @@ async fn run(
             for i in 0..per {
                 let seq = (c * per + i) as u64;
                 let params = match path {
-                    Route::Plain => CallToolRequestParams::new("effect.plain").with_arguments(obj(json!({"seq": seq}))),
+                    Route::Plain => CallToolRequestParams::new("effect.plain")
+                        .with_arguments(obj(json!({"seq": seq}))),
                     Route::Journaled => CallToolRequestParams::new("effect.journaled")
-                        .with_arguments(obj(json!({"seq": seq, "operation_id": format!("op_{run_id}_{c}_{i}")}))),
-                    // The id a first pass made: every call is answered from the journal.
-                    Route::Replay => CallToolRequestParams::new("effect.journaled")
-                        .with_arguments(obj(json!({"seq": seq, "operation_id": format!("op_{}_{c}_{i}", run_id - 1)}))),
+                        .with_arguments(obj(
+                            json!({"seq": seq, "operation_id": format!("op_{run_id}_{c}_{i}")}),
+                        )),
+                    // The ids and arguments of the journaled pass just before (same `run_id`):
+                    // every call is answered from the journal.
+                    Route::Replay => CallToolRequestParams::new("effect.journaled").with_arguments(
+                        obj(json!({"seq": seq, "operation_id": format!("op_{run_id}_{c}_{i}")})),
+                    ),
                 };
                 let t = Instant::now();
                 let result = client.call_tool(params).await?;
