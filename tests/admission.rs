@@ -1,5 +1,6 @@
 //! Every row of DESIGN.md §4 (what `submit` answers), and every typed refusal, with proof
-//! that a refusal writes nothing: file bytes, receipts and events unchanged.
+//! that a refusal writes nothing: the bytes of both files (the journal and its log, where
+//! every commit lands first), receipts and events unchanged.
 
 mod common;
 
@@ -7,17 +8,38 @@ use std::time::Duration;
 
 use common::{Env, FakeEditor, add_light, fresh, run_op};
 use opjournal::{
-    Admission, ErrorKind, ExecutionStatus, Intent, Journal, Operation, Outcome, Resolution,
+    Admission, ErrorKind, ExecutionStatus, FileLog, Intent, Journal, Operation, Outcome, Resolution,
 };
 
+/// The bytes of the journal file and of its log. Every commit appends to the log (the
+/// commit point); the journal file changes only at a checkpoint, so a check of it alone
+/// would miss a stray commit. While a journal is open its log exists: a missing log fails
+/// here rather than comparing two absent files.
+fn disk(env: &Env) -> (Vec<u8>, Vec<u8>) {
+    let log = FileLog::path_for(&env.path);
+    let log = std::fs::read(&log)
+        .unwrap_or_else(|e| panic!("the open journal's log {}: {e}", log.display()));
+    (env.bytes(), log)
+}
+
+/// Asserts that both files are as `before`, naming which one changed.
+fn assert_unwritten(env: &Env, before: &(Vec<u8>, Vec<u8>), what: &str) {
+    let (db, log) = disk(env);
+    assert!(db == before.0, "{what} changed the journal file's bytes");
+    assert!(log == before.1, "{what} wrote to the journal's log");
+}
+
 /// Runs `f`, expects a refusal, and checks that nothing changed on disk or in the journal.
+/// Pending deliveries and acknowledgements are committed first, and again after the
+/// refusal: a refused lazy call that left an entry behind would be written then.
 fn refused(
     env: &Env,
     journal: &Journal,
     watch: &str,
     f: impl FnOnce() -> opjournal::Result<()>,
 ) -> opjournal::Error {
-    let before_bytes = env.bytes();
+    journal.flush().expect("flush before the refusal");
+    let before_bytes = disk(env);
     let before = common::snapshot(journal, watch);
     let err = match f() {
         Ok(()) => panic!("expected a refusal"),
@@ -29,7 +51,8 @@ fn refused(
         before,
         "journal changed by {err}"
     );
-    assert!(env.bytes() == before_bytes, "file bytes changed by {err}");
+    journal.flush().expect("flush after the refusal");
+    assert_unwritten(env, &before_bytes, &format!("the refusal {err}"));
     err
 }
 
@@ -389,9 +412,9 @@ fn revision_that_does_not_move_forward_is_refused() -> opjournal::Result<()> {
         "{err:?}"
     );
     // Reporting the current revision again is a no-op, not an error, and writes nothing.
-    let before = env.bytes();
+    let before = disk(&env);
     assert_eq!(journal.advance_revision("scene", 5)?, 5);
-    assert!(env.bytes() == before);
+    assert_unwritten(&env, &before, "reporting the current revision again");
     journal.complete(&claim, Outcome::applied(6, Vec::new()))?;
     assert_eq!(journal.scope_revision("scene")?, 6);
     Ok(())
@@ -452,11 +475,15 @@ fn calls_on_the_wrong_state_or_unknown_ids_are_refused() -> opjournal::Result<()
             "{err:?}"
         );
     }
-    // Acknowledging twice is idempotent and the second one writes nothing.
+    // Acknowledging twice is idempotent and the second one writes nothing: the first is
+    // committed before the bytes are taken, and a flush after the second would write
+    // anything it had left pending.
     journal.acknowledge("done", Some("tab"))?;
-    let before = env.bytes();
+    journal.flush()?;
+    let before = disk(&env);
     journal.acknowledge("done", Some("tab"))?;
-    assert!(env.bytes() == before);
+    journal.flush()?;
+    assert_unwritten(&env, &before, "a second acknowledgement");
     Ok(())
 }
 
@@ -466,13 +493,13 @@ fn replayed_answers_write_nothing() -> opjournal::Result<()> {
     let mut editor = FakeEditor::at(0);
     let journal = env.open();
     run_op(&journal, &mut editor, op("a"), "x")?;
-    let before = env.bytes();
+    let before = disk(&env);
     for _ in 0..10 {
         let Admission::Replay(_) = journal.submit(op("a"))? else {
             panic!("expected a replay");
         };
     }
-    assert!(env.bytes() == before, "a replay wrote to the file");
+    assert_unwritten(&env, &before, "a replay");
     Ok(())
 }
 
