@@ -77,6 +77,8 @@ struct Shared {
     busy: AtomicU64,
     /// Abandoned claims settled by the resolver.
     resolved: AtomicU64,
+    /// Compaction passes run while the workers ran.
+    compactions: AtomicU64,
 }
 
 impl Shared {
@@ -96,10 +98,13 @@ fn scope_index(i: usize) -> Option<usize> {
     scope_of(i).map(|_| i % SCOPES)
 }
 
-/// One editor thread.
-fn worker(sh: &Shared, seed: u64, iters: u64) {
+/// One editor thread; returns the calls it made (all `iters`, unless it stopped at a
+/// violation).
+fn worker(sh: &Shared, seed: u64, iters: u64) -> u64 {
     let mut rng = Rng::new(seed);
+    let mut made = 0;
     for _ in 0..iters {
+        made += 1;
         let call = sh.calls.fetch_add(1, Ordering::Relaxed);
         let i = (call / SLIDE_EVERY) as usize + rng.below(WINDOW as u64) as usize;
         let id = format!("op-{i}");
@@ -129,7 +134,10 @@ fn worker(sh: &Shared, seed: u64, iters: u64) {
         }
         let operation = match op(i) {
             Ok(o) => o,
-            Err(e) => return sh.violation(format!("op: {e}")),
+            Err(e) => {
+                sh.violation(format!("op: {e}"));
+                return made;
+            }
         };
         match sh.journal.submit(operation) {
             Ok(Admission::Fresh(claim)) => run_claim(sh, &mut rng, i, claim),
@@ -157,6 +165,7 @@ fn worker(sh: &Shared, seed: u64, iters: u64) {
             },
         }
     }
+    made
 }
 
 fn check_refusal(sh: &Shared, what: &str, id: &str, r: opjournal::Result<()>) {
@@ -294,10 +303,14 @@ fn clock_and_compactor(sh: &Shared) {
     while !sh.stop.load(Ordering::SeqCst) {
         sh.clock.advance(Duration::from_millis(150));
         n += 1;
-        if n.is_multiple_of(10)
-            && let Err(e) = sh.journal.compact()
-        {
-            sh.violation(format!("compact: {e}"));
+        // The first pass at once (so one surely runs beside the workers), then every tenth.
+        if n % 10 == 1 {
+            match sh.journal.compact() {
+                Ok(_) => {
+                    sh.compactions.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => sh.violation(format!("compact: {e}")),
+            }
         }
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -452,11 +465,15 @@ fn stress(sharing: Sharing) -> opjournal::Result<()> {
         calls: AtomicU64::new(0),
         busy: AtomicU64::new(0),
         resolved: AtomicU64::new(0),
+        compactions: AtomicU64::new(0),
     });
+    // Every thread is joined and its panic reported: a worker that died early would
+    // otherwise leave the checks below judging less work than was asked for.
+    let mut failed = Vec::new();
     std::thread::scope(|s| {
         let helpers = [
-            s.spawn(|| clock_and_compactor(&sh)),
-            s.spawn(|| resolver(&sh)),
+            ("clock and compactor", s.spawn(|| clock_and_compactor(&sh))),
+            ("resolver", s.spawn(|| resolver(&sh))),
         ];
         let workers: Vec<_> = (0..THREADS)
             .map(|t| {
@@ -464,16 +481,29 @@ fn stress(sharing: Sharing) -> opjournal::Result<()> {
                 s.spawn(move || worker(sh, seed.wrapping_add(t as u64 * 7919), iters))
             })
             .collect();
-        for w in workers {
-            let _ = w.join();
+        for (t, w) in workers.into_iter().enumerate() {
+            match w.join() {
+                Ok(made) if made == iters => {}
+                Ok(made) => {
+                    failed.push(format!("worker {t} stopped after {made} of {iters} calls"))
+                }
+                Err(p) => failed.push(format!("worker {t} panicked: {}", panic_text(&*p))),
+            }
         }
         // Let every abandoned lease expire and be settled.
         sh.clock.advance(Duration::from_secs(5));
         sh.stop.store(true, Ordering::SeqCst);
-        for h in helpers {
-            let _ = h.join();
+        for (name, h) in helpers {
+            if let Err(p) = h.join() {
+                failed.push(format!("the {name} thread panicked: {}", panic_text(&*p)));
+            }
         }
     });
+    assert!(
+        failed.is_empty(),
+        "seed {seed:#x}: threads failed:\n{}",
+        failed.join("\n")
+    );
     settle_abandoned(&sh);
     let editor = std::mem::take(&mut *sh.editor());
     assert!(
@@ -490,6 +520,15 @@ fn stress(sharing: Sharing) -> opjournal::Result<()> {
     let calls = sh.calls.load(Ordering::Relaxed);
     let busy = sh.busy.load(Ordering::Relaxed);
     let resolved = sh.resolved.load(Ordering::Relaxed);
+    let compactions = sh.compactions.load(Ordering::Relaxed);
+    assert_eq!(calls, THREADS as u64 * iters, "every call was made");
+    // The contention the stress exists for happened: scopes were found busy, and
+    // compaction passes ran beside the workers.
+    assert!(busy > 0, "no submit ever found its scope busy");
+    assert!(
+        compactions > 0,
+        "no compaction pass ran while the workers ran"
+    );
     let ids = (calls / SLIDE_EVERY) as usize + WINDOW;
     final_checks(&sh.journal, &editor, ids, &mut scope_revs);
     let Ok(sh) = Arc::try_unwrap(sh) else {
@@ -503,7 +542,7 @@ fn stress(sharing: Sharing) -> opjournal::Result<()> {
     final_checks(&j, &editor, ids, &mut scope_revs);
     let applied: u32 = editor.applied.values().sum();
     eprintln!(
-        "stress ({sharing:?}): {THREADS} threads, {calls} calls over {ids} ids, {applied} effects applied, {} outcomes checked, {busy} scope-busy refusals, {resolved} abandoned claims resolved, violations: 0",
+        "stress ({sharing:?}): {THREADS} threads, {calls} calls over {ids} ids, {applied} effects applied, {} outcomes checked, {busy} scope-busy refusals, {resolved} abandoned claims resolved, {compactions} compaction passes, violations: 0",
         editor.recorded.len()
     );
     assert!(
@@ -511,6 +550,14 @@ fn stress(sharing: Sharing) -> opjournal::Result<()> {
         "the stress did work"
     );
     Ok(())
+}
+
+/// The message of a thread's panic.
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 #[test]

@@ -233,49 +233,107 @@ fn due_redeliveries_follow_a_delivery_not_yet_committed() -> opjournal::Result<(
 /// process killed while `Journal::open` was creating a new file left a file without the
 /// storage engine's signature (it writes the signature last), which every later
 /// `Journal::open` refused: the journal could never be opened again without deleting it.
+///
+/// The kill must land *while a journal is being created*, or the test proves nothing (a
+/// single creation per child, killed at a guessed moment, mostly landed before it started
+/// or after it ended). So the child creates journals one after another (`journal-0.opj`,
+/// `journal-1.opj`, ...; creating is most of what it does) and is killed once it is under
+/// way: once a creation has started (its temporary file, `.journal-N.opj.creating-*`, is
+/// there; a creation builds the file under it and links it into place). A temporary file
+/// left behind proves the kill landed inside a creation; the test asserts that this
+/// happened in at least three runs. After every kill,
+/// every journal present opens, and each interrupted one can be created (or opened) again.
 #[test]
 fn a_crash_while_creating_a_journal_never_leaves_a_file_that_cannot_be_opened()
 -> opjournal::Result<()> {
     const CHILD: &str = "OPJ_CREATE_CHILD";
-    if let Ok(path) = std::env::var(CHILD) {
-        // The child: create the journal, then wait to be killed.
-        let _j = Journal::open(path)?;
-        std::thread::sleep(Duration::from_secs(30));
+    const WANTED: usize = 3;
+    if let Ok(dir) = std::env::var(CHILD) {
+        // The child: create journals, one after another, until it is killed.
+        let dir = std::path::PathBuf::from(dir);
+        for n in 0..100_000u64 {
+            drop(Journal::open(dir.join(format!("journal-{n}.opj")))?);
+        }
         return Ok(());
     }
     let exe = std::env::current_exe()?;
-    let mut created = 0;
-    let mut absent = 0;
-    for i in 0..40u64 {
+    let (mut runs, mut interrupted, mut complete) = (0u64, 0usize, 0usize);
+    while interrupted < WANTED && runs < 40 {
+        runs += 1;
         let dir = tempfile::tempdir()?;
-        let path = dir.path().join("journal.opj");
         let mut child = std::process::Command::new(&exe)
             .args([
                 "--exact",
                 "a_crash_while_creating_a_journal_never_leaves_a_file_that_cannot_be_opened",
                 "--nocapture",
             ])
-            .env(CHILD, &path)
+            .env(CHILD, dir.path())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()?;
-        // Spread the kills over the child's start-up and the creation itself.
-        std::thread::sleep(Duration::from_micros(2_000 + i * 400));
+        // Under way: a second journal exists, and a creation has started (its temporary
+        // file is there). Then the kill, a moment later, varied per run to spread the kills
+        // over the creation's writes and syncs.
+        let started = std::time::Instant::now();
+        let creating = |dir: &std::path::Path| -> std::io::Result<bool> {
+            for entry in std::fs::read_dir(dir)? {
+                if entry?.file_name().to_string_lossy().contains(".creating-") {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        };
+        while !dir.path().join("journal-1.opj").exists() {
+            if let Some(status) = child.try_wait()? {
+                panic!("the child stopped before creating two journals: {status}");
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the child created no journals"
+            );
+        }
+        // (At most a few milliseconds: a build that created the file in place, without
+        // a temporary name, is killed anyway, and must then leave a file that opens.)
+        let under_way = std::time::Instant::now();
+        while !creating(dir.path())? && under_way.elapsed() < Duration::from_millis(5) {}
+        std::thread::sleep(Duration::from_micros(50 * (runs % 3)));
         child.kill()?;
         child.wait()?;
-        if path.exists() {
-            created += 1;
-            let j = Journal::open(&path).unwrap_or_else(|e| {
-                panic!("a journal killed during creation must open again: {e}")
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<std::io::Result<_>>()?;
+        names.sort();
+        for name in &names {
+            if name.starts_with("journal-") && name.ends_with(".opj") {
+                let j = Journal::open(dir.path().join(name)).unwrap_or_else(|e| {
+                    panic!("`{name}`, present after a kill during creation, must open: {e}")
+                });
+                assert_eq!(j.event_count()?, 0, "{name}");
+                complete += 1;
+            }
+        }
+        let temporaries: Vec<&String> = names.iter().filter(|n| n.contains(".creating-")).collect();
+        if !temporaries.is_empty() {
+            interrupted += 1;
+        }
+        for tmp in temporaries {
+            // `.journal-N.opj.creating-...`: the creation of `journal-N.opj` was cut.
+            let name = tmp
+                .strip_prefix('.')
+                .and_then(|t| t.split(".creating-").next())
+                .unwrap_or_else(|| panic!("a temporary file named `{tmp}`"));
+            let j = Journal::open(dir.path().join(name)).unwrap_or_else(|e| {
+                panic!("`{name}`, whose creation a kill cut, must be creatable again: {e}")
             });
-            assert_eq!(j.event_count()?, 0);
-        } else {
-            absent += 1;
-            // Nothing was created; creating it now works.
-            drop(Journal::open(&path)?);
+            assert_eq!(j.event_count()?, 0, "{name}");
         }
     }
-    eprintln!("killed during creation: {created} journals complete, {absent} not created yet");
+    assert!(
+        interrupted >= WANTED,
+        "only {interrupted} of {runs} kills landed while a journal was being created \
+         (a temporary file left behind); the claim was not exercised"
+    );
+    eprintln!("{runs} kills, {interrupted} during a creation; {complete} journals present opened");
     Ok(())
 }
 

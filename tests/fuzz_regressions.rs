@@ -3,6 +3,8 @@
 //! through its whole target.)
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 #[path = "support/fault_backend.rs"]
 mod fault_backend;
@@ -52,8 +54,82 @@ fn files_of(path: &Path) -> (Vec<u8>, Vec<u8>) {
     (read(path), read(&opjournal::FileLog::path_for(path)))
 }
 
+/// A journal with 120 completed operations, checkpointed into its file (a small
+/// checkpoint size), and the bytes of its file and log copied while its writer had them
+/// open: what a crash leaves, a file the storage engine must recover before reading it.
+fn crash_image() -> (tempfile::TempDir, (Vec<u8>, Vec<u8>)) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let live = dir.path().join("live.opj");
+    let journal = Journal::builder()
+        .checkpoint_size(64 << 10)
+        .open(&live)
+        .unwrap_or_else(|e| panic!("open: {e}"));
+    let intent =
+        Intent::from_json("scene.edit", &serde_json::json!({})).unwrap_or_else(|e| panic!("{e}"));
+    for i in 0..120 {
+        let op = opjournal::Operation::new(format!("op_{i}"), intent.clone());
+        let Ok(opjournal::Admission::Fresh(claim)) = journal.submit(op) else {
+            panic!("fresh work expected")
+        };
+        let result = format!("result {i} ").repeat(60).into_bytes();
+        journal
+            .complete(&claim, opjournal::Outcome::applied(1, result))
+            .unwrap_or_else(|e| panic!("complete: {e}"));
+    }
+    let image = files_of(&live);
+    drop(journal);
+    (dir, image)
+}
+
+/// Writes `db` and `log` as the journal `name` in `dir`, returning its path.
+fn write_pair(dir: &Path, name: &str, db: &[u8], log: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, db).unwrap_or_else(|e| panic!("write: {e}"));
+    std::fs::write(opjournal::FileLog::path_for(&path), log)
+        .unwrap_or_else(|e| panic!("write: {e}"));
+    path
+}
+
 fn is_corrupt(kind: &ErrorKind) -> bool {
     matches!(kind, ErrorKind::Corrupt { .. })
+}
+
+std::thread_local! {
+    /// Panics raised on this thread (counted by the hook [`panics_during`] installs).
+    static PANICS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f` and returns its value with the number of panics raised on this thread while
+/// it ran, caught or not: a storage-engine panic that the library's guard turns into
+/// `Corrupt` is counted. The regressions below use it to assert that their input still
+/// makes the engine panic, i.e. that the guarded path is reached, instead of passing
+/// because the file is now refused before the engine gets to it. (The hook counts the
+/// panicking thread only, so tests running in parallel do not count each other's panics;
+/// the default hook still prints each panic.)
+fn panics_during<R>(f: impl FnOnce() -> R) -> (R, u64) {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICS.with(|n| n.set(n.get() + 1));
+            previous(info);
+        }));
+    });
+    let before = PANICS.with(std::cell::Cell::get);
+    let r = f();
+    (r, PANICS.with(std::cell::Cell::get) - before)
+}
+
+/// Asserts that `err` is the guard's answer to a storage-engine panic during `what`.
+fn assert_engine_panic(err: &opjournal::Error, what: &str) {
+    match err.kind() {
+        ErrorKind::Corrupt { table, key, .. } => assert_eq!(
+            (table.as_str(), key.as_str()),
+            ("(redb)", what),
+            "not the guard's answer to an engine panic: {err}"
+        ),
+        other => panic!("expected Corrupt from the panic guard, got {other:?}: {err}"),
+    }
 }
 
 /// redb 4.6 hits `unreachable!()` reading the allocator state of this file (a damaged
@@ -62,8 +138,13 @@ fn is_corrupt(kind: &ErrorKind) -> bool {
 #[test]
 fn inspector_open_answers_corrupt_when_the_storage_engine_panics_on_a_damaged_page() {
     let (_dir, path, bytes) = damaged_copy("inspector-open-redb-panic-b462786d");
-    let err = Inspector::open(&path).expect_err("a damaged journal does not open");
-    assert!(is_corrupt(err.kind()), "{err:?}");
+    let (opened, panics) = panics_during(|| Inspector::open(&path));
+    let err = opened.expect_err("a damaged journal does not open");
+    assert_engine_panic(&err, "open");
+    assert!(
+        panics > 0,
+        "the storage engine no longer panics on this input"
+    );
     assert_eq!(
         std::fs::read(&path).ok(),
         Some(bytes),
@@ -76,12 +157,18 @@ fn inspector_open_answers_corrupt_when_the_storage_engine_panics_on_a_damaged_pa
 #[test]
 fn journal_open_answers_corrupt_when_the_storage_engine_panics_on_a_damaged_page() {
     let (_dir, path, _) = damaged_copy("journal-open-redb-panic-d1499e69");
-    let err = Journal::open(&path).expect_err("a damaged journal does not open");
-    assert!(is_corrupt(err.kind()), "{err:?}");
+    let (opened, panics) = panics_during(|| Journal::open(&path));
+    let err = opened.expect_err("a damaged journal does not open");
+    assert_engine_panic(&err, "open");
+    assert!(
+        panics > 0,
+        "the storage engine no longer panics on this input"
+    );
 }
 
 /// After the typed error, `repair` still gets the operator out: it salvages what it can,
-/// or says that nothing could be salvaged, and never panics.
+/// or says that nothing could be salvaged, and never panics. The storage engine panics
+/// inside the repair on both files (asserted: the guarded path is reached).
 #[test]
 fn repair_handles_files_that_make_the_storage_engine_panic() {
     for name in [
@@ -91,7 +178,12 @@ fn repair_handles_files_that_make_the_storage_engine_panic() {
         let (_dir, path, _) = damaged_copy(name);
         let mut options = RepairOptions::default();
         options.backup = false;
-        match repair(&path, &options, &mut |_, _| {}) {
+        let (repaired, panics) = panics_during(|| repair(&path, &options, &mut |_, _| {}));
+        assert!(
+            panics > 0,
+            "{name}: the storage engine no longer panics while repairing this input"
+        );
+        match repaired {
             Ok(report) => {
                 let insp = Inspector::open(&path).unwrap_or_else(|e| {
                     panic!("{name}: the repaired journal does not open: {e:?}")
@@ -113,17 +205,45 @@ fn repair_handles_files_that_make_the_storage_engine_panic() {
 /// this file. `repair` caught that panic, but the panic had poisoned the engine's locks, so
 /// closing the database before salvaging panicked again, outside the guard, and took the
 /// caller down (found by the stable `open_file` property test).
+///
+/// Since `repair` reads a damaged file in place (issue 13), this input no longer makes the
+/// engine panic inside it: the repair reads it in place and finds nothing to change. The
+/// test asserts that outcome exactly (it used to accept any `Corrupt` too), so a change in
+/// what the input reaches is noticed; the panic-then-close path itself is no longer
+/// reached by any checked-in input (issue 23).
 #[test]
 fn repair_survives_closing_a_database_whose_engine_panicked() {
     let (_dir, path, _) = damaged_copy("repair-close-after-caught-panic-f58322c7");
+    let report = assert_repairs_in_place(&path);
+    assert!(!report.found_damage(), "{report:?}");
+}
+
+/// Repairs `path` (no backup), asserting that nothing panics, that the storage engine read
+/// it in place, and that the result verifies clean.
+fn assert_repairs_in_place(path: &Path) -> opjournal::RepairReport {
     let mut options = RepairOptions::default();
     options.backup = false;
-    let outcome = std::panic::catch_unwind(|| repair(&path, &options, &mut |_, _| {}));
-    match outcome {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => assert!(is_corrupt(e.kind()), "{e:?}"),
+    let outcome = std::panic::catch_unwind(|| repair(path, &options, &mut |_, _| {}));
+    let report = match outcome {
+        Ok(Ok(report)) => report,
+        Ok(Err(e)) => panic!("repair failed: {e:?}"),
         Err(_) => panic!("repair panicked instead of answering"),
-    }
+    };
+    assert_eq!(
+        report.engine,
+        opjournal::EngineAccess::InPlace,
+        "{report:?}"
+    );
+    let insp = Inspector::open(path)
+        .unwrap_or_else(|e| panic!("the repaired journal does not open: {e:?}"));
+    let verified = opjournal::verify_inspected(&insp, &mut |_, _| {})
+        .unwrap_or_else(|e| panic!("verify: {e:?}"));
+    assert!(
+        verified.findings.is_empty(),
+        "verify finds problems after repair {report:?}: {:?}",
+        verified.findings
+    );
+    report
 }
 
 /// serde_json's default float parser is not exact: the canonical text of
@@ -159,36 +279,36 @@ fn an_intent_rebuilt_from_its_canonical_text_has_the_same_hash() {
     }
 }
 
-/// These files open, but redb indexes past the end of a damaged key (`range end index 113
-/// out of range for slice of length 13`) when `history` walks the `op_events` table. The
+/// These files made redb index past the end of a damaged key (`range end index 113 out
+/// of range for slice of length 13`) when `history` walks the `op_events` table. The
 /// journal's calls used to let that panic through to the embedder; they now answer
 /// `Corrupt` and poison the handle (found by the `open_file` fuzz target).
+///
+/// Each input's path is asserted, not skipped: `988b5722` opens for writing and its
+/// `history` calls make the engine panic (the claim's path); `14e40e14` is now refused
+/// earlier, by an engine panic inside `Journal::open` (a damaged page type), so its
+/// damaged key is reached through the read-only `Inspector`, whose calls must answer
+/// `Corrupt` the same way.
 #[test]
 fn journal_calls_answer_corrupt_when_the_storage_engine_panics_on_a_damaged_key() {
-    for name in [
-        "journal-read-redb-panic-14e40e14",
-        "journal-read-redb-panic-988b5722",
-    ] {
-        let (_dir, path, _) = damaged_copy(name);
-        let journal = match Journal::open(&path) {
-            Ok(j) => j,
-            Err(e) => {
-                // Debug builds of redb may refuse the file earlier, at open.
-                assert!(is_corrupt(e.kind()), "{name}: {e:?}");
-                continue;
-            }
-        };
-        let mut corrupt = 0;
-        for id in [
-            "op_0",
-            "op_1",
-            "op_2",
-            "op_3",
-            "op_4",
-            "op_5",
-            "op_running",
-            "op_lease",
-        ] {
+    const IDS: [&str; 8] = [
+        "op_0",
+        "op_1",
+        "op_2",
+        "op_3",
+        "op_4",
+        "op_5",
+        "op_running",
+        "op_lease",
+    ];
+    // The writer's path.
+    let name = "journal-read-redb-panic-988b5722";
+    let (_dir, path, _) = damaged_copy(name);
+    let journal = Journal::open(&path)
+        .unwrap_or_else(|e| panic!("{name} no longer opens, so its damaged key is not read: {e}"));
+    let mut corrupt = 0;
+    let ((), panics) = panics_during(|| {
+        for id in IDS {
             let answers = [
                 journal.lookup(id).err(),
                 journal.result(id).err(),
@@ -199,8 +319,37 @@ fn journal_calls_answer_corrupt_when_the_storage_engine_panics_on_a_damaged_key(
                 corrupt += 1;
             }
         }
-        assert!(corrupt > 0, "{name}: the damage went unnoticed");
-    }
+    });
+    assert!(corrupt > 0, "{name}: the damage went unnoticed");
+    assert!(
+        panics > 0,
+        "{name}: no engine panic was reached, so the guard was not exercised"
+    );
+    assert!(
+        journal.is_poisoned(),
+        "{name}: the handle refuses writes now"
+    );
+
+    // The other input: refused at open (the engine panics there), and its damaged key
+    // read through the inspector.
+    let name = "journal-read-redb-panic-14e40e14";
+    let (_dir, path, _) = damaged_copy(name);
+    let (opened, panics) = panics_during(|| Journal::open(&path));
+    let err = opened.expect_err("the writer's open reads the damaged page");
+    assert_engine_panic(&err, "open");
+    assert!(panics > 0, "{name}: the open no longer meets the damage");
+    let insp = Inspector::open(&path).unwrap_or_else(|e| panic!("{name}: inspect: {e}"));
+    let mut corrupt = 0;
+    let ((), panics) = panics_during(|| {
+        for id in IDS {
+            if let Err(e) = insp.history(id) {
+                assert!(is_corrupt(e.kind()), "{name} `{id}`: {e:?}");
+                corrupt += 1;
+            }
+        }
+    });
+    assert!(corrupt > 0, "{name}: the damaged key went unnoticed");
+    assert!(panics > 0, "{name}: no engine panic was reached");
 }
 
 /// This file holds an event recorded before the event ahead of it (a valid frame from
@@ -236,26 +385,16 @@ fn repair_quarantines_an_event_recorded_out_of_time_order_so_verify_is_clean() {
 /// release builds). And the stored type of its `events` table is damaged (`u28`): redb's
 /// `TableTypeMismatch` was an opaque `Storage` error, so `repair` gave up instead of
 /// salvaging; it is now `Corrupt`, and repair salvages the records.
+///
+/// Since `repair` reads a damaged file in place (issue 13), it reads this one in place
+/// (asserted: no salvage, and no engine panic in this test profile, so the close-after-panic
+/// path is no longer reached by this input; issue 23) and the repaired journal verifies
+/// clean.
 #[test]
 fn repair_survives_a_storage_engine_panic_while_closing_the_repaired_file() {
     let (_dir, path, _) = damaged_copy("repair-close-damaged-allocator-687d8ead");
-    let mut options = RepairOptions::default();
-    options.backup = false;
-    let outcome = std::panic::catch_unwind(|| repair(&path, &options, &mut |_, _| {}));
-    match outcome {
-        Ok(Ok(report)) => {
-            let insp = Inspector::open(&path)
-                .unwrap_or_else(|e| panic!("the repaired journal does not open: {e:?}"));
-            let verified = opjournal::verify_inspected(&insp, &mut |_, _| {}).expect("verify runs");
-            assert!(
-                verified.findings.is_empty(),
-                "verify finds problems after repair {report:?}: {:?}",
-                verified.findings
-            );
-        }
-        Ok(Err(e)) => assert!(is_corrupt(e.kind()), "{e:?}"),
-        Err(_) => panic!("repair panicked instead of answering"),
-    }
+    let report = assert_repairs_in_place(&path);
+    assert!(!report.salvaged, "{report:?}");
 }
 
 /// Found by the stable `open_file` property test on every seed journal, once the log
@@ -356,33 +495,111 @@ fn repair_keeps_the_format_record_of_a_format_1_journal() -> opjournal::Result<(
 }
 
 /// Found by the stable `open_file` property test once closing a journal checkpoints: on
-/// this damaged file (a mutated seed) the journal opens and answers, but dropping it runs
-/// the close's checkpoint, where redb indexes past a damaged page
-/// (`range end index 5048342 out of range for slice of length 4096`): the panic escaped
-/// `Drop for Journal`, taking the editor down. The close now runs under the storage guard.
+/// a damaged file (a mutated seed) the journal opened and answered, but dropping it ran
+/// the close's checkpoint, where redb indexed past a damaged page (`range end index
+/// 5048342 out of range for slice of length 4096`): the panic escaped `Drop for Journal`,
+/// taking the editor down. The close now runs under the storage guard.
+///
+/// The checked-in input (`journal-drop-checkpoint-redb-panic-2ce44f88`) no longer reaches
+/// the close: its `format` record predates format 3 and `Journal::open` refuses it as
+/// `Corrupt` (asserted below, so a change is noticed). The close's path is rebuilt instead:
+/// a storage backend that panics once, on the first write after it is armed, stands for
+/// the engine panicking on damaged data in the close's checkpoint; the test asserts that
+/// the panic happened there (the path is reached), that `close` answers the guard's
+/// `Corrupt`, and that dropping the last handle does not panic.
 #[test]
 fn dropping_a_journal_on_a_damaged_file_never_panics() {
     let (_dir, path, _) = damaged_copy("journal-drop-checkpoint-redb-panic-2ce44f88");
-    let outcome = std::panic::catch_unwind(|| {
-        let Ok(journal) = Journal::open(&path) else {
-            return;
-        };
-        if let Ok(intent) = Intent::from_json("fuzz.probe", &serde_json::json!({})) {
-            let op = opjournal::Operation::new("fuzz_probe", intent).scope("fuzz/probe");
-            if let Ok(opjournal::Admission::Fresh(claim)) = journal.submit(op) {
-                let _ = journal.complete(&claim, opjournal::Outcome::failed("probe"));
-            }
+    let err = Journal::open(&path).expect_err("the old input is refused at open");
+    assert!(is_corrupt(err.kind()), "{err:?}");
+
+    for how in ["close", "drop"] {
+        let backend = PanicOnWrite::default();
+        let (armed, fired) = (backend.armed.clone(), backend.fired.clone());
+        let journal = Journal::builder()
+            .open_backends(backend, opjournal::MemoryLog::new(), "panicking")
+            .unwrap_or_else(|e| panic!("open: {e}"));
+        let intent = Intent::from_json("scene.edit", &serde_json::json!({}))
+            .unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..3 {
+            let op = opjournal::Operation::new(format!("op_{i}"), intent.clone());
+            let Ok(opjournal::Admission::Fresh(claim)) = journal.submit(op) else {
+                panic!("fresh work expected")
+            };
+            journal
+                .complete(&claim, opjournal::Outcome::applied(1, b"r".to_vec()))
+                .unwrap_or_else(|e| panic!("complete: {e}"));
         }
-        let _ = journal.compact();
-        drop(journal);
-    });
-    assert!(outcome.is_ok(), "dropping the journal panicked");
+        assert_eq!(
+            fired.load(Ordering::SeqCst),
+            0,
+            "nothing was checkpointed yet: commits only append to the log"
+        );
+        armed.store(true, Ordering::SeqCst);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match how {
+            "close" => Some(journal.close()),
+            _ => {
+                drop(journal);
+                None
+            }
+        }));
+        let closed = outcome.unwrap_or_else(|_| panic!("{how}: the engine's panic escaped"));
+        assert_eq!(
+            fired.load(Ordering::SeqCst),
+            1,
+            "{how}: the close's checkpoint did not reach the storage engine"
+        );
+        if let Some(closed) = closed {
+            let err = closed.expect_err("close reports the engine's failure");
+            assert_engine_panic(&err, "close");
+        }
+    }
+}
+
+/// An in-memory redb backend that panics on the first write after `armed` is set (once),
+/// counting it in `fired`: a storage engine stopping on damaged data mid-commit.
+#[derive(Debug, Default)]
+struct PanicOnWrite {
+    inner: opjournal::redb::backends::InMemoryBackend,
+    armed: Arc<AtomicBool>,
+    fired: Arc<AtomicU64>,
+}
+
+impl opjournal::redb::StorageBackend for PanicOnWrite {
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read(offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.inner.set_len(len)
+    }
+
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.inner.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            self.fired.fetch_add(1, Ordering::SeqCst);
+            panic!("injected: the storage engine stops on damaged data");
+        }
+        self.inner.write(offset, data)
+    }
 }
 
 /// The file-path open answers `Corrupt` when redb panics on a damaged page (above); the
 /// open on custom storage (`JournalBuilder::open_backends`, which embedders use for
 /// in-memory or fault-injecting storage and the fuzz targets for speed) did not run under
 /// the storage guard, so the same damaged bytes panicked through it.
+///
+/// Those bytes no longer reach the engine on custom storage: the system-tree check that
+/// now runs first refuses them (asserted, so a change is noticed). The guarded open is
+/// reached instead with a backend that panics on the engine's first write (creating the
+/// journal writes), asserted to have fired inside the open.
 #[test]
 fn open_on_custom_storage_answers_corrupt_when_the_storage_engine_panics() {
     let bytes = std::fs::read(regression("open_file", "journal-open-redb-panic-d1499e69"))
@@ -395,10 +612,32 @@ fn open_on_custom_storage_answers_corrupt_when_the_storage_engine_panics() {
         Journal::builder().open_backends(disk.backend(), disk.log(), "damaged")
     });
     match outcome {
-        Ok(Err(e)) => assert!(is_corrupt(e.kind()), "{e:?}"),
-        Ok(Ok(_)) => {} // Debug and release builds of redb differ in what they refuse.
+        Ok(Err(e)) => match e.kind() {
+            ErrorKind::Corrupt { table, key, .. } => assert_eq!(
+                (table.as_str(), key.as_str()),
+                ("(redb)", "system tree"),
+                "{e}"
+            ),
+            other => panic!("expected Corrupt, got {other:?}"),
+        },
+        Ok(Ok(_)) => panic!("the damaged storage opened"),
         Err(_) => panic!("opening damaged custom storage panicked"),
     }
+
+    let backend = PanicOnWrite::default();
+    backend.armed.store(true, Ordering::SeqCst);
+    let fired = backend.fired.clone();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Journal::builder().open_backends(backend, opjournal::MemoryLog::new(), "panicking")
+    }));
+    let opened = outcome.unwrap_or_else(|_| panic!("the engine's panic escaped the open"));
+    assert_eq!(
+        fired.load(Ordering::SeqCst),
+        1,
+        "the open did not reach the engine's write"
+    );
+    let err = opened.expect_err("an open whose engine panicked answers an error");
+    assert_engine_panic(&err, "open");
 }
 
 /// Found by the `open_file` fuzz target (a journal with its log, mutated, after about
@@ -410,29 +649,63 @@ fn open_on_custom_storage_answers_corrupt_when_the_storage_engine_panics() {
 ///
 /// `repair` of the same file used to abort the process (below, in
 /// `repair_and_inspection_of_a_file_with_damaged_page_lists_never_abort`).
+///
+/// The checked-in input no longer reaches the inspector's close: the storage engine now
+/// refuses it at open (asserted, so a change is noticed). So the path is rebuilt: a
+/// journal copied while its writer had it open (a crash image, which the inspector must
+/// recover in memory), damaged by one byte in each page in turn; every copy that opens
+/// as `Recovered` and whose reads notice the damage is read and dropped, none may panic,
+/// and at least one such copy must be found (the path is reached).
 #[test]
 fn dropping_an_inspector_of_a_damaged_file_never_panics() {
-    let (_dir, path, _) = damaged_pair_copy("repair-abort-redb-freed-pages-8e9ace63");
-    let outcome = std::panic::catch_unwind(|| {
-        // The input predates format 2's variable-length integers: its records no longer
-        // decode, which is a typed error; the claim is that nothing panics on the way.
-        let insp = match Inspector::open(&path) {
-            Ok(insp) => insp,
-            Err(e) => {
-                assert!(
-                    matches!(e.kind(), ErrorKind::Corrupt { .. }),
-                    "a damaged journal answers Corrupt: {e:?}"
-                );
-                return;
-            }
-        };
-        assert_eq!(insp.access(), opjournal::Access::Recovered);
-        let _ = insp.stats();
-        let _ = insp.for_each_receipt(|_| Ok(true));
-        let _ = opjournal::verify_inspected(&insp, &mut |_, _| {});
-        drop(insp);
-    });
-    assert!(outcome.is_ok(), "dropping an inspector panicked");
+    let (_dir, path, before) = damaged_pair_copy("repair-abort-redb-freed-pages-8e9ace63");
+    let err = Inspector::open(&path).expect_err("the old input is refused at open");
+    assert!(is_corrupt(err.kind()), "{err:?}");
+    assert!(
+        files_of(&path) == before,
+        "the refused open changed the files"
+    );
+
+    let (dir, image) = crash_image();
+    const PAGE: usize = 4096;
+    let pages = image.0.len() / PAGE;
+    assert!(pages > 8, "the journal file has {pages} pages");
+    let (mut reached, mut refused) = (0, 0);
+    for page in 1..pages {
+        let mut db = image.0.clone();
+        db[page * PAGE + 200] ^= 0xff;
+        let path = write_pair(dir.path(), &format!("damaged-{page}.opj"), &db, &image.1);
+        let outcome = std::panic::catch_unwind(|| {
+            let insp = match Inspector::open(&path) {
+                Ok(insp) => insp,
+                Err(e) => {
+                    assert!(is_corrupt(e.kind()), "page {page}: {e:?}");
+                    return false;
+                }
+            };
+            assert_eq!(insp.access(), opjournal::Access::Recovered, "page {page}");
+            let mut noticed = insp.stats().is_err();
+            noticed |= insp.for_each_receipt(|_| Ok(true)).is_err();
+            noticed |= opjournal::verify_inspected(&insp, &mut |_, _| {})
+                .map_or(true, |v| !v.findings.is_empty());
+            drop(insp);
+            noticed
+        });
+        match outcome {
+            Ok(true) => reached += 1,
+            Ok(false) => refused += 1,
+            Err(_) => panic!("page {page}: inspecting or dropping the inspector panicked"),
+        }
+        assert!(
+            files_of(&path) == (db, image.1.clone()),
+            "page {page}: inspection changed the files"
+        );
+    }
+    assert!(
+        reached > 0,
+        "no damaged copy was recovered and read ({refused} of {} refused at open)",
+        pages - 1
+    );
 }
 
 /// Found by `open_file` in a one-hour run: a journal whose storage engine's own bookkeeping
@@ -489,16 +762,29 @@ fn a_writer_refuses_a_file_whose_storage_bookkeeping_is_damaged_and_leaves_it_un
 /// way (the repair of it aborted every time). Databases that only serve reads of an input
 /// now close without that commit; the files are untouched by inspection, and the repair
 /// succeeds.
+///
+/// What each input reaches now is asserted: the storage engine refuses both files at
+/// open, so inspection answers `Corrupt` and `repair` salvages them from their raw bytes
+/// (`EngineAccess::Refused`): neither reaches an in-memory recovery any more. That path
+/// is rebuilt with a crash image (a file whose writer had it open), which `repair` must
+/// recover in memory (`EngineAccess::RecoveredInMemory`, asserted) and close without
+/// the engine's closing commit, in a dry run and for real.
 #[test]
 fn repair_and_inspection_of_a_file_with_damaged_page_lists_never_abort() {
+    use opjournal::EngineAccess;
     for name in [
         "repair-abort-redb-freed-pages-8e9ace63",
         "writer-abort-damaged-freed-list-6d7b0c78",
     ] {
         let (_dir, path, before) = damaged_pair_copy(name);
-        if let Ok(insp) = Inspector::open(&path) {
-            let _ = insp.stats();
-            let _ = opjournal::verify_inspected(&insp, &mut |_, _| {});
+        let err = Inspector::open(&path).expect_err("the storage engine refuses the file");
+        match err.kind() {
+            ErrorKind::Corrupt { table, key, .. } => assert_eq!(
+                (table.as_str(), key.as_str()),
+                ("(redb)", "(file)"),
+                "{name}: {err}"
+            ),
+            other => panic!("{name}: expected Corrupt, got {other:?}"),
         }
         assert!(
             files_of(&path) == before,
@@ -507,8 +793,10 @@ fn repair_and_inspection_of_a_file_with_damaged_page_lists_never_abort() {
         let mut options = RepairOptions::default();
         options.backup = false;
         options.dry_run = true;
-        repair(&path, &options, &mut |_, _| {})
+        let report = repair(&path, &options, &mut |_, _| {})
             .unwrap_or_else(|e| panic!("{name}: dry run failed: {e:?}"));
+        assert_eq!(report.engine, EngineAccess::Refused, "{name}: {report:?}");
+        assert!(report.salvaged, "{name}: {report:?}");
         assert!(
             files_of(&path) == before,
             "{name}: the dry run changed the files"
@@ -521,4 +809,42 @@ fn repair_and_inspection_of_a_file_with_damaged_page_lists_never_abort() {
             .close()
             .unwrap_or_else(|e| panic!("{name}: close: {e:?}"));
     }
+
+    // The in-memory recovery, rebuilt.
+    let (dir, (db, log)) = crash_image();
+    let path = write_pair(dir.path(), "crashed.opj", &db, &log);
+    let insp = Inspector::open(&path).unwrap_or_else(|e| panic!("inspect the crash image: {e}"));
+    assert_eq!(insp.access(), opjournal::Access::Recovered);
+    let receipts = insp
+        .stats()
+        .unwrap_or_else(|e| panic!("stats: {e}"))
+        .operations;
+    assert_eq!(receipts, 120, "the crash image holds every operation");
+    drop(insp);
+    assert!(
+        files_of(&path) == (db.clone(), log.clone()),
+        "inspection changed the crash image"
+    );
+    let mut options = RepairOptions::default();
+    options.backup = false;
+    for dry_run in [true, false] {
+        options.dry_run = dry_run;
+        let report = repair(&path, &options, &mut |_, _| {})
+            .unwrap_or_else(|e| panic!("repair (dry run: {dry_run}): {e:?}"));
+        assert_eq!(
+            report.engine,
+            EngineAccess::RecoveredInMemory,
+            "the crash image is recovered in memory (dry run: {dry_run}): {report:?}"
+        );
+        assert!(!report.found_damage(), "{report:?}");
+        if dry_run {
+            assert!(
+                files_of(&path) == (db.clone(), log.clone()),
+                "the dry run changed the crash image"
+            );
+        }
+    }
+    let journal = Journal::open(&path).unwrap_or_else(|e| panic!("reopen: {e:?}"));
+    assert_eq!(journal.stats().map(|s| s.applied).ok(), Some(120));
+    journal.close().unwrap_or_else(|e| panic!("close: {e:?}"));
 }
