@@ -113,6 +113,17 @@ impl Inner {
     }
 }
 
+#[cfg(any(test, feature = "internals"))]
+impl crate::Journal {
+    /// The bytes the memtable holds, as it counts them: the changes logged since the last
+    /// checkpoint, which [`JournalBuilder::checkpoint_size`](crate::JournalBuilder::checkpoint_size)
+    /// bounds. For tests of that bound (feature `internals`); not a stable API.
+    #[doc(hidden)]
+    pub fn memtable_bytes(&self) -> usize {
+        read_lock(&self.inner.committed).mem.bytes()
+    }
+}
+
 /// The committed state, and the lazy writes pending for what it reads.
 pub(crate) struct ReadView<'a> {
     pub(crate) tables: index::Snapshot<'a>,

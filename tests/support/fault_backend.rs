@@ -429,6 +429,9 @@ struct State {
     /// The file the first fault fired on.
     fired_on: Option<DiskFile>,
     stats: DiskStats,
+    /// How long each sync takes before it completes (a real disk's fsync costs
+    /// milliseconds; zero by default).
+    sync_delay: std::time::Duration,
 }
 
 /// The simulated disk, shared by every backend and log opened on it (cheap to clone).
@@ -549,6 +552,13 @@ impl FaultDisk {
     pub fn cut(&self) {
         let mut s = self.lock();
         s.dead = true;
+    }
+
+    /// Makes every later sync, of either file, take `delay` before it completes (and makes
+    /// anything durable), as a real disk's fsync does; `Duration::ZERO` (the default) for
+    /// instant syncs. Other operations are not held up meanwhile.
+    pub fn set_sync_delay(&self, delay: std::time::Duration) {
+        self.lock().sync_delay = delay;
     }
 
     /// The counters.
@@ -677,6 +687,11 @@ impl FaultDisk {
     }
 
     fn sync_of(&self, file: DiskFile) -> io::Result<()> {
+        let delay = self.lock().sync_delay;
+        if !delay.is_zero() {
+            // Outside the lock: the disk serves other operations while a sync is in flight.
+            std::thread::sleep(delay);
+        }
         let mut s = self.lock();
         FaultDisk::admit(&mut s, file, IoKind::Sync)?;
         let f = &mut s.files[file.index()];
