@@ -1,6 +1,9 @@
-//! The corruption sweep (issue 13): seeded damage — byte flips, zeroed 4 KiB pages,
-//! truncations, appended garbage — to journals of hundreds of operations, closed cleanly
-//! (one file) or left by a writer with a log beside the file. Every case is classified:
+//! The corruption sweep (issues 13 and 23): seeded damage — byte flips, zeroed 4 KiB pages
+//! (any page, or one holding receipts with their inline results), truncations, appended
+//! garbage, and the log's bytes flipped or cut — to three journals: 220 operations closed
+//! cleanly (one file), the same left by a writer with a log beside the file, and 60
+//! acknowledged operations with small results, closed cleanly (the shape issue 23 item 4
+//! was found on). Every case is classified:
 //!
 //! - **intact**: `verify` finds the file clean and every operation answers as before;
 //! - **repaired**: `repair` returned `Ok`, `verify` is clean after it, and every operation
@@ -16,9 +19,15 @@
 //! that returned `Ok`.
 //!
 //! An operation's "answer" is what a reader sees: `Inspector::lookup` (its receipt: state,
-//! delivery, revision, …), `Inspector::result` and `Inspector::history`.
+//! delivery, revision, …), `Inspector::result` and `Inspector::history`. A result that was
+//! there before the damage and is gone after the repair must answer as lost to damage
+//! (`RetireCause::Damage`), never as aged out.
 //!
-//! `OPJ_SWEEP_CASES=N` sets the number of cases (default 40, for CI in debug);
+//! Cases are stratified (case `n`: image `n % 3`, and each kind of damage in turn), and a
+//! run asserts that it reached every kind of damage, every image, every class, and named
+//! losses, results lost to damage among them.
+//!
+//! `OPJ_SWEEP_CASES=N` sets the number of cases (default 200, about 20 s);
 //! `OPJ_SWEEP_SEED=0x…` replays one case. The long run is in `docs/durability.md`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -28,14 +37,14 @@ use std::time::Duration;
 
 use opjournal::{
     Admission, Event, Inspector, Intent, Journal, ManualClock, OpResult, Operation, Outcome,
-    Receipt, RepairOptions, Timestamp,
+    Receipt, RepairOptions, RetireCause, Timestamp,
 };
 
 /// 2100-01-01T00:00:00Z: ahead of any real clock, so "now" for a reader is the journal's
 /// high-water mark and answers do not drift with the wall clock.
 const T0: Timestamp = Timestamp::from_millis(4_102_444_800_000);
 const PAGE: usize = 4096;
-const DEFAULT_CASES: u64 = 40;
+const DEFAULT_CASES: u64 = 200;
 /// A case that takes longer than this is a hang.
 const HANG: Duration = Duration::from_secs(120);
 
@@ -70,6 +79,16 @@ struct Image {
     answers: Answers,
     /// Operations whose result retention dropped before the damage.
     dropped_payloads: BTreeSet<String>,
+    /// Pages holding a receipt record followed by a result record (format 3 keeps a small
+    /// result inline after its receipt): what a zeroed receipts page hits.
+    receipt_pages: Vec<usize>,
+}
+
+/// Whether `page` holds a receipt record followed by a result record: the frames start
+/// `4f 4a 03 03` and `4f 4a 03 05`.
+fn holds_receipts_with_inline_results(page: &[u8]) -> bool {
+    let receipt = page.windows(4).position(|w| w == [0x4f, 0x4a, 0x03, 0x03]);
+    receipt.is_some_and(|r| page[r..].windows(4).any(|w| w == [0x4f, 0x4a, 0x03, 0x05]))
 }
 
 fn intent(n: usize) -> Intent {
@@ -165,13 +184,64 @@ fn build(n: usize, leave_log: bool) -> Image {
         j.close().expect("close");
         (std::fs::read(&path).expect("read"), None)
     };
-    // The answers of the image itself (as copied), read from a fresh copy.
+    let img = image_of(if leave_log { "with log" } else { "closed" }, opj, log);
+    assert!(
+        !img.dropped_payloads.is_empty(),
+        "some payloads were retired"
+    );
+    img
+}
+
+/// A journal like the one issue 23 item 4 was found on (an editor service's): `n`
+/// operations in one scope and session, each applied with a small result (stored inline
+/// after its receipt), delivered once and acknowledged, closed cleanly. Nothing is retired,
+/// so a result that is gone after a repair was taken by the damage.
+fn build_acknowledged(n: usize) -> Image {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("j.opj");
+    let clock = ManualClock::new(T0);
+    let j = Journal::builder()
+        .clock(clock.clone())
+        .open(&path)
+        .expect("open");
+    for i in 0..n {
+        clock.advance(Duration::from_millis(700));
+        let id = format!("op_{i:03}");
+        let rev = i as u64;
+        let op = Operation::new(id.clone(), intent(i))
+            .scope("scene/main")
+            .base_revision(rev)
+            .session("agent-1");
+        let Admission::Fresh(claim) = j.submit(op).expect("submit") else {
+            panic!("expected fresh work for {id}");
+        };
+        let result = format!("added \"lamp {i}\" beside \"door\"");
+        j.complete(&claim, Outcome::applied(rev + 1, result.into_bytes()))
+            .expect("complete");
+        j.delivered(&id).expect("delivered");
+        j.acknowledge(&id, Some("agent-1")).expect("acknowledge");
+    }
+    j.close().expect("close");
+    image_of("acknowledged", std::fs::read(&path).expect("read"), None)
+}
+
+/// The image of a journal's files, with the answers of every operation, read from a fresh
+/// copy (as copied), and its pages of receipts.
+fn image_of(name: &'static str, opj: Vec<u8>, log: Option<Vec<u8>>) -> Image {
+    let receipt_pages = (0..opj.len() / PAGE)
+        .filter(|&pg| holds_receipts_with_inline_results(&opj[pg * PAGE..(pg + 1) * PAGE]))
+        .collect::<Vec<_>>();
+    assert!(
+        !receipt_pages.is_empty(),
+        "{name}: receipts with inline results"
+    );
     let img = Image {
-        name: if leave_log { "with log" } else { "closed" },
+        name,
         opj,
         log,
         answers: BTreeMap::new(),
         dropped_payloads: BTreeSet::new(),
+        receipt_pages,
     };
     let d = tempfile::tempdir().expect("tempdir");
     let p = img.place(d.path());
@@ -187,7 +257,6 @@ fn build(n: usize, leave_log: bool) -> Image {
         })
         .map(|(id, _)| id.clone())
         .collect::<BTreeSet<_>>();
-    assert!(!dropped_payloads.is_empty(), "some payloads were retired");
     Image {
         answers,
         dropped_payloads,
@@ -256,20 +325,21 @@ fn answers_for(p: &Path, ids: &BTreeSet<String>) -> opjournal::Result<Answers> {
 enum Damage {
     FlipFile,
     ZeroPage,
+    /// A zeroed page that holds receipts with inline results (issue 23 item 4).
+    ZeroReceiptsPage,
     Truncate,
     AppendGarbage,
     FlipLog,
     TruncateLog,
 }
 
-fn damage(img: &Image, seed: u64) -> (Damage, String, Vec<u8>, Option<Vec<u8>>) {
-    let mut s = seed;
-    let mut opj = img.opj.clone();
-    let mut log = img.log.clone();
-    let kinds: &[Damage] = if log.is_some() {
+/// The kinds of damage a case of `img` can do (the log's only where there is one).
+fn kinds(img: &Image) -> &'static [Damage] {
+    if img.log.is_some() {
         &[
             Damage::FlipFile,
             Damage::ZeroPage,
+            Damage::ZeroReceiptsPage,
             Damage::Truncate,
             Damage::AppendGarbage,
             Damage::FlipLog,
@@ -279,11 +349,26 @@ fn damage(img: &Image, seed: u64) -> (Damage, String, Vec<u8>, Option<Vec<u8>>) 
         &[
             Damage::FlipFile,
             Damage::ZeroPage,
+            Damage::ZeroReceiptsPage,
             Damage::Truncate,
             Damage::AppendGarbage,
         ]
-    };
-    let kind = kinds[below(&mut s, kinds.len() as u64) as usize];
+    }
+}
+
+/// The kind of damage the case `seed` does to `img`.
+fn kind_of(img: &Image, seed: u64) -> Damage {
+    let mut s = seed;
+    let kinds = kinds(img);
+    kinds[below(&mut s, kinds.len() as u64) as usize]
+}
+
+fn damage(img: &Image, seed: u64) -> (Damage, String, Vec<u8>, Option<Vec<u8>>) {
+    let mut s = seed;
+    let mut opj = img.opj.clone();
+    let mut log = img.log.clone();
+    let kind = kind_of(img, seed);
+    below(&mut s, kinds(img).len() as u64);
     let what = match kind {
         Damage::FlipFile => {
             let flips = 1 + below(&mut s, 3);
@@ -301,6 +386,12 @@ fn damage(img: &Image, seed: u64) -> (Damage, String, Vec<u8>, Option<Vec<u8>>) 
             let pg = below(&mut s, pages as u64) as usize;
             opj[pg * PAGE..(pg + 1) * PAGE].fill(0);
             format!("zero page {pg}")
+        }
+        Damage::ZeroReceiptsPage => {
+            let pages = &img.receipt_pages;
+            let pg = pages[below(&mut s, pages.len() as u64) as usize];
+            opj[pg * PAGE..(pg + 1) * PAGE].fill(0);
+            format!("zero receipts page {pg}")
         }
         Damage::Truncate => {
             let len = if below(&mut s, 2) == 0 {
@@ -354,6 +445,17 @@ struct Outcome_ {
     named: usize,
     /// Operations lost without a trace, inside a receipts range the report names unreadable.
     in_ranges: usize,
+    /// Operations that answered with their result before the damage and, after the repair,
+    /// are known without it: each named, and answering that damage took it.
+    results_lost: usize,
+    /// Operations whose answer changed and that the report does not name (each also a
+    /// violation).
+    unnamed: usize,
+    /// Of `in_ranges`, those whose receipt or result (not only their history) answered
+    /// before: known operations lost with every byte of them.
+    traceless_answers: usize,
+    /// Of `in_ranges`, those with an intact receipt record left in the damaged file.
+    traceful: usize,
 }
 
 /// Whether `id` lies in an unreadable range as the report shows it (`every key`,
@@ -371,6 +473,40 @@ fn in_range(key: &str, id: &str) -> bool {
     } else {
         false
     }
+}
+
+/// The operation ids of the intact receipt records (CRC-valid frames of kind 3) in `bytes`:
+/// an operation with one of these left is not one of which no byte survives.
+fn intact_receipt_ids(bytes: &[u8]) -> BTreeSet<String> {
+    use opjournal::codec::{RecordKind, unframe};
+    let mut ids = BTreeSet::new();
+    let mut i = 0;
+    while let Some(at) = bytes[i..]
+        .windows(4)
+        .position(|w| w[..2] == [0x4f, 0x4a] && w[3] == RecordKind::Receipt as u8)
+    {
+        let start = i + at;
+        i = start + 1;
+        let Some(len) = bytes
+            .get(start + 4..start + 8)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        else {
+            break;
+        };
+        let Some(frame) = bytes.get(start..start.saturating_add(12).saturating_add(len)) else {
+            continue;
+        };
+        // The payload starts with the operation id: a one-byte length (ids are short),
+        // then its bytes.
+        if let Ok(payload) = unframe(RecordKind::Receipt, frame)
+            && let Some((&n, rest)) = payload.split_first()
+            && let Some(id) = rest.get(..usize::from(n))
+            && let Ok(id) = std::str::from_utf8(id)
+        {
+            ids.insert(id.to_string());
+        }
+    }
+    ids
 }
 
 fn files(p: &Path) -> (Vec<u8>, Option<Vec<u8>>) {
@@ -455,6 +591,10 @@ fn run_case(img: &Image, seed: u64) -> (Damage, String, Outcome_) {
     let class;
     let mut named = 0;
     let mut in_ranges = 0;
+    let mut results_lost = 0;
+    let mut unnamed = 0;
+    let mut traceless_answers = 0;
+    let mut traceful = 0;
     match opjournal::repair(
         &p,
         &{
@@ -519,6 +659,45 @@ fn run_case(img: &Image, seed: u64) -> (Damage, String, Outcome_) {
                             gone && in_receipts_range || earlier
                         });
                     in_ranges = traceless.len();
+                    let survivors = intact_receipt_ids(&opj);
+                    traceful = traceless
+                        .iter()
+                        .filter(|id| survivors.contains(id.as_str()))
+                        .count();
+                    traceless_answers = traceless
+                        .iter()
+                        .filter(|id| {
+                            let (b, a) = (img.answers.get(id.as_str()), after.get(id.as_str()));
+                            b.map(|b| (&b.receipt, &b.result)) != a.map(|a| (&a.receipt, &a.result))
+                                && b.is_some_and(|b| b.receipt.is_some() || b.result.is_some())
+                        })
+                        .count();
+                    unnamed = unreported.len();
+                    // A result that was there before the damage and is gone now was taken by
+                    // the damage (retention had not passed: the clock is the journal's own):
+                    // its answer must say so, never that it aged out.
+                    for id in &changed {
+                        let had = img.answers.get(id).is_some_and(|b| b.result.is_some());
+                        let Some(r) = after
+                            .get(id)
+                            .filter(|a| had && a.result.is_none())
+                            .and_then(|a| a.receipt.as_ref())
+                        else {
+                            continue;
+                        };
+                        if r.status != opjournal::ExecutionStatus::Retired {
+                            continue;
+                        }
+                        if matches!(r.retire_cause, Some(RetireCause::Damage { .. })) {
+                            results_lost += 1;
+                        } else {
+                            violations.push(format!(
+                                "{id}'s result was lost to damage but it answers {:?} (as if it \
+                                 aged out)",
+                                r.retire_cause
+                            ));
+                        }
+                    }
                     if !unreported.is_empty() {
                         let first = unreported[0];
                         violations.push(format!(
@@ -563,6 +742,10 @@ fn run_case(img: &Image, seed: u64) -> (Damage, String, Outcome_) {
             violations,
             named,
             in_ranges,
+            results_lost,
+            unnamed,
+            traceless_answers,
+            traceful,
         },
     )
 }
@@ -577,36 +760,73 @@ fn env_u64(name: &str) -> Option<u64> {
     }
 }
 
+/// The seeds of `cases` cases, stratified: case `n` damages image `n % images` with kind
+/// `(n / images) % kinds` (each a seed drawn from one fixed stream until it picks them), so
+/// every image meets every kind of damage in any run of a few dozen cases, and a seed
+/// replays its case alone.
+fn stratified_seeds(images: &[Image], cases: u64) -> Vec<u64> {
+    let mut stream = 0x5EED_0023_u64;
+    (0..cases)
+        .map(|n| {
+            let which = (n % images.len() as u64) as usize;
+            let kinds = kinds(&images[which]);
+            let want = kinds[((n / images.len() as u64) % kinds.len() as u64) as usize];
+            loop {
+                let seed = rng(&mut stream);
+                if image_of_seed(images, seed) == which && kind_of(&images[which], seed) == want {
+                    return seed;
+                }
+            }
+        })
+        .collect()
+}
+
+/// The image a case's seed damages (its top byte).
+fn image_of_seed(images: &[Image], seed: u64) -> usize {
+    ((seed >> 56) % images.len() as u64) as usize
+}
+
 #[test]
 fn a_seeded_corruption_sweep_has_no_panic_hang_silent_wrong_answer_or_unreported_loss() {
     let cases = env_u64("OPJ_SWEEP_CASES").unwrap_or(DEFAULT_CASES);
     let only = env_u64("OPJ_SWEEP_SEED");
     let ops = env_u64("OPJ_SWEEP_OPS").unwrap_or(220) as usize;
-    let images = std::sync::Arc::new([build(ops, false), build(ops, true)]);
-    println!(
-        "images: closed {} bytes; with log {} + {} bytes; {} operations ({} retired)",
-        images[0].opj.len(),
-        images[1].opj.len(),
-        images[1].log.as_ref().map_or(0, Vec::len),
-        images[0].answers.len(),
-        images[0].dropped_payloads.len()
-    );
+    let images = std::sync::Arc::new([build(ops, false), build(ops, true), build_acknowledged(60)]);
+    for img in images.iter() {
+        println!(
+            "image {}: {} bytes{}; {} operations ({} retired); {} pages of receipts with inline \
+             results",
+            img.name,
+            img.opj.len(),
+            img.log
+                .as_ref()
+                .map_or(String::new(), |l| format!(" + a {} byte log", l.len())),
+            img.answers.len(),
+            img.dropped_payloads.len(),
+            img.receipt_pages.len(),
+        );
+    }
     let seeds: Vec<u64> = match only {
         Some(s) => vec![s],
-        None => {
-            let mut base = 0x5EED_0013_u64;
-            (0..cases).map(|_| rng(&mut base)).collect()
-        }
+        None => stratified_seeds(&images[..], cases),
     };
     let mut counts: BTreeMap<(Damage, Class), u64> = BTreeMap::new();
+    let mut kinds_seen: BTreeMap<Damage, u64> = BTreeMap::new();
     let mut classes: BTreeMap<Class, u64> = BTreeMap::new();
+    let mut per_image: BTreeMap<&str, u64> = BTreeMap::new();
     let mut failures = Vec::new();
     let mut panics = 0;
     let mut hangs = 0;
     let mut named_total = 0;
     let mut in_ranges_total = 0;
+    let mut traceless_by_kind: BTreeMap<Damage, usize> = BTreeMap::new();
+    let mut traceless_answers_total = 0;
+    let mut results_lost_total = 0;
+    let mut unnamed_total = 0;
+    let mut with_named_losses = 0;
+    let start = std::time::Instant::now();
     for (n, seed) in seeds.iter().copied().enumerate() {
-        let which = (seed >> 63) as usize;
+        let which = image_of_seed(&images[..], seed);
         let shared = images.clone();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -633,22 +853,43 @@ fn a_seeded_corruption_sweep_has_no_panic_hang_silent_wrong_answer_or_unreported
             }
             Ok(Ok((kind, what, out))) => {
                 *counts.entry((kind, out.class)).or_default() += 1;
+                *kinds_seen.entry(kind).or_default() += 1;
                 *classes.entry(out.class).or_default() += 1;
+                *per_image.entry(images[which].name).or_default() += 1;
                 named_total += out.named;
                 in_ranges_total += out.in_ranges;
+                traceless_answers_total += out.traceless_answers;
+                if out.in_ranges > 0 {
+                    *traceless_by_kind.entry(kind).or_default() += out.in_ranges;
+                }
+                results_lost_total += out.results_lost;
+                unnamed_total += out.unnamed;
+                if out.named > 0 {
+                    with_named_losses += 1;
+                }
                 for v in out.violations {
                     failures.push(format!("{label} [{what}]: {v}"));
                 }
             }
         }
     }
-    println!("cases: {}", seeds.len());
+    println!(
+        "cases: {} in {:.0?}; by image: {per_image:?}",
+        seeds.len(),
+        start.elapsed()
+    );
     println!("by class: {classes:?}");
     println!("by damage and class: {counts:?}");
-    println!("operations named in repair reports: {named_total}");
+    println!(
+        "operations named in repair reports: {named_total} (in {with_named_losses} cases), of \
+         which results lost to damage: {results_lost_total}; operations that changed and were \
+         not named: {unnamed_total}"
+    );
     println!(
         "operations lost without a trace (no byte of them left), inside an unreadable receipts \
-         range or past the log's cut that the report names: {in_ranges_total}"
+         range or past the log's cut that the report names: {in_ranges_total} \
+         {traceless_by_kind:?}; of which answered a lookup or a result before: \
+         {traceless_answers_total}"
     );
     println!(
         "panics: {panics}, hangs: {hangs}, violations: {}",
@@ -660,4 +901,39 @@ fn a_seeded_corruption_sweep_has_no_panic_hang_silent_wrong_answer_or_unreported
         failures.len(),
         failures.join("\n")
     );
+    assert_eq!(unnamed_total, 0);
+    if only.is_none() {
+        // The sweep reached what it claims to check: every kind of damage, on every image,
+        // every outcome, and losses (results lost to damage among them) that were named.
+        let all = [
+            Damage::FlipFile,
+            Damage::ZeroPage,
+            Damage::ZeroReceiptsPage,
+            Damage::Truncate,
+            Damage::AppendGarbage,
+            Damage::FlipLog,
+            Damage::TruncateLog,
+        ];
+        for kind in all {
+            assert!(
+                kinds_seen.get(&kind).is_some_and(|n| *n > 0),
+                "{kind:?} never ran: {kinds_seen:?}"
+            );
+        }
+        assert_eq!(per_image.len(), images.len(), "{per_image:?}");
+        for class in [Class::Intact, Class::Repaired, Class::CleanError] {
+            assert!(
+                classes.get(&class).is_some_and(|n| *n > 0),
+                "no {class:?} case: {classes:?}"
+            );
+        }
+        assert!(
+            with_named_losses > 0 && named_total > 0,
+            "no repair named a loss"
+        );
+        assert!(
+            results_lost_total > 0,
+            "no result was lost to damage and named"
+        );
+    }
 }

@@ -21,9 +21,13 @@
 //! 3. **every operation**, in id order, is compared with what the damaged file answered
 //!    (its receipt, clocks applied, and whether its result could be read), and with the
 //!    events its `op_events` entries list. Lost events make an operation in doubt (unless
-//!    its outcome survived, which is kept); a lost result makes it answer expired; a scope
-//!    revision never moves back. Every operation that does not answer exactly as before is
-//!    named in [`RepairReport::lost`] with what it was, what it is and why.
+//!    its outcome survived, which is kept); a lost result makes it answer expired, recorded
+//!    by a `result_lost` event (retired by damage, never said to have aged out) unless its
+//!    retention had passed; a scope revision never moves back. Every operation that does
+//!    not answer exactly as before is named in [`RepairReport::lost`] with what it was, what
+//!    it is and why. Where the file's receipt cannot be read, what it answered is what its
+//!    events say, with its result if its retention had not passed: a result that is then
+//!    not found was lost, and is named.
 //! 4. the new file is committed durably, then, unless this is a dry run, linked as the
 //!    backup's name's original is kept (`FILE.<time>.bak`, unless `--no-backup`) and renamed
 //!    over the journal; the log (its records are in the new file) moves with the backup.
@@ -215,8 +219,10 @@ const TIME_WINDOW: usize = 16_384;
 /// unless `backup` is off) together with its log. Records that fail CRC or decode, and
 /// events that do not fit the history, move to the `quarantine` table. Operations whose
 /// events were lost become `InDoubt` (unless their outcome survived, which is kept), and
-/// terminal operations whose result payload was lost answer `Expired`; every operation that
-/// does not answer exactly as before is named in [`RepairReport::lost`]. A payload that
+/// terminal operations whose result payload was lost answer `Expired`, with
+/// [`RetireCause::Damage`](crate::RetireCause::Damage) (a `result_lost` event in their
+/// history), not as if the result had aged out; every operation that does not answer
+/// exactly as before is named in [`RepairReport::lost`]. A payload that
 /// retention dropped is never revived, and a scope revision never moves back. Where the
 /// storage engine cannot read, intact records are salvaged from the raw bytes. Bytes after
 /// the journal's data are not copied. After a repair that returns `Ok`, [`verify`] finds
