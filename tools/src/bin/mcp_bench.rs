@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p opjournal-tools --bin mcp_bench -- [--calls N] [--dir DIR] [--json]
+//!     [--exclusive]
 //! ```
 //!
 //! One rmcp server in this process with two tools whose effect is the same, the reference
@@ -14,6 +15,8 @@
 //! pipe, so no socket costs are measured), calling one tool `--calls` times (default 400 at
 //! one client, that many in all at eight), each call waiting for its answer. The journal
 //! and the effect file live in `DIR` (default `target/mcp-bench`), on the same file system.
+//! The journal is opened with the default `Sharing::LiveReaders` (two syncs per commit, so
+//! that `opjournal ls` can read beside it), or with `--exclusive` `Sharing::Exclusive` (one).
 //!
 //! `--json` prints JSON Lines (`{"type": ..., "data": ...}`: `latency` rows, a final
 //! `summary`); types may be added later.
@@ -24,8 +27,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use opjournal::Journal;
 use opjournal::mcp::{Effect, Journaled, OpArgs, ToolCall};
+use opjournal::{Journal, Sharing};
 use opjournal_tools::stats::{Percentiles, percentiles};
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
 use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock};
@@ -204,6 +207,7 @@ struct Opts {
     calls: usize,
     dir: PathBuf,
     json: bool,
+    exclusive: bool,
 }
 
 fn parse() -> Result<Opts> {
@@ -212,6 +216,7 @@ fn parse() -> Result<Opts> {
         calls: 400,
         dir: root.join("target/mcp-bench"),
         json: false,
+        exclusive: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -219,6 +224,7 @@ fn parse() -> Result<Opts> {
             "--calls" => o.calls = it.next().ok_or("--calls N")?.parse()?,
             "--dir" => o.dir = it.next().ok_or("--dir DIR")?.into(),
             "--json" => o.json = true,
+            "--exclusive" => o.exclusive = true,
             other => return Err(format!("unknown argument `{other}`").into()),
         }
     }
@@ -233,7 +239,14 @@ fn main() -> Result<()> {
     let opts = parse()?;
     let _ = std::fs::remove_dir_all(&opts.dir);
     std::fs::create_dir_all(&opts.dir)?;
-    let journal = Journal::open(opts.dir.join("bench.opj"))?;
+    let sharing = if opts.exclusive {
+        Sharing::Exclusive
+    } else {
+        Sharing::LiveReaders
+    };
+    let journal = Journal::builder()
+        .sharing(sharing)
+        .open(opts.dir.join("bench.opj"))?;
     let file = OpenOptions::new()
         .create(true)
         .append(true)
