@@ -349,27 +349,20 @@ fn valid_run<E: From<io::Error>>(
     each: &mut impl FnMut(Record<'_>) -> Result<(), E>,
 ) -> Result<u64, E> {
     let mut n = 0;
-    let mut prevs: Vec<u32> = chain.to_vec();
     let mut reader = Reader::new(storage, len);
-    let Some(&first) = prevs.first() else {
-        return Ok(0);
-    };
-    let mut prev = first;
-    loop {
-        let Slot::Framed(f) = reader.slot(at, cursor, lsn, prev)? else {
-            break;
-        };
-        if !(f.holds() || prevs.iter().any(|p| f.holds_after(*p))) {
-            break;
-        }
+    // The first record may chain from any of `chain`; each later one from the one before.
+    let mut chain = chain.to_vec();
+    while let Some(&prev) = chain.first()
+        && let Slot::Framed(f) = reader.slot(at, cursor, lsn, prev)?
+        && chain.iter().any(|p| f.holds_after(*p))
+    {
         each(Record {
             lsn,
             kind: f.kind(),
             payload: f.payload,
         })?;
         n += 1;
-        prev = f.stored;
-        prevs = vec![f.stored];
+        chain = vec![f.stored];
         let Some(next) = lsn.checked_add(1) else {
             break;
         };
