@@ -714,7 +714,7 @@ impl Inner {
                     (
                         Round::Answer(tool_error(
                             "the server lost the tool's effect before running it; nothing changed, call again with the same operation_id",
-                            "released",
+                            "unavailable",
                             Some(&id),
                         )),
                         None,

@@ -18,6 +18,10 @@
 //!   stops it half-way, and its outcome is recorded for the call that comes again.
 //! - Every answer carries `_meta` entries under `dev.opjournal/`: [`META_REPLAYED`],
 //!   [`META_DELIVERY`], [`META_RESULT_REVISION`], [`META_STATUS`], [`META_OPERATION_ID`].
+//! - Over Streamable HTTP, [`JournalEventStore`] is rmcp's event store for streams resumed
+//!   with `Last-Event-ID`: a resumed stream gets the recorded result from the journal.
+//! - `editor` (with the `service` feature) is the reference editor over MCP (`opjournal serve
+//!   --mcp`).
 //!
 //! `docs/mcp.md` in the repository shows what the agent sees in each case, what stands for
 //! an acknowledgement, and which protocol revisions and SDK versions this was tested with.
