@@ -486,6 +486,49 @@ fn the_python_sdk_lists_the_tools_with_a_required_operation_id_in_both_revisions
     Ok(())
 }
 
+/// What a desktop MCP host does: launch `opjournal serve --mcp` and speak over its stdin and
+/// stdout. The SDK's stdio client initializes (or, at 2026-07-28, goes straight to the
+/// calls), lists the tools, calls one, and calls it again: a replay.
+#[test]
+fn the_python_sdk_launches_serve_mcp_over_stdio_and_gets_a_replay_in_both_revisions() -> TestResult
+{
+    let Some(python) = python() else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let journal = dir.path().join("p.opj");
+    let journal = journal.to_str().ok_or("not UTF-8")?;
+    let command = json!([
+        env!("CARGO_BIN_EXE_opjournal"),
+        "serve",
+        "--mcp",
+        "--journal",
+        journal
+    ]);
+    let mut py = Driver::start(&python)?;
+    for (mode, protocol) in [(LEGACY, "2025-11-25"), (MODERN, "2026-07-28")] {
+        let tag = py.send(json!({"op": "list", "command": command, "mode": mode}))?;
+        let listed = py.answer(&tag)?;
+        assert_eq!(listed["protocol"], protocol, "{listed}");
+        assert_eq!(
+            listed["tools"].as_array().map(Vec::len),
+            Some(4),
+            "{listed}"
+        );
+        let id = format!("op_stdio_{mode}");
+        let object = format!("lamp_{}", &mode[..4]);
+        for replayed in [false, true] {
+            let tag = py.send(json!({"op": "call", "command": command, "mode": mode,
+                "tool": "scene.add", "args": add(&id, &object)}))?;
+            let r = result(&py.answer(&tag)?)?.clone();
+            assert_eq!(meta(&r, "replayed"), replayed, "{r}");
+        }
+    }
+    assert_eq!(logged_edits(Path::new(journal), "op_stdio_legacy"), 1);
+    assert_eq!(logged_edits(Path::new(journal), "op_stdio_2026-07-28"), 1);
+    Ok(())
+}
+
 /// Boundary 1: the connection drops before the server accepts the call. Nothing is
 /// recorded; the re-issued call is new work, and runs once.
 fn cut_before_acceptance(mode: &str) -> TestResult {
@@ -1000,12 +1043,28 @@ impl Drop for Process {
     }
 }
 
-/// The number of lines of the document's edit log that record operation `id`.
+/// How many times the document on disk records operation `id` as applied: the snapshot's
+/// applied index (each entry counts its applications) plus the lines of the edit log since.
 fn logged_edits(journal: &Path, id: &str) -> usize {
+    let snapshot = std::fs::read(journal.with_extension("scene.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+    let in_snapshot: u64 = snapshot
+        .as_ref()
+        .and_then(|s| s["applied"].as_array())
+        .map_or(0, |applied| {
+            applied
+                .iter()
+                .filter(|a| a["op"] == id)
+                .map(|a| a["times"].as_u64().unwrap_or(1))
+                .sum()
+        });
     let log = std::fs::read_to_string(journal.with_extension("scene.log")).unwrap_or_default();
-    log.lines()
+    let in_log = log
+        .lines()
         .filter(|l| serde_json::from_str::<Value>(l).is_ok_and(|v| v["op"] == id))
-        .count()
+        .count();
+    usize::try_from(in_snapshot).unwrap_or(usize::MAX) + in_log
 }
 
 /// Killed with the edit saved in the document but its outcome not recorded: the restart

@@ -14,6 +14,9 @@ still running), writing one JSON answer per line on stdout, tagged with the comm
   {"tag": T, "op": "list", "url": URL, "mode": MODE}
       -> {"tag": T, "ok": true, "tools": [...], "protocol": VERSION, "server": {...}}
 
+Instead of "url", a command may name "command": [PROGRAM, ARGS...], a server the SDK launches
+and speaks to over stdio.
+
 MODE is the SDK's `mode`: "legacy" (the initialize handshake: 2025-11-25), or a modern
 protocol version ("2026-07-28": no handshake, per-request metadata).
 
@@ -29,6 +32,7 @@ import logging
 import sys
 
 from mcp import Client
+from mcp.client.stdio import StdioServerParameters
 
 
 # rmcp answers a session's DELETE with 202 Accepted, which this SDK logs as a failed session
@@ -48,8 +52,16 @@ def say(message):
 sessions = {}
 
 
+def server_of(cmd):
+    """A URL (Streamable HTTP), or {"command": [...]} for a server launched over stdio."""
+    if "command" in cmd:
+        program, *args = cmd["command"]
+        return StdioServerParameters(command=program, args=args)
+    return cmd["url"]
+
+
 async def with_client(cmd, work):
-    client = Client(cmd["url"], mode=cmd["mode"], read_timeout_seconds=cmd.get("timeout", 20))
+    client = Client(server_of(cmd), mode=cmd["mode"], read_timeout_seconds=cmd.get("timeout", 20))
     stack = contextlib.AsyncExitStack()
     try:
         await stack.enter_async_context(client)
@@ -91,7 +103,7 @@ async def handle(cmd):
 
             say({"tag": tag, "ok": True, **(await with_client(cmd, listing))})
         elif op == "open":
-            client = Client(cmd["url"], mode=cmd["mode"], read_timeout_seconds=cmd.get("timeout", 20))
+            client = Client(server_of(cmd), mode=cmd["mode"], read_timeout_seconds=cmd.get("timeout", 20))
             stack = contextlib.AsyncExitStack()
             await stack.enter_async_context(client)
             sessions[cmd["session"]] = (client, stack)
