@@ -454,8 +454,6 @@ struct Outcome_ {
     /// Of `in_ranges`, those whose receipt or result (not only their history) answered
     /// before: known operations lost with every byte of them.
     traceless_answers: usize,
-    /// Of `in_ranges`, those with an intact receipt record left in the damaged file.
-    traceful: usize,
 }
 
 /// Whether `id` lies in an unreadable range as the report shows it (`every key`,
@@ -594,7 +592,6 @@ fn run_case(img: &Image, seed: u64) -> (Damage, String, Outcome_) {
     let mut results_lost = 0;
     let mut unnamed = 0;
     let mut traceless_answers = 0;
-    let mut traceful = 0;
     match opjournal::repair(
         &p,
         &{
@@ -639,14 +636,21 @@ fn run_case(img: &Image, seed: u64) -> (Damage, String, Outcome_) {
                     // cut): the report must name the log's lost records, and the operation
                     // must answer as before those changes (its history a prefix of what it
                     // was), never with something it never had.
+                    //
+                    // "No byte of it left" is checked: an operation that answered with a
+                    // receipt and has an intact receipt record left in the damaged file is
+                    // not traceless (repair finds it there and must name it).
                     let log_cut = report.unreadable.iter().any(|f| f.table == "log");
+                    let survivors = intact_receipt_ids(&opj);
                     let (traceless, unreported): (Vec<&String>, Vec<&String>) = changed
                         .iter()
                         .filter(|id| !names.contains(id.as_str()))
                         .partition(|id| {
                             let (b, a) = (img.answers.get(id.as_str()), after.get(id.as_str()));
-                            let gone =
-                                a.is_none_or(|a| a.receipt.is_none() && a.history.is_empty());
+                            let left = survivors.contains(id.as_str())
+                                && b.is_some_and(|b| b.receipt.is_some());
+                            let gone = !left
+                                && a.is_none_or(|a| a.receipt.is_none() && a.history.is_empty());
                             let in_receipts_range = report
                                 .unreadable
                                 .iter()
@@ -659,11 +663,6 @@ fn run_case(img: &Image, seed: u64) -> (Damage, String, Outcome_) {
                             gone && in_receipts_range || earlier
                         });
                     in_ranges = traceless.len();
-                    let survivors = intact_receipt_ids(&opj);
-                    traceful = traceless
-                        .iter()
-                        .filter(|id| survivors.contains(id.as_str()))
-                        .count();
                     traceless_answers = traceless
                         .iter()
                         .filter(|id| {
@@ -745,7 +744,6 @@ fn run_case(img: &Image, seed: u64) -> (Damage, String, Outcome_) {
             results_lost,
             unnamed,
             traceless_answers,
-            traceful,
         },
     )
 }

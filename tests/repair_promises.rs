@@ -906,3 +906,104 @@ fn a_zeroed_page_of_receipts_names_every_result_lost_to_damage_and_no_answer_say
         other => panic!("{other:?}"),
     }
 }
+
+/// The files of a journal of `n` operations written through the library, each applied with
+/// a small result (inline after its receipt), delivered and acknowledged, copied while the
+/// writer has them open (as a crash leaves them: a log beside the file). The clock is the
+/// journal's own (2100), so answers do not drift with the wall clock.
+fn crashed_acknowledged(dir: &Path, n: usize) -> (Vec<u8>, Vec<u8>) {
+    let p = dir.join("j.opj");
+    let clock = ManualClock::new(opjournal::Timestamp::from_millis(4_102_444_800_000));
+    let j = Journal::builder()
+        .clock(clock.clone())
+        .checkpoint_size(64 << 10)
+        .open(&p)
+        .expect("open");
+    for i in 0..n {
+        clock.advance(Duration::from_millis(700));
+        let id = format!("op_{i:03}");
+        let op = Operation::new(
+            id.clone(),
+            Intent::from_json("scene.add", &serde_json::json!({ "n": i })).expect("intent"),
+        )
+        .scope("scene/main")
+        .base_revision(i as u64)
+        .session("agent-1");
+        let opjournal::Admission::Fresh(claim) = j.submit(op).expect("submit") else {
+            panic!("fresh work for {id}");
+        };
+        j.complete(
+            &claim,
+            Outcome::applied(i as u64 + 1, format!("added lamp {i}").into_bytes()),
+        )
+        .expect("complete");
+        j.delivered(&id).expect("delivered");
+        j.acknowledge(&id, Some("agent-1")).expect("acknowledge");
+    }
+    j.flush().expect("flush");
+    let files = (
+        std::fs::read(&p).expect("read"),
+        std::fs::read(log_of(&p)).expect("read the log"),
+    );
+    drop(j);
+    files
+}
+
+#[test]
+fn operations_whose_events_were_on_a_zeroed_page_are_named_and_held_in_doubt_when_their_receipts_survive()
+ {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (pristine, log) = crashed_acknowledged(dir.path(), 220);
+    let x = dir.path().join("x.opj");
+    let place = |bytes: &[u8]| {
+        std::fs::write(&x, bytes).expect("write");
+        std::fs::write(log_of(&x), &log).expect("write the log");
+    };
+    place(&pristine);
+    let before = answers(&x, None);
+    let ids: BTreeSet<String> = before.keys().cloned().collect();
+    let event_pages: Vec<usize> = (0..pristine.len() / 4096)
+        .filter(|&pg| {
+            pristine[pg * 4096..(pg + 1) * 4096]
+                .windows(4)
+                .any(|w| w == [0x4f, 0x4a, 0x03, 0x02])
+        })
+        .collect();
+    assert!(!event_pages.is_empty(), "the journal has pages of events");
+    let mut held = 0;
+    for page in event_pages {
+        let mut bytes = pristine.clone();
+        bytes[page * 4096..(page + 1) * 4096].fill(0);
+        place(&bytes);
+        let report = opjournal::repair(&x, &no_backup(), &mut |_, _| {}).expect("repair");
+        assert!(
+            opjournal::verify(&x).expect("verify").is_clean(),
+            "page {page}"
+        );
+        let after = answers(&x, Some(&ids));
+        for id in &ids {
+            // Every operation was applied: none may answer unknown (a resubmission would
+            // run it again), and each that changed is named.
+            let r = after[id].0.as_ref().unwrap_or_else(|| {
+                panic!("page {page}: {id} was applied and is now unknown: {report:?}")
+            });
+            if (&before[id].0, &before[id].1) != (&after[id].0, &after[id].1) {
+                let named = report
+                    .lost
+                    .iter()
+                    .find(|l| &l.operation_id == id)
+                    .unwrap_or_else(|| panic!("page {page}: {id} changed and is not named"));
+                if named.detail.contains("an intact copy of its receipt") {
+                    assert_eq!(named.now, "in_doubt", "{named:?}");
+                    assert_eq!(r.status, opjournal::ExecutionStatus::InDoubt);
+                    assert_eq!(r.intent_hash, before[id].0.as_ref().expect("r").intent_hash);
+                    held += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        held > 0,
+        "some operation was known only from its receipt and held in doubt"
+    );
+}

@@ -575,11 +575,17 @@ fn absorb_log(src: &mut Source, report: &mut RepairReport) -> Result<BTreeSet<St
 }
 
 /// Records found in the raw bytes where the storage engine could not read the events,
-/// results or meta tables, waiting to be taken with evidence.
+/// results, receipts or meta tables, waiting to be taken with evidence.
 #[derive(Default)]
 struct Candidates {
     events: BTreeMap<u64, Event>,
     results: BTreeMap<u64, Vec<u8>>,
+    /// Receipts in the receipts table's unreadable ranges, the latest found of each
+    /// operation ([`later_receipt`]). Never taken as they are (a copy may predate the
+    /// operation's last changes): they are the evidence that an operation existed when
+    /// its events were lost with its receipt, so that it is named and held in doubt rather
+    /// than forgotten (a resubmission would run it again).
+    receipts: BTreeMap<String, ReceiptRecord>,
     /// The latest checkpoint and state records found (largest generation, largest
     /// sequence), for a meta table that cannot be read.
     checkpoint: Option<CheckpointRecord>,
@@ -598,6 +604,19 @@ impl Candidates {
                             || gaps.event_keys.contains(&ev.seq))
                     {
                         c.events.entry(ev.seq).or_insert(ev);
+                    }
+                }
+                RecordKind::Receipt => {
+                    if let Ok(rec) = index::decode_receipt_frame(frame)
+                        && gaps.receipts.iter().any(|g| g.contains(&rec.operation_id))
+                    {
+                        match c.receipts.get_mut(&rec.operation_id) {
+                            Some(old) if later_receipt(&rec, old) => *old = rec,
+                            Some(_) => {}
+                            None => {
+                                c.receipts.insert(rec.operation_id.clone(), rec);
+                            }
+                        }
                     }
                 }
                 RecordKind::Result => {
@@ -644,6 +663,31 @@ impl Candidates {
     }
 }
 
+/// Whether receipt `a` records a later state of its operation than `b` (copies of one
+/// operation's receipt found in the raw bytes): a later attempt, then a later state
+/// (running, in doubt, then terminal or released), then retired, then more deliveries.
+fn later_receipt(a: &ReceiptRecord, b: &ReceiptRecord) -> bool {
+    let key = |r: &ReceiptRecord| {
+        let (rank, retired, deliveries) = match &r.state {
+            ExecRecord::Running { .. } => (0, false, 0),
+            ExecRecord::InDoubt { .. } => (1, false, 0),
+            ExecRecord::Vacant { .. } => (2, false, 0),
+            ExecRecord::Done(d) => (2, d.retired_at.is_some(), d.delivery.count),
+        };
+        (r.epoch, rank, retired, deliveries)
+    };
+    key(a) > key(b)
+}
+
+/// One gap covering every key.
+fn every_key<K>() -> Vec<Gap<K>> {
+    vec![Gap {
+        after: None,
+        before: None,
+        why: String::new(),
+    }]
+}
+
 /// The unreadable ranges of the tables whose records a raw scan may find.
 #[derive(Default, Clone)]
 struct TableGaps {
@@ -653,24 +697,20 @@ struct TableGaps {
     event_keys: BTreeSet<u64>,
     results: Vec<Gap<u64>>,
     result_keys: BTreeSet<u64>,
+    /// The receipts table's unreadable ranges.
+    receipts: Vec<Gap<String>>,
     meta: bool,
 }
 
 impl TableGaps {
     /// Every table unreadable (the engine refuses the file).
     fn all() -> TableGaps {
-        let all = || {
-            vec![Gap {
-                after: None,
-                before: None,
-                why: String::new(),
-            }]
-        };
         TableGaps {
-            events: all(),
+            events: every_key(),
             event_keys: BTreeSet::new(),
-            results: all(),
+            results: every_key(),
             result_keys: BTreeSet::new(),
+            receipts: every_key(),
             meta: true,
         }
     }
@@ -690,6 +730,7 @@ impl TableGaps {
             && self.event_keys.is_empty()
             && self.results.is_empty()
             && self.result_keys.is_empty()
+            && self.receipts.is_empty()
             && !self.meta
     }
 }
@@ -1308,9 +1349,12 @@ impl<'s> Build<'s> {
 
     /// Damaged values and unreadable ranges of the index tables (rebuilt from the events).
     fn check_other_tables(&mut self) -> Result<()> {
-        self.check_values::<index::Receipts>("receipts", |k, v| {
+        let receipts = self.check_values::<index::Receipts>("receipts", |k, v| {
             index::decode_receipt(k, v).map(|_| ())
         })?;
+        // Intact copies of the receipts there are looked for in the raw bytes: the evidence
+        // of an operation whose events were lost too.
+        self.wanted.receipts.extend(receipts);
         self.check_values::<index::Scopes>("scopes", |k, v| index::decode_scope(k, v).map(|_| ()))?;
         self.check_values::<index::Meta>("meta", |k, v| match k {
             "format" => index::decode_format(v).map(|_| ()),
@@ -1324,12 +1368,12 @@ impl<'s> Build<'s> {
     }
 
     /// Quarantines the values of a table keyed by name that `check` refuses, and reports
-    /// its unreadable ranges.
+    /// its unreadable ranges (which it returns).
     fn check_values<T: Table<K = String, V = Vec<u8>>>(
         &mut self,
         table: &str,
         check: impl Fn(&str, &[u8]) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<Vec<Gap<String>>> {
         let mut bad: Vec<(String, String, Vec<u8>)> = Vec::new();
         let gaps = self.src.read_table::<T>(|k, v| {
             if let Err(e) = check(&k, &v) {
@@ -1341,7 +1385,7 @@ impl<'s> Build<'s> {
             self.quarantine(table, k, d, &v);
         }
         self.unreadable(table, &gaps);
-        Ok(())
+        Ok(gaps)
     }
 
     /// Phase 3: every operation compared with what the file answered. Returns the events
@@ -1374,7 +1418,7 @@ impl<'s> Build<'s> {
             let ids = ids_of_new(self, last.as_ref(), 1024)?;
             let Some(l) = ids.last().cloned() else { break };
             for id in ids {
-                if let Some(a) = self.compare_one(&id, dropped_ops)? {
+                if let Some(a) = self.compare_one(&id, dropped_ops, None)? {
                     actions.push(a);
                 }
                 if self.damaged.contains_key(&id) || dropped_ops.contains(&id) {
@@ -1414,13 +1458,14 @@ impl<'s> Build<'s> {
             })?;
             let _ = (g1, g2);
         }
-        for id in known {
-            if self.new_receipt(&id)?.is_none()
-                && let Some(a) = self.compare_one(&id, dropped_ops)?
+        for id in &known {
+            if self.new_receipt(id)?.is_none()
+                && let Some(a) = self.compare_one(id, dropped_ops, None)?
             {
                 actions.push(a);
             }
         }
+        checked.extend(known);
         // Damaged operations whose id is known only from their quarantined events, and
         // operations known only from dropped log records.
         let rest: Vec<String> = self
@@ -1435,7 +1480,35 @@ impl<'s> Build<'s> {
         for id in rest {
             if self.new_receipt(&id)?.is_none()
                 && !actions.iter().any(|a| a.op() == id)
-                && let Some(a) = self.compare_one(&id, dropped_ops)?
+                && let Some(a) = self.compare_one(&id, dropped_ops, None)?
+            {
+                actions.push(a);
+            }
+            checked.insert(id);
+        }
+        // Operations known only from an intact copy of their receipt in the raw bytes (the
+        // engine could not read their receipt, and none of their events is left): without
+        // this they would vanish unnamed, and a resubmission would run them again. One
+        // whose copy says it is released, or past its audit retention, answered unknown.
+        let found: Vec<ReceiptRecord> = self
+            .candidates
+            .map(|c| {
+                c.receipts
+                    .values()
+                    .filter(|r| !checked.contains(&r.operation_id))
+                    .filter(|r| {
+                        engine::effective((*r).clone(), self.now)
+                            .is_some_and(|e| !matches!(e.state, ExecRecord::Vacant { .. }))
+                    })
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for rec in found {
+            let id = rec.operation_id.clone();
+            if self.new_receipt(&id)?.is_none()
+                && !actions.iter().any(|a| a.op() == id)
+                && let Some(a) = self.compare_one(&id, dropped_ops, Some(&rec))?
             {
                 actions.push(a);
             }
@@ -1444,8 +1517,14 @@ impl<'s> Build<'s> {
     }
 
     /// Compares one operation; names it in the report if it does not answer as before, and
-    /// returns the event that settles it, if one is needed.
-    fn compare_one(&mut self, id: &str, dropped_ops: &BTreeSet<String>) -> Result<Option<Action>> {
+    /// returns the event that settles it, if one is needed. `copy` is an intact copy of its
+    /// receipt found in the raw bytes, for an operation that left nothing else.
+    fn compare_one(
+        &mut self,
+        id: &str,
+        dropped_ops: &BTreeSet<String>,
+        copy: Option<&ReceiptRecord>,
+    ) -> Result<Option<Action>> {
         let now = self.now;
         let after = self.new_receipt(id)?;
         let new_seqs: BTreeSet<u64> = {
@@ -1491,7 +1570,9 @@ impl<'s> Build<'s> {
         let lost_events = quarantined.max(missing);
         let index_readable = orig_seqs.is_ok();
         let in_log_drop = dropped_ops.contains(id);
-        let complete = index_readable && lost_events == 0 && !uncertain;
+        // Only an intact copy of its receipt is left: its history is not complete.
+        let copy = copy.filter(|_| after.is_none() && !matches!(before, Ok(Some(_))));
+        let complete = index_readable && lost_events == 0 && !uncertain && copy.is_none();
 
         let describe_view = |rec: Option<&ReceiptRecord>| -> String {
             match rec.and_then(|r| engine::effective(r.clone(), now)) {
@@ -1533,7 +1614,15 @@ impl<'s> Build<'s> {
                 },
                 corrupt_detail(e)
             ),
-            Err(e) => format!("unreadable ({})", corrupt_detail(e)),
+            Err(e) => match copy {
+                Some(c) => format!(
+                    "{} (as an intact copy of its receipt found in the file tells, which may \
+                     predate its last changes; the storage engine could not read it: {})",
+                    describe_view(Some(c)),
+                    corrupt_detail(e)
+                ),
+                None => format!("unreadable ({})", corrupt_detail(e)),
+            },
         };
 
         // What settles an operation whose history is incomplete.
@@ -1542,10 +1631,11 @@ impl<'s> Build<'s> {
         if !complete || in_log_drop {
             let info = after
                 .clone()
-                .or_else(|| before.as_ref().ok().cloned().flatten());
+                .or_else(|| before.as_ref().ok().cloned().flatten())
+                .or_else(|| copy.cloned());
             let keeps_outcome =
                 matches!(after.as_ref().map(|r| &r.state), Some(ExecRecord::Done(_)));
-            let before_gone = matches!(before, Ok(None)) && after.is_none();
+            let before_gone = matches!(before, Ok(None)) && after.is_none() && copy.is_none();
             if !keeps_outcome
                 && !before_gone
                 && (lost_events > 0 || uncertain || in_log_drop || info.is_some())
@@ -1652,6 +1742,13 @@ impl<'s> Build<'s> {
         }
         if in_log_drop {
             why.push("some of its changes were in log records that were dropped".to_string());
+        }
+        if copy.is_some() {
+            why.push(
+                "none of its events and not its stored receipt could be read; an intact copy \
+                 of its receipt was found in the file's raw bytes"
+                    .to_string(),
+            );
         }
         if matches!(action, Some(Action::Retire { .. })) {
             let was_retired = matches!(
