@@ -362,3 +362,119 @@ impl EventStore for JournalEventStore {
             >)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+    use rmcp::model::{CallToolResult, ContentBlock, MetaObject, NumberOrString};
+    use serde_json::json;
+
+    use super::*;
+    use crate::{Admission, Intent, Journal, Operation, Outcome};
+
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type TestResult = Result<(), Error>;
+
+    /// A journal with operation `op_1` applied, its recorded result a `CallToolResult`, and
+    /// the answer a journaled tool sent for it.
+    fn recorded(dir: &std::path::Path) -> Result<(Journaled, ServerSseMessage), Error> {
+        let journal = Journal::open(dir.join("p.opj"))?;
+        let Admission::Fresh(claim) =
+            journal.submit(Operation::new("op_1", Intent::from_json("t", &json!({}))?))?
+        else {
+            return Err("not fresh".into());
+        };
+        let result = CallToolResult::success(vec![ContentBlock::text("done")]);
+        journal.complete(&claim, Outcome::applied(1, serde_json::to_vec(&result)?))?;
+        journal.delivered("op_1")?;
+        let mut sent = result;
+        let mut meta = MetaObject::new();
+        meta.0.insert(META_OPERATION_ID.into(), "op_1".into());
+        meta.0.insert(META_STATUS.into(), "applied".into());
+        sent.meta = Some(meta);
+        let message = ServerJsonRpcMessage::response(
+            ServerResult::CallToolResult(sent),
+            NumberOrString::Number(7),
+        );
+        Ok((
+            Journaled::new(journal),
+            ServerSseMessage::from_message(message),
+        ))
+    }
+
+    fn replayed(event: &ServerSseMessage) -> Option<(serde_json::Value, serde_json::Value)> {
+        let ServerJsonRpcMessage::Response(r) = event.message.as_deref()? else {
+            return None;
+        };
+        let ServerResult::CallToolResult(result) = &r.result else {
+            return None;
+        };
+        let meta = result.meta.as_ref()?;
+        Some((
+            meta.0.get("dev.opjournal/replayed")?.clone(),
+            meta.0.get("dev.opjournal/delivery")?.clone(),
+        ))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answer_lost_after_it_was_sent_is_resumed_from_the_journal_as_a_replay() -> TestResult
+    {
+        let dir = tempfile::tempdir()?;
+        let (journaled, answer) = recorded(dir.path())?;
+        let store = JournalEventStore::new(journaled);
+        let priming = store
+            .store_event("s", &ServerSseMessage::retry(Duration::from_millis(100)))
+            .await?;
+        store.store_event("s", &answer).await?;
+        let mut resumed = store.replay_events_after(&priming).await?;
+        let event = resumed.next().await.ok_or("nothing resumed")?;
+        assert_eq!(replayed(&event), Some((json!(true), json!(2))), "{event:?}");
+        assert!(
+            resumed.next().await.is_none(),
+            "the stream ends after its answer"
+        );
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stream_resumed_before_its_answer_waits_for_it() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let (journaled, answer) = recorded(dir.path())?;
+        let store = Arc::new(JournalEventStore::new(journaled));
+        let priming = store
+            .store_event("s", &ServerSseMessage::retry(Duration::from_millis(100)))
+            .await?;
+        let mut resumed = store.replay_events_after(&priming).await?;
+        let later = store.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let _ = later.store_event("s", &answer).await;
+        });
+        let event = resumed.next().await.ok_or("nothing resumed")?;
+        assert_eq!(replayed(&event).map(|r| r.0), Some(json!(true)));
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn event_ids_of_another_run_or_a_forgotten_stream_are_refused() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let (journaled, _) = recorded(dir.path())?;
+        let store = JournalEventStore::with_max_streams(journaled, 1);
+        let first = store
+            .store_event("a", &ServerSseMessage::retry(Duration::from_millis(1)))
+            .await?;
+        store
+            .store_event("b", &ServerSseMessage::retry(Duration::from_millis(1)))
+            .await?;
+        assert_eq!(store.streams(), 1, "bounded");
+        assert!(
+            store.replay_events_after(&first).await.is_err(),
+            "stream `a` is forgotten"
+        );
+        assert!(
+            store.replay_events_after("0-0-0").await.is_err(),
+            "another run's id"
+        );
+        Ok(())
+    }
+}
