@@ -528,11 +528,9 @@ impl fmt::Display for Error {
                 "corrupt record in table `{table}` at key `{key}`: {detail}; \
                  run `opjournal verify` and then `opjournal repair`"
             ),
-            ErrorKind::NotAJournal { path, detail } => write!(
-                f,
-                "`{}` is not an opjournal journal: {detail}",
-                shown(path)
-            ),
+            ErrorKind::NotAJournal { path, detail } => {
+                write!(f, "`{}` is not an opjournal journal: {detail}", shown(path))
+            }
             ErrorKind::Locked { path } => write!(
                 f,
                 "journal `{}` is open for writing by another handle (this or another process); \
@@ -859,4 +857,3 @@ mod tests {
         assert!(std::error::Error::source(&err).is_some(), "{err:?}");
     }
 }
-

@@ -126,9 +126,17 @@ fn history_shows_this_handles_pending_deliveries_and_acks_as_lookup_does() -> op
     let env = Env::new();
     let mut editor = FakeEditor::at(0);
     let journal = env.open();
-    run_op(&journal, &mut editor, Operation::new("a", add_light("a")), "a")?;
+    run_op(
+        &journal,
+        &mut editor,
+        Operation::new("a", add_light("a")),
+        "a",
+    )?;
     let committed = journal.history("a")?;
-    assert!(committed.iter().all(|e| !e.pending && e.seq > 0), "{committed:?}");
+    assert!(
+        committed.iter().all(|e| !e.pending && e.seq > 0),
+        "{committed:?}"
+    );
 
     journal.delivered("a")?;
     let receipt = journal.lookup("a")?.expect("recorded");
@@ -157,7 +165,10 @@ fn history_shows_this_handles_pending_deliveries_and_acks_as_lookup_does() -> op
     journal.flush()?;
     let flushed = journal.history("a")?;
     assert_eq!(flushed.len(), committed.len() + 2, "{flushed:?}");
-    assert!(flushed.iter().all(|e| !e.pending && e.seq > 0), "{flushed:?}");
+    assert!(
+        flushed.iter().all(|e| !e.pending && e.seq > 0),
+        "{flushed:?}"
+    );
     let kinds = |h: &[opjournal::Event]| h.iter().map(|e| e.kind.clone()).collect::<Vec<_>>();
     assert_eq!(kinds(&flushed), kinds(&history));
     Ok(())

@@ -124,9 +124,9 @@ impl std::str::FromStr for TimeArg {
         let date = pieces.date();
         let time = pieces.time().unwrap_or(jiff::civil::Time::midnight());
         let offset = pieces.to_numeric_offset().unwrap_or(jiff::tz::Offset::UTC);
-        let local = date
-            .to_datetime(time)
-            .duration_since(jiff::civil::date(1970, 1, 1).to_datetime(jiff::civil::Time::midnight()));
+        let local = date.to_datetime(time).duration_since(
+            jiff::civil::date(1970, 1, 1).to_datetime(jiff::civil::Time::midnight()),
+        );
         let utc = local.checked_sub(offset.duration_since(jiff::tz::Offset::UTC));
         let ms = utc
             .and_then(|d| u64::try_from(d.as_millis()).ok())

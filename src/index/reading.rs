@@ -164,7 +164,11 @@ impl Extent {
         // Bounded by the checks above, and checked all the same: every factor is read
         // from the file.
         let pages = |n: u32| (u64::from(header_pages) + u64::from(n)).checked_mul(page_size);
-        let tail = if trailing > 0 { pages(trailing) } else { Some(0) };
+        let tail = if trailing > 0 {
+            pages(trailing)
+        } else {
+            Some(0)
+        };
         let len = pages(max_pages)
             .and_then(|region| full_regions.checked_mul(region))
             .and_then(|regions| regions.checked_add(page_size))

@@ -1210,7 +1210,11 @@ mod tests {
     fn header_counts_whose_layout_overflows_are_left_to_the_engine_without_overflow() {
         let mut bytes = journal_bytes();
         bytes[GOD_BYTE] &= !RECOVERY_REQUIRED;
-        for at in [REGION_HEADER_PAGES_AT, REGION_MAX_DATA_PAGES_AT, FULL_REGIONS_AT] {
+        for at in [
+            REGION_HEADER_PAGES_AT,
+            REGION_MAX_DATA_PAGES_AT,
+            FULL_REGIONS_AT,
+        ] {
             bytes[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
         }
         let len = bytes.len() as u64;

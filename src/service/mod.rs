@@ -78,9 +78,9 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-pub use document::{AppliedEdit, Document, DocumentStore};
 #[cfg(feature = "mcp")]
 pub(crate) use document::ApplyError;
+pub use document::{AppliedEdit, Document, DocumentStore};
 pub use pauses::{Pauses, Stage, Verdict};
 pub use protocol::{Edit, Reply, Request, ResultMsg, StatusMsg};
 pub use server::{
