@@ -545,13 +545,14 @@ pub fn serve_http(
         editor,
         listener,
         StreamableHttpServerConfig::default(),
-        LocalSessionManager::default().with_event_store(Arc::new(events)),
+        Arc::new(LocalSessionManager::default().with_event_store(Arc::new(events))),
     )
 }
 
 /// [`serve_http`] with rmcp's transport settings (keep-alives, the SSE retry interval that
 /// lets a client resume a broken stream, allowed hosts) and session manager (its
-/// `session_config`: session idle timeout, cache of completed streams). The config's
+/// `session_config`: session idle timeout, cache of completed streams; its event store: give
+/// it a [`JournalEventStore`] as [`serve_http`] does; keep a handle to count its sessions). The config's
 /// cancellation token is replaced by the server's own (see [`HttpServer::shutdown`]).
 ///
 /// # Errors
@@ -561,7 +562,7 @@ pub fn serve_http_with(
     editor: SceneEditor,
     listener: tokio::net::TcpListener,
     config: StreamableHttpServerConfig,
-    sessions: LocalSessionManager,
+    sessions: Arc<LocalSessionManager>,
 ) -> Result<HttpServer, ServiceError> {
     let addr = listener.local_addr().map_err(|source| ServiceError::Io {
         what: "read the listening address".into(),
@@ -569,8 +570,7 @@ pub fn serve_http_with(
     })?;
     let stop = CancellationToken::new();
     let config = config.with_cancellation_token(stop.child_token());
-    let service =
-        StreamableHttpService::new(move || Ok(editor.clone()), Arc::new(sessions), config);
+    let service = StreamableHttpService::new(move || Ok(editor.clone()), sessions, config);
     let stopping = stop.clone();
     let task = tokio::spawn(async move {
         loop {
