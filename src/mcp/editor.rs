@@ -125,6 +125,7 @@ pub struct DeleteArgs {
 pub struct SceneEditor {
     journaled: Journaled,
     document: Arc<Mutex<DocumentStore>>,
+    document_path: Arc<PathBuf>,
     pauses: Arc<Pauses>,
     notes: Arc<Notes>,
     tool_router: ToolRouter<SceneEditor>,
@@ -187,6 +188,7 @@ impl SceneEditor {
         for r in &settled {
             (cfg.notes)(describe_reconciled(r));
         }
+        let cfg_document = cfg.document.clone();
         let document = Arc::new(Mutex::new(store));
         let pauses = Arc::new(Pauses::default());
         let held = pauses.clone();
@@ -207,8 +209,7 @@ impl SceneEditor {
             verdict != Verdict::Crash
         });
         let settle_doc = document.clone();
-        let resolver: super::Resolver = Arc::new(move |journal: &Journal, r: &Receipt| {
-            let _ = journal;
+        let resolver: super::Resolver = Arc::new(move |_: &Journal, r: &Receipt| {
             let store = lock(&settle_doc);
             Ok(Some(resolution_from(store.document(), r)))
         });
@@ -220,6 +221,7 @@ impl SceneEditor {
             SceneEditor {
                 journaled,
                 document,
+                document_path: Arc::new(cfg_document),
                 pauses,
                 notes,
                 tool_router: SceneEditor::tool_router(),
@@ -258,33 +260,32 @@ impl SceneEditor {
         Ok(())
     }
 
-    async fn edit(
-        &self,
-        tool: &str,
-        call: ToolCall,
-        edit: Edit,
-    ) -> Result<CallToolResult, ErrorData> {
-        let _ = tool;
+    async fn edit(&self, call: ToolCall, edit: Edit) -> Result<CallToolResult, ErrorData> {
         let document = self.document.clone();
+        let path = self.document_path.clone();
         let journal = self.journaled.journal().clone();
         let notes = self.notes.clone();
         self.journaled
             .run(call.scope(SCOPE), move |claim| {
-                apply(&document, &journal, &notes, claim.operation_id(), &edit)
+                let at = Doc {
+                    store: &document,
+                    path: &path,
+                };
+                apply(&at, &journal, &notes, claim.operation_id(), &edit)
             })
             .await
     }
 }
 
+/// The document and the path it was loaded from.
+struct Doc<'a> {
+    store: &'a Mutex<DocumentStore>,
+    path: &'a std::path::Path,
+}
+
 /// Makes the edit durable in the document: the effect of a journaled scene tool.
-fn apply(
-    document: &Mutex<DocumentStore>,
-    journal: &Journal,
-    notes: &Notes,
-    id: &str,
-    edit: &Edit,
-) -> Effect {
-    let mut store = lock(document);
+fn apply(document: &Doc<'_>, journal: &Journal, notes: &Notes, id: &str, edit: &Edit) -> Effect {
+    let mut store = lock(document.store);
     match store.apply(id, edit, journal.now(), || {}) {
         Ok((revision, summary)) => {
             if store.snapshot_due()
@@ -322,11 +323,7 @@ fn apply(
                 crate::service::chain(&e)
             );
             // The document becomes what its files say, as a restart would see it.
-            match DocumentStore::open(
-                store.log_path().with_extension("json").as_path(),
-                store.retention,
-                journal.now(),
-            ) {
+            match DocumentStore::open(document.path, store.retention, journal.now()) {
                 Ok(mut reloaded) => {
                     reloaded.snapshot_every = store.snapshot_every;
                     let _ = journal.advance_revision(SCOPE, reloaded.document().revision());
@@ -417,7 +414,7 @@ impl SceneEditor {
             object: args.args.object,
             beside: args.args.beside,
         };
-        self.edit("scene.add", call, edit).await
+        self.edit(call, edit).await
     }
 
     /// `scene.rename`: renames an object.
@@ -436,7 +433,7 @@ impl SceneEditor {
             from: args.args.from,
             to: args.args.to,
         };
-        self.edit("scene.rename", call, edit).await
+        self.edit(call, edit).await
     }
 
     /// `scene.delete`: deletes an object.
@@ -454,7 +451,7 @@ impl SceneEditor {
         let edit = Edit::Delete {
             object: args.args.object,
         };
-        self.edit("scene.delete", call, edit).await
+        self.edit(call, edit).await
     }
 }
 
