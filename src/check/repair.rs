@@ -27,7 +27,10 @@
 //!    not answer exactly as before is named in [`RepairReport::lost`] with what it was, what
 //!    it is and why. Where the file's receipt cannot be read, what it answered is what its
 //!    events say, with its result if its retention had not passed: a result that is then
-//!    not found was lost, and is named.
+//!    not found was lost, and is named. An operation whose receipt cannot be read and none
+//!    of whose events survive is known only from an intact copy of its receipt in the raw
+//!    bytes, if one is left: it is named and held in doubt (the copy may predate its last
+//!    changes), never forgotten, so that a resubmission does not run it again.
 //! 4. the new file is committed durably, then, unless this is a dry run, linked as the
 //!    backup's name's original is kept (`FILE.<time>.bak`, unless `--no-backup`) and renamed
 //!    over the journal; the log (its records are in the new file) moves with the backup.
