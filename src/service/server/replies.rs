@@ -1,0 +1,146 @@
+//! What the service answers: results, refusals, and how an in-doubt operation is settled
+//! from the document.
+
+use super::*;
+
+/// The stored result payload.
+#[derive(Serialize, Deserialize)]
+pub(super) struct Stored {
+    summary: String,
+}
+
+pub(super) fn payload(summary: &str) -> Vec<u8> {
+    // Serializing a struct of one string cannot fail; fall back to the bare text anyway.
+    serde_json::to_vec(&Stored {
+        summary: summary.to_string(),
+    })
+    .unwrap_or_else(|_| summary.as_bytes().to_vec())
+}
+
+/// How an execution ended, for its recipients.
+pub(super) enum Answer {
+    Result(OpResult),
+    Rejected(String),
+    Released { reason: String, retry: bool },
+    Unrecorded(String),
+}
+
+/// Settles one in-doubt operation from the document: applied at its revision if its edit
+/// is there (with the same intent), else not applied (a retry runs it anew).
+pub(super) fn reconcile(
+    journal: &Journal,
+    doc: &Document,
+    r: &Receipt,
+) -> Result<Reconciled, ServiceError> {
+    let id = r.operation_id.clone();
+    let applied = doc.applied(&id).filter(|a| {
+        a.edit
+            .intent()
+            .is_ok_and(|intent| r.intent_hash.matches(&intent))
+    });
+    let resolution = match applied {
+        Some(a) => Resolution::Completed(
+            Outcome::applied(a.revision, payload(&a.summary))
+                .changed_assets(changed_assets(&a.edit)),
+        ),
+        None => Resolution::not_applied(),
+    };
+    journal
+        .resolve(&id, resolution)
+        .doing(|| format!("resolve `{id}`"))?;
+    Ok(Reconciled {
+        id,
+        cause: r.in_doubt_cause,
+        applied_at: applied.map(|a| a.revision),
+    })
+}
+
+pub(super) fn journal_error(what: &str, source: crate::Error) -> ServiceError {
+    ServiceError::Journal {
+        what: what.to_string(),
+        source,
+    }
+}
+
+pub(super) fn changed_assets(edit: &Edit) -> Vec<String> {
+    let name = match edit {
+        Edit::Add { object, .. } | Edit::Delete { object } => object,
+        Edit::Rename { to, .. } => to,
+    };
+    vec![format!("{SCOPE}/{name}")]
+}
+
+pub(super) fn result_msg(receipt: &Receipt, result: &OpResult, replayed: bool) -> ResultMsg {
+    let summary = match (
+        &receipt.failure,
+        serde_json::from_slice::<Stored>(&result.bytes),
+    ) {
+        (Some(message), _) => message.clone(),
+        (None, Ok(stored)) => stored.summary,
+        (None, Err(_)) => String::from_utf8_lossy(&result.bytes).into_owned(),
+    };
+    ResultMsg {
+        id: receipt.operation_id.clone(),
+        outcome: match receipt.status {
+            ExecutionStatus::Failed => "failed".into(),
+            _ => "applied".into(),
+        },
+        revision: receipt.result_revision,
+        summary,
+        changed: result.changed_assets.clone(),
+        replayed,
+        delivery: receipt.delivery_count,
+    }
+}
+
+/// A failed request as a protocol error. Journal refusals keep their own message (it
+/// names the values and the next step).
+pub(super) fn refusal(id: Option<String>, e: &ServiceError) -> Reply {
+    let e = match e {
+        ServiceError::Journal { source, .. } => source,
+        ServiceError::Unavailable => {
+            return Reply::Error {
+                id,
+                kind: "unavailable".into(),
+                message: "the service is restarting; retry after a backoff".into(),
+            };
+        }
+        other => {
+            return Reply::Error {
+                id,
+                kind: "internal".into(),
+                message: chain(other),
+            };
+        }
+    };
+    let kind = match e.kind() {
+        ErrorKind::IntentMismatch { .. } => "intent_mismatch",
+        ErrorKind::StaleBase { .. } => "stale_base",
+        ErrorKind::ScopeBusy { .. } => "scope_busy",
+        ErrorKind::WindowFull { .. } => "window_full",
+        ErrorKind::NotOwner { .. } => "not_owner",
+        ErrorKind::InvalidInput { .. } => "bad_request",
+        ErrorKind::UnknownOperation { .. } | ErrorKind::InvalidState { .. } => "bad_request",
+        ErrorKind::Io | ErrorKind::Poisoned | ErrorKind::Closed => "unavailable",
+        _ => "internal",
+    };
+    Reply::Error {
+        id,
+        kind: kind.into(),
+        message: e.to_string(),
+    }
+}
+
+/// `d` in the largest whole unit that shows it exactly (`5min`, `30s`, `1500ms`).
+pub(super) fn human_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms.is_multiple_of(3_600_000) && ms > 0 {
+        format!("{}h", ms / 3_600_000)
+    } else if ms.is_multiple_of(60_000) && ms > 0 {
+        format!("{}min", ms / 60_000)
+    } else if ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
