@@ -76,7 +76,7 @@ pub const MAX_RESULT_BYTES_CEILING: u64 = 64 << 20;
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 4 << 20;
 /// The replay cache's bound by default: 1 MiB, several hundred answers of a kilobyte.
 pub const DEFAULT_REPLAY_CACHE_BYTES: usize = 1 << 20;
-/// The storage engine's page cache bound by default: 1 GiB (redb's default).
+/// redb's page cache bound by default: 1 GiB (redb's default).
 pub const DEFAULT_CACHE_BYTES: usize = 1 << 30;
 /// Files up to this size have every page's numbers checked when a writer opens them by
 /// default: 32 MiB, a few milliseconds of reading.

@@ -179,11 +179,11 @@ pub enum ErrorKind {
     /// the journal and open it again: reopening recovers the last durable state, and the
     /// operation ids make retries safe.
     Poisoned,
-    /// An I/O error from the file system or the storage engine.
+    /// An I/O error from the file system or redb.
     Io,
     /// The journal is closed (its handle was dropped while a background task still ran).
     Closed,
-    /// A storage-engine error that is none of the above.
+    /// A redb error that is none of the above.
     Storage,
     /// A journal dump given to [`import_dump`](crate::import_dump) that cannot be loaded
     /// (nothing is written): a line that is not a dump record, a record that contradicts
@@ -258,7 +258,7 @@ impl Error {
     /// - [`ErrorKind::WindowFull`]: once the session acknowledges a result, or the oldest
     ///   acknowledgement expires (at `frees_at`);
     /// - [`ErrorKind::Locked`]: once the other handle closes the journal;
-    /// - [`ErrorKind::Storage`] when the storage engine reports a transaction in progress
+    /// - [`ErrorKind::Storage`] when redb reports a transaction in progress
     ///   or the database already open (such as
     ///   [`Journal::reclaim_space`](crate::Journal::reclaim_space) beside a reader).
     ///
@@ -388,7 +388,7 @@ impl Error {
     }
 
     /// Names what the journal was doing and what it means, if this is an I/O error that
-    /// does not say yet (a storage-engine error converted with `From`). Other errors are
+    /// does not say yet (a redb error converted with `From`). Other errors are
     /// returned as they are.
     pub(crate) fn while_doing(mut self, during: &'static str, meaning: &'static str) -> Self {
         if matches!(self.kind(), ErrorKind::Io) && self.inner.during.is_none() {

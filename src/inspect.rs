@@ -6,7 +6,7 @@
 //! - a writer opened it with [`Sharing::LiveReaders`](crate::Sharing::LiveReaders) → it is
 //!   opened read-only beside the writer, and each call sees the latest commit
 //!   ([`Access::Live`]);
-//! - it was not closed cleanly and the storage engine needs to recover it before reading
+//! - it was not closed cleanly and redb needs to recover it before reading
 //!   (a file of format 1, whose checkpoints did not save the allocator state) → the recovery
 //!   runs in memory, its writes kept there (at most [`RECOVERY_SCRATCH_BYTES`]), and the
 //!   file is read in place ([`Access::Recovered`]); the next writer recovers the file itself;
@@ -16,7 +16,7 @@
 //! is opened. Bytes after the journal's data (redb's header says where it ends) are not part
 //! of it: the journal is read as it is, and [`Inspector::trailing_bytes`] says how many follow.
 //!
-//! The file is input: the storage engine trusts its pages and may panic on a damaged file
+//! The file is input: redb trusts its pages and may panic on a damaged file
 //! (fuzzing found such files). Every method turns such a panic into
 //! [`ErrorKind::Corrupt`] (in builds that unwind on panic), so a damaged file never brings
 //! down the tool that inspects it.
@@ -27,18 +27,18 @@ use std::path::{Path, PathBuf};
 use redb::{Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, StorageBackend};
 
 use crate::clock::{Clock, SystemClock, Timestamp};
-use crate::engine;
-use crate::engine::stats::{self, Stats};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::file::{check_format, check_redb_magic};
 use crate::index::guarded;
 use crate::index::reading::{Extent, InPlace, Locks, Scratch, existing_journal_file};
 use crate::index::{self, Base, Layered, Layers, Memtable, View};
 use crate::log::FileLog;
+use crate::machine;
+use crate::machine::stats::{self, Stats};
 use crate::types::Event;
 use crate::types::{OpResult, Receipt};
 
-/// The most memory the storage engine's recovery may write to when a file that was not
+/// The most memory redb's recovery may write to when a file that was not
 /// closed cleanly is read in place (its writes are kept in memory, never in the file).
 pub const RECOVERY_SCRATCH_BYTES: u64 = 64 << 20;
 
@@ -50,7 +50,7 @@ pub enum Access {
     Idle,
     /// A writer has the file open; reads follow its commits.
     Live,
-    /// The file was not closed cleanly: the storage engine recovered it in memory, and the
+    /// The file was not closed cleanly: redb recovered it in memory, and the
     /// file is read in place, unchanged. Writers are excluded while the inspector lives.
     Recovered,
 }
@@ -71,7 +71,7 @@ impl Access {
 pub(crate) enum Handle {
     /// `None` only while the handle drops.
     ReadOnly(Option<ReadOnlyDatabase>),
-    /// Recovered in memory: the storage engine's writes are kept in a [`Scratch`] (`None`
+    /// Recovered in memory: redb's writes are kept in a [`Scratch`] (`None`
     /// only while the handle drops).
     Recovered(Option<Database>),
 }
@@ -88,7 +88,7 @@ impl Handle {
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        // Closing the storage engine's handle may panic on a damaged file: contain that, so
+        // Closing redb's handle may panic on a damaged file: contain that, so
         // dropping an inspector never panics. A recovered one is closed without the commit
         // the engine would make to the scratch (see `close_unwritten`). The file is closed
         // either way.
@@ -124,7 +124,7 @@ impl std::fmt::Debug for Inspector {
     }
 }
 
-/// Opens `path` for reading with the storage engine, in place: read-only, seen with the
+/// Opens `path` for reading with redb, in place: read-only, seen with the
 /// journal's length.
 fn open_ro(
     path: &Path,
@@ -139,7 +139,7 @@ fn open_ro(
         .open_read_only_with_backend(InPlace::new(file, cap)?)
 }
 
-/// Opens `path` with the storage engine as a writer would, on a [`Scratch`]: its recovery
+/// Opens `path` with redb as a writer would, on a [`Scratch`]: its recovery
 /// runs, and everything it writes stays in memory (at most `limit` bytes). `len` is the
 /// length the engine sees (past the end of the file, zeros).
 pub(crate) fn open_scratch(
@@ -154,7 +154,7 @@ pub(crate) fn open_scratch(
 }
 
 /// Opens a database on `backend` as a writer would. Its system tree and every page number
-/// of its trees are checked first (see `index::system_tree`): the storage engine loads the
+/// of its trees are checked first (see `index::system_tree`): redb loads the
 /// allocator state recorded there without checking it, and a damaged page number is read
 /// as a page of up to 4 GiB, allocated before the read fails. A damaged file is refused as
 /// the engine refuses one.
@@ -248,7 +248,7 @@ pub(crate) enum LogRead {
 type CallerPanic = Option<Box<dyn std::any::Any + Send>>;
 
 /// Calls the caller's closure inside a [`guarded`] section, keeping a panic of its own
-/// apart from the storage engine's (it is resumed, not turned into `Corrupt`). A caught
+/// apart from redb's (it is resumed, not turned into `Corrupt`). A caught
 /// panic stops the iteration.
 fn call_caller(slot: &mut CallerPanic, f: impl FnOnce() -> Result<bool>) -> Result<bool> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
@@ -534,7 +534,7 @@ impl Inspector {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn lookup(&self, operation_id: &str) -> Result<Option<Receipt>> {
         guarded("lookup", || {
-            self.with_snapshot(|t, now| engine::lookup(t, operation_id, now))
+            self.with_snapshot(|t, now| machine::lookup(t, operation_id, now))
         })
     }
 
@@ -545,10 +545,12 @@ impl Inspector {
     /// [`ErrorKind::Corrupt`], [`ErrorKind::Io`].
     pub fn result(&self, operation_id: &str) -> Result<Option<OpResult>> {
         guarded("result", || {
-            self.with_snapshot(|t, now| match engine::effective_of(t, operation_id, now)? {
-                Some(rec) => engine::result_of(t, &rec),
-                None => Ok(None),
-            })
+            self.with_snapshot(
+                |t, now| match machine::effective_of(t, operation_id, now)? {
+                    Some(rec) => machine::result_of(t, &rec),
+                    None => Ok(None),
+                },
+            )
         })
     }
 
@@ -584,7 +586,9 @@ impl Inspector {
                 for entry in t.all::<index::Receipts>()? {
                     let (k, v) = entry?;
                     let rec = index::decode_receipt(&k, &v)?;
-                    if let Some(r) = engine::effective(rec, now).as_ref().and_then(engine::view)
+                    if let Some(r) = machine::effective(rec, now)
+                        .as_ref()
+                        .and_then(machine::view)
                         && !call_caller(&mut caller_panic, || f(r))?
                     {
                         break;

@@ -105,7 +105,6 @@ pub mod codec;
 #[cfg(not(feature = "internals"))]
 mod codec;
 mod config;
-mod engine;
 mod error;
 mod execute;
 #[cfg(feature = "internals")]
@@ -115,6 +114,7 @@ mod inspect;
 mod intent;
 mod journal;
 mod log;
+mod machine;
 #[cfg(feature = "mcp")]
 pub mod mcp;
 mod record;
@@ -125,7 +125,7 @@ pub(crate) use trace::{trace_event, trace_span};
 mod types;
 mod validate;
 
-/// The storage engine, re-exported for custom storage backends
+/// redb, re-exported for custom storage backends
 /// ([`JournalBuilder::open_backends`]) and for matching the engine errors this crate
 /// converts from.
 pub use redb;
@@ -140,13 +140,13 @@ pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use config::{
     DEFAULT_MAX_RESULT_BYTES, MAX_RESULT_BYTES_CEILING, RetryPolicy, ScopeLock, Sharing,
 };
-pub use engine::stats::{OldestUnacked, ReplayCacheStats, Stats};
 pub use error::{Error, ErrorKind, Result};
 pub use execute::{ExecuteError, Executed, Failure, Unrecorded};
 pub use inspect::{Access, Inspector};
 pub use intent::{HashScheme, Intent, IntentHash, canonical_json};
 pub use journal::{CompactionReport, CompactorHandle, Journal, JournalBuilder};
 pub use log::{FileLog, LogStorage, MemoryLog};
+pub use machine::stats::{OldestUnacked, ReplayCacheStats, Stats};
 pub use types::{
     Admission, Claim, Deadlines, DeliveryState, Event, EventKind, ExecutionStatus, InDoubtCause,
     OpResult, Operation, Outcome, OutcomeKind, Receipt, Replay, Resolution, ResolvedAs, ResultInfo,

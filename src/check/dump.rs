@@ -26,11 +26,11 @@ use serde_json::{Value, json};
 
 use crate::clock::Timestamp;
 use crate::codec::FORMAT_VERSION;
-use crate::engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::{self, Layered, View};
 use crate::inspect::Inspector;
 use crate::log;
+use crate::machine;
 use crate::record::{
     CheckpointRecord, Event, EventKind, ExecRecord, FormatRecord, ResolvedAs, StateRecord, Upgrade,
 };
@@ -471,7 +471,7 @@ fn import(mut reader: impl BufRead, dest: &Path) -> Result<ImportReport> {
                 journal
                     .batch(|t| {
                         t.put_event(&ev)?;
-                        engine::apply(t, &ev)
+                        machine::apply(t, &ev)
                     })
                     .map_err(|e| match e.kind() {
                         ErrorKind::Corrupt { detail, .. } => invalid(

@@ -9,7 +9,7 @@
 //! (`.<name>.repair-<pid>`), streaming:
 //!
 //! 1. **events**, in seq order, each checked (CRC, decode, its own seq, times that never go
-//!    backwards) and applied with the writer's own code (`engine::apply`) into batches that
+//!    backwards) and applied with the writer's own code (`machine::apply`) into batches that
 //!    are written to the new file every few MiB. An event that does not fit its operation's
 //!    history, or does not decode, is quarantined (kept as found in the `quarantine` table).
 //!    Where the engine could not read the events table, intact event records are salvaged
@@ -53,12 +53,12 @@ use serde::Serialize;
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::codec::{self, FORMAT_VERSION, RecordKind};
 use crate::config::Config;
-use crate::engine::{self, Ctx};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::file::check_redb_magic;
 use crate::index::reading::{Extent, existing_journal_file};
 use crate::index::{self, Base, Layered, Layers, Memtable, Table, TableKey, View, WriteTables};
 use crate::log::{self, FileLog};
+use crate::machine::{self, Ctx};
 use crate::record::{
     CheckpointRecord, Event, EventKind, ExecRecord, FormatRecord, IntentDigest, ReceiptRecord,
     RetireCause, RevisionCause, ScopeRecord, StateRecord,
@@ -103,7 +103,7 @@ pub struct LostOperation {
     pub detail: String,
 }
 
-/// How the storage engine read the damaged file.
+/// How redb read the damaged file.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -130,11 +130,11 @@ pub struct RepairReport {
     pub backup: Option<PathBuf>,
     /// Whether this was a dry run (the file was not replaced).
     pub dry_run: bool,
-    /// How the storage engine read the file.
+    /// How redb read the file.
     pub engine: EngineAccess,
     /// Whether records were salvaged from the raw bytes (where the engine could not read).
     pub salvaged: bool,
-    /// Always `false`: repair no longer rolls the storage engine back (kept for
+    /// Always `false`: repair no longer rolls redb back (kept for
     /// compatibility).
     pub storage_rolled_back: bool,
     /// Always `false` (kept for compatibility): page damage shows as
@@ -145,7 +145,7 @@ pub struct RepairReport {
     pub quarantined: Vec<Finding>,
     /// Every operation that does not answer exactly as before, with what changed.
     pub lost: Vec<LostOperation>,
-    /// Key ranges of the file's tables the storage engine could not read. An operation whose
+    /// Key ranges of the file's tables redb could not read. An operation whose
     /// every record lay there leaves no trace to name it by: these ranges are where such
     /// operations were.
     pub unreadable: Vec<Finding>,
@@ -210,7 +210,7 @@ impl RepairReport {
 
 /// The most memory a batch of changes takes before it is written to the new file.
 const BATCH_BYTES: usize = 8 << 20;
-/// The storage engine's cache for the new file.
+/// redb's cache for the new file.
 const NEW_FILE_CACHE: usize = 32 << 20;
 /// Events are checked for time order in windows of this many (twice this many are held).
 const TIME_WINDOW: usize = 16_384;
@@ -227,7 +227,7 @@ const TIME_WINDOW: usize = 16_384;
 /// history), not as if the result had aged out; every operation that does not answer
 /// exactly as before is named in [`RepairReport::lost`]. A payload that
 /// retention dropped is never revived, and a scope revision never moves back. Where the
-/// storage engine cannot read, intact records are salvaged from the raw bytes. Bytes after
+/// redb cannot read, intact records are salvaged from the raw bytes. Bytes after
 /// the journal's data are not copied. After a repair that returns `Ok`, [`verify`] finds
 /// the journal clean.
 ///
@@ -243,7 +243,7 @@ const TIME_WINDOW: usize = 16_384;
 /// - [`ErrorKind::NotAJournal`] for what is not a journal (not a regular file, empty, not a
 ///   redb file and no intact journal record in it, another redb database);
 /// - [`ErrorKind::UnsupportedFormat`] for a journal of a newer format (never rewritten);
-/// - [`ErrorKind::Corrupt`] when the storage engine refuses the file and no intact event
+/// - [`ErrorKind::Corrupt`] when redb refuses the file and no intact event
 ///   can be salvaged from its bytes;
 /// - [`ErrorKind::Io`] for an I/O error, naming the operation (read, write, sync, rename):
 ///   the journal is left as it was.
@@ -283,7 +283,7 @@ pub fn repair(
         )
     })?;
     let is_redb = check_redb_magic(path).is_ok();
-    // Not the storage engine's file and no journal event near its start: not a journal,
+    // Not redb's file and no journal event near its start: not a journal,
     // answered before anything reads the rest of it.
     if !is_redb && !super::salvage::probe_for_events(&file, extent.journal_len())? {
         return Err(Error::new(ErrorKind::NotAJournal {
@@ -350,7 +350,7 @@ pub fn repair(
         match b.finish(&dropped_ops)? {
             Finished::Done(db) => break db,
             Finished::Again(wanted) => {
-                // Records the storage engine could not read (unreadable ranges, damaged
+                // Records redb could not read (unreadable ranges, damaged
                 // values, events and results the indexes list that are not there): look
                 // for intact copies in the raw bytes, and rebuild with them.
                 candidates = Some(Candidates::scan(&file, &src, &wanted)?);
@@ -577,7 +577,7 @@ fn absorb_log(src: &mut Source, report: &mut RepairReport) -> Result<BTreeSet<St
     Ok(dropped_ops)
 }
 
-/// Records found in the raw bytes where the storage engine could not read the events,
+/// Records found in the raw bytes where redb could not read the events,
 /// results, receipts or meta tables, waiting to be taken with evidence.
 #[derive(Default)]
 struct Candidates {
@@ -1132,7 +1132,7 @@ impl<'s> Build<'s> {
         let r = {
             let mut t = WriteTables::over(Some(&self.base), Layers::new(&[&self.pending]));
             t.put_event(&ev)?;
-            match engine::apply(&mut t, &ev) {
+            match machine::apply(&mut t, &ev) {
                 Ok(()) => Ok(t.into_changes()),
                 Err(e) => Err(e),
             }
@@ -1500,7 +1500,7 @@ impl<'s> Build<'s> {
                     .values()
                     .filter(|r| !checked.contains(&r.operation_id))
                     .filter(|r| {
-                        engine::effective((*r).clone(), self.now)
+                        machine::effective((*r).clone(), self.now)
                             .is_some_and(|e| !matches!(e.state, ExecRecord::Vacant { .. }))
                     })
                     .cloned()
@@ -1578,9 +1578,9 @@ impl<'s> Build<'s> {
         let complete = index_readable && lost_events == 0 && !uncertain && copy.is_none();
 
         let describe_view = |rec: Option<&ReceiptRecord>| -> String {
-            match rec.and_then(|r| engine::effective(r.clone(), now)) {
+            match rec.and_then(|r| machine::effective(r.clone(), now)) {
                 None => "unknown".into(),
-                Some(r) => match engine::view(&r) {
+                Some(r) => match machine::view(&r) {
                     None => "unknown (released)".into(),
                     Some(v) => status_text(&v),
                 },
@@ -1590,7 +1590,7 @@ impl<'s> Build<'s> {
         // and its retention has not passed).
         let kept_by_history = after
             .as_ref()
-            .and_then(|r| engine::effective(r.clone(), now))
+            .and_then(|r| machine::effective(r.clone(), now))
             .is_some_and(|r| matches!(&r.state, ExecRecord::Done(d) if d.retired_at.is_none()));
         let was = match &before {
             Ok(Some(r)) => {
@@ -1672,7 +1672,7 @@ impl<'s> Build<'s> {
                 // answered retired (its `Retired` or `ResultLost` event is what was lost),
                 // or, by its history, its retention has passed.
                 let before_cause = match &before {
-                    Ok(Some(r)) => engine::effective(r.clone(), now).and_then(|e| match e.state {
+                    Ok(Some(r)) => machine::effective(r.clone(), now).and_then(|e| match e.state {
                         ExecRecord::Done(d) if d.retired_at.is_some() => Some(d.retire_cause),
                         _ => None,
                     }),
@@ -1693,13 +1693,13 @@ impl<'s> Build<'s> {
         // Name it unless it answers exactly as before.
         let after_view = now_rec
             .as_ref()
-            .and_then(|r| engine::effective(r.clone(), now))
-            .and_then(|r| engine::view(&r));
+            .and_then(|r| machine::effective(r.clone(), now))
+            .and_then(|r| machine::view(&r));
         let before_view = match &before {
             Ok(b) => Some(
                 b.as_ref()
-                    .and_then(|r| engine::effective(r.clone(), now))
-                    .and_then(|r| engine::view(&r)),
+                    .and_then(|r| machine::effective(r.clone(), now))
+                    .and_then(|r| machine::view(&r)),
             ),
             Err(_) => None,
         };
@@ -1756,7 +1756,7 @@ impl<'s> Build<'s> {
         if matches!(action, Some(Action::Retire { .. })) {
             let was_retired = matches!(
                 &before,
-                Ok(Some(r)) if engine::effective(r.clone(), now).is_some_and(|e| {
+                Ok(Some(r)) if machine::effective(r.clone(), now).is_some_and(|e| {
                     matches!(&e.state, ExecRecord::Done(d) if d.retired_at.is_some())
                 })
             );
@@ -2039,7 +2039,7 @@ impl Action {
             operation_id: Some(self.op().to_string()),
             kind,
         };
-        engine::transition(after, &ev).ok()
+        machine::transition(after, &ev).ok()
     }
 }
 

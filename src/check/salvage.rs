@@ -1,5 +1,5 @@
 //! Salvage: records found by scanning the raw bytes of a file, for the parts of a journal
-//! that the storage engine cannot read (a damaged page, a truncated file, a damaged header).
+//! that redb cannot read (a damaged page, a truncated file, a damaged header).
 //!
 //! Every stored value is framed with a magic, a version, a kind, a length and a CRC, so an
 //! intact record is recognized wherever it lies. A frame found this way may be the live
@@ -144,7 +144,7 @@ pub(crate) fn scan_file(
 }
 
 /// Intact journal records found in a file's raw bytes: what `repair` can salvage when the
-/// storage engine refuses the file.
+/// redb refuses the file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct IntactRecords {
@@ -154,14 +154,14 @@ pub struct IntactRecords {
     pub events: u64,
 }
 
-/// How much of a file that does not start with the storage engine's signature is read to
+/// How much of a file that does not start with redb's signature is read to
 /// decide whether it is a journal whose first page was damaged. A journal's records lie on
 /// every page after the header, so one with a damaged header shows intact events within
 /// its first mebibytes; a file with none there is not a journal, and is answered so at
 /// once instead of being read to its end (a 64 GiB sparse file of zeros took minutes).
 pub(crate) const PROBE_LEN: u64 = 64 << 20;
 
-/// Whether a file without the storage engine's signature holds an intact journal event in
+/// Whether a file without redb's signature holds an intact journal event in
 /// its first [`PROBE_LEN`] bytes (of `len`): the evidence that it is a damaged journal
 /// worth scanning whole, rather than some other file.
 ///
@@ -175,7 +175,7 @@ pub(crate) fn probe_for_events(file: &File, len: u64) -> Result<bool> {
 /// Scans the journal file at `path` for intact records, reading it a window at a time (up
 /// to the end of the journal's data: bytes appended after it are not scanned).
 ///
-/// A file that does not start with the storage engine's signature is scanned whole only if
+/// A file that does not start with redb's signature is scanned whole only if
 /// its first 64 MiB hold an intact event (a journal whose header page was damaged);
 /// otherwise it is not a journal and the answer is zero records, without reading further.
 ///

@@ -1,10 +1,10 @@
 //! The damaged journal as `repair` reads it: opened in place without writing it, each table
-//! read as far as the storage engine can, around damaged pages, and the log's records laid
+//! read as far as redb can, around damaged pages, and the log's records laid
 //! over it.
 //!
 //! # Opening
 //!
-//! The storage engine is tried on the file in turn, every try read-only or on a scratch in
+//! redb is tried on the file in turn, every try read-only or on a scratch in
 //! memory (the file is never written):
 //!
 //! 1. read-only, seen with the journal's length (bytes appended after it ignored);
@@ -37,10 +37,10 @@ use crate::index::reading::{Extent, InPlace, Locks, Scratch};
 use crate::index::{self, Base, Layers, Memtable, Table, TableKey, TableValue, guarded};
 use crate::inspect::{RECOVERY_SCRATCH_BYTES, not_openable, open_on};
 
-/// The most memory the storage engine may write to while repair reads the file in place.
+/// The most memory redb may write to while repair reads the file in place.
 const SCRATCH_BYTES: u64 = 4 * RECOVERY_SCRATCH_BYTES;
 
-/// How the storage engine reached the file.
+/// How redb reached the file.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Rung {
     /// Read-only, in place.
@@ -91,7 +91,7 @@ impl Drop for Source {
 }
 
 /// Padded with zeros to the length its header claims (a truncated file), a journal costs
-/// the storage engine memory in proportion to that length (its allocator keeps a few bits
+/// redb memory in proportion to that length (its allocator keeps a few bits
 /// per page of every region): about 1 MiB per 16 GiB. A damaged header may claim
 /// petabytes (fuzzing found one that made `repair` allocate 4 GiB), so the padded rung is
 /// tried only for a claim of at most 64 GiB or 16 times the file's length: at most 4 MiB,
@@ -151,7 +151,7 @@ pub(crate) struct Source {
     pub(crate) extent: Extent,
     pub(crate) rung: Option<Rung>,
     db: Option<Db>,
-    /// Why the storage engine refused the file as it is (the first try's error), if it did.
+    /// Why redb refused the file as it is (the first try's error), if it did.
     pub(crate) refused: Option<Error>,
     /// The log's records of the current cycle.
     pub(crate) mem: Memtable,
@@ -203,7 +203,7 @@ fn patched_header(head: &[u8], len: u64, defaults: bool) -> Vec<u8> {
 }
 
 impl Source {
-    /// Opens the journal at `path` for repair, trying the storage engine as the module docs
+    /// Opens the journal at `path` for repair, trying redb as the module docs
     /// say. `Ok` with no database when the engine refuses the file every way.
     ///
     /// # Errors
@@ -318,7 +318,7 @@ impl Source {
         Ok(db)
     }
 
-    /// Opens the database again the way it was opened (after a panic of the storage engine,
+    /// Opens the database again the way it was opened (after a panic of redb,
     /// whose internal state may then be poisoned).
     fn reopen(&mut self) -> Result<()> {
         if let Some(rung) = self.rung {
@@ -333,7 +333,7 @@ impl Source {
         Ok(())
     }
 
-    /// Whether the storage engine reads the file at all.
+    /// Whether redb reads the file at all.
     pub(crate) fn readable(&self) -> bool {
         self.db.is_some()
     }
@@ -350,7 +350,7 @@ impl Source {
     }
 
     /// Runs `f` on the journal as its writer left it (the file, the log's records over it),
-    /// for point lookups. A storage-engine panic is answered `Corrupt`.
+    /// for point lookups. A redb panic is answered `Corrupt`.
     /// Without a database (the engine refuses the file) every lookup is unreadable.
     pub(crate) fn view<R>(&self, f: impl FnOnce(&index::Snapshot<'_>) -> Result<R>) -> Result<R> {
         let Some(db) = &self.db else {

@@ -22,7 +22,7 @@
 //!
 //! Findings are capped at [`MAX_FINDINGS`] (the rest are counted). Besides the records, the
 //! log beside the file is checked ([`LogCheck`]), bytes appended after the journal are a
-//! finding (a writer refuses such a file; `repair` trims them), and the storage engine's page
+//! finding (a writer refuses such a file; `repair` trims them), and redb's page
 //! checksums are checked on a scratch in memory, never on a copy of the file.
 
 use std::collections::BTreeMap;
@@ -31,26 +31,26 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Timestamp;
-use crate::engine::{self};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::reading::Locks;
 use crate::index::{self, IndexEntry, Layered, Table, TableKey, TimerKind, View, guarded};
 use crate::inspect::{Access, Inspector, LogRead};
 use crate::log::FileLog;
+use crate::machine::{self};
 use crate::record::{Event, EventKind, ExecRecord, OutcomeKind, ReceiptRecord, ResolvedAs};
 
 /// The most findings a report keeps; the others are counted in
 /// [`VerifyReport::more_findings`].
 pub const MAX_FINDINGS: usize = 1000;
 
-/// The most memory the storage engine's page check may write to (it runs on a scratch in
+/// The most memory redb's page check may write to (it runs on a scratch in
 /// memory over the file, which is never written). A check that needs more is skipped.
 pub const INTEGRITY_SCRATCH_BYTES: u64 = 64 << 20;
 
 /// One problem found in the file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Finding {
-    /// The table (or `(redb)` for the storage engine's own structures, `(file)` for the file,
+    /// The table (or `(redb)` for redb's own structures, `(file)` for the file,
     /// `log` for the log beside it).
     pub table: String,
     /// The key or sequence number.
@@ -75,7 +75,7 @@ impl std::fmt::Display for Finding {
     }
 }
 
-/// The storage engine's page-level check.
+/// redb's page-level check.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "result", content = "detail", rename_all = "snake_case")]
 #[non_exhaustive]
@@ -114,7 +114,7 @@ pub enum LogCheck {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct VerifyReport {
-    /// The storage engine's page checksums.
+    /// redb's page checksums.
     pub integrity: Integrity,
     /// Problems, naming table and key (at most [`MAX_FINDINGS`]).
     pub findings: Vec<Finding>,
@@ -179,7 +179,7 @@ impl Findings {
     }
 }
 
-/// Runs the storage engine's page checksum check on a scratch over the file (its writes kept
+/// Runs redb's page checksum check on a scratch over the file (its writes kept
 /// in memory, the file untouched and never copied).
 fn integrity_in_place(insp: &Inspector) -> Integrity {
     let path = insp.path();
@@ -230,7 +230,7 @@ fn is_scratch_limit(e: &Error) -> bool {
             .is_some_and(|io| io.kind() == std::io::ErrorKind::OutOfMemory)
 }
 
-/// Verifies the journal at `path` without modifying it: the storage engine's page
+/// Verifies the journal at `path` without modifying it: redb's page
 /// checksums (when no writer has the file open), every record's CRC and decode, every index
 /// against the events, the log beside the file, and what follows the journal's data. Damage
 /// is reported as findings, not errors.
@@ -320,7 +320,7 @@ pub fn verify_inspected(
 }
 
 /// A finding for an error met while reading: its table and key for a damaged record, or
-/// `table`/`key` for the storage engine's own failure.
+/// `table`/`key` for redb's own failure.
 fn finding_of(e: &Error, table: &str, key: &str) -> Finding {
     match e.kind() {
         ErrorKind::Corrupt {
@@ -534,7 +534,7 @@ fn check_tables<V: View>(
     Ok(())
 }
 
-/// Runs one pass; an error that ends it (a damaged page, a storage-engine panic) is a
+/// Runs one pass; an error that ends it (a damaged page, a redb panic) is a
 /// finding naming the table, and the next pass runs. An I/O error is not damage: it ends
 /// `verify` with that error.
 fn pass<T>(
@@ -626,7 +626,7 @@ fn fold<V: View>(
         if ev.operation_id.as_deref() != Some(id) {
             continue;
         }
-        match engine::transition(rec.as_ref(), &ev) {
+        match machine::transition(rec.as_ref(), &ev) {
             Ok(next) => rec = Some(next),
             Err(m) => return Ok(Err((seq, m))),
         }
@@ -851,7 +851,7 @@ fn check_receipts<V: View>(
                 ),
             );
         }
-        for e in engine::index_entries(&folded) {
+        for e in machine::index_entries(&folded) {
             if !index_present(t, &id, &e)? {
                 let (table, key) = index_key(&id, &e);
                 findings.add(
@@ -1022,7 +1022,7 @@ fn check_index<T: Table<V = ()>>(
         report.index_entries += 1;
         let implied = match entry_of(&key) {
             Some((op, e)) => match t.receipt(&op) {
-                Ok(Some(rec)) => engine::index_entries(&rec).contains(&e),
+                Ok(Some(rec)) => machine::index_entries(&rec).contains(&e),
                 Ok(None) => false,
                 // A damaged receipt is reported by the receipts pass.
                 Err(err) if matches!(err.kind(), ErrorKind::Corrupt { .. }) => true,

@@ -189,7 +189,7 @@ pub(crate) fn explain(err: &Error, path: &Path, mode: Mode) -> CliError {
             ),
         },
         ErrorKind::Corrupt { table, key, detail } => CliError::new(if table.starts_with('(') {
-            // The storage engine's own structures, not a record.
+            // redb's own structures, not a record.
             format!("`{file}` is damaged: {detail}")
         } else {
             format!("damaged record in table `{table}` at key `{key}` of `{file}`: {detail}")

@@ -105,7 +105,7 @@ Examples:
   opjournal log project.opj --tail 20 --follow")]
     Log(LogArgs),
 
-    /// Check the file: the storage engine's page checksums, every record's CRC and decode,
+    /// Check the file: redb's page checksums, every record's CRC and decode,
     /// and every index against a replay of the event journal. Exits 1 if anything is wrong.
     #[command(
         after_help = "Example:\n  opjournal verify project.opj || opjournal repair project.opj --dry-run"
@@ -114,7 +114,7 @@ Examples:
 
     /// Back the file up, then rebuild every index from the event journal, quarantine damaged
     /// records and report exactly what was lost; salvage intact records into a new file if
-    /// the storage engine refuses it.
+    /// redb refuses it.
     #[command(after_help = "\
 Examples:
   opjournal repair project.opj --dry-run
@@ -381,7 +381,7 @@ pub(crate) struct RepairArgs {
 pub(crate) struct CompactArgs {
     /// The journal file (usually `*.opj`).
     pub file: PathBuf,
-    /// Also shrink the file (the storage engine's compaction), reporting its size before
+    /// Also shrink the file (redb's compaction), reporting its size before
     /// and after.
     #[arg(long)]
     pub reclaim: bool,

@@ -1,4 +1,4 @@
-//! Recognizing a journal file before the storage engine sees it.
+//! Recognizing a journal file before redb sees it.
 
 use std::io::Read;
 use std::path::Path;

@@ -15,7 +15,7 @@ pub(crate) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-/// A panic of the storage engine, as the cause of a `Corrupt` error: its text is the
+/// A panic of redb, as the cause of a `Corrupt` error: its text is the
 /// engine's own (`entered unreachable code`, a `Utf8Error`), which says nothing to a user,
 /// so it stays in the cause chain and the message says what it means.
 #[derive(Debug)]
@@ -29,7 +29,7 @@ impl std::fmt::Display for EnginePanic {
 
 impl std::error::Error for EnginePanic {}
 
-/// Runs `f`, turning a panic inside the storage engine (which may trust a damaged file)
+/// Runs `f`, turning a panic inside redb (which may trust a damaged file)
 /// into a `Corrupt` error whose cause is the panic.
 pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     match std::panic::catch_unwind(AssertUnwindSafe(f)) {
@@ -38,7 +38,7 @@ pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T>
     }
 }
 
-/// The `Corrupt` error for a storage-engine panic with message `message` during `what`.
+/// The `Corrupt` error for a redb panic with message `message` during `what`.
 fn engine_panic(what: &str, message: String) -> Error {
     Error::with_source(
         crate::error::ErrorKind::Corrupt {
@@ -51,7 +51,7 @@ fn engine_panic(what: &str, message: String) -> Error {
 }
 
 /// Closes a database that only served reads of an input file (one opened on a scratch
-/// backend, so the storage engine could recover the file in memory) without the commit
+/// backend, so redb could recover the file in memory) without the commit
 /// the engine makes when it closes. That commit records its allocator state after freeing
 /// the pages its lists name; on a damaged file a bad list makes it panic while a
 /// destructor of the engine is live, which panics again and aborts the process (fuzzing
@@ -60,7 +60,7 @@ fn engine_panic(what: &str, message: String) -> Error {
 /// redb treats a close during a panic as a crash (no closing commit; the next open would
 /// recover), so the database is dropped inside an unwind started by `resume_unwind` (which
 /// runs no panic hook) and caught at once. A build with `panic = "abort"` cannot unwind:
-/// there the database is dropped as usual (and the storage engine's panics on damaged
+/// there the database is dropped as usual (and redb's panics on damaged
 /// files abort anyway: no guard catches them).
 pub(crate) fn close_unwritten(db: redb::Database) {
     #[cfg(panic = "unwind")]

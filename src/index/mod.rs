@@ -518,7 +518,7 @@ pub(crate) trait View: Layered {
 
 impl<L: Layered> View for L {}
 
-/// One index entry implied by a receipt (see `engine::index_entries`).
+/// One index entry implied by a receipt (see `machine::index_entries`).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum IndexEntry {
     Timer(TimerKind, u64),

@@ -1,5 +1,5 @@
 //! Reading a journal file that is input, in place and without writing it: recognizing it
-//! before the storage engine sees it (a regular file), where its data ends (redb's own
+//! before redb sees it (a regular file), where its data ends (redb's own
 //! length, from its header: bytes after it are not part of the journal), and two storage
 //! backends for redb.
 //!
@@ -321,7 +321,7 @@ macro_rules! forward_locks {
 }
 
 /// The journal file, read-only, seen with at most `cap` bytes: what follows the journal's
-/// data is not shown to the storage engine.
+/// data is not shown to redb.
 #[derive(Debug)]
 pub(crate) struct InPlace {
     file: FileBackend,
@@ -380,7 +380,7 @@ const CHUNK: u64 = 4096;
 
 /// The journal file read in place, with every write kept in memory (at most `limit` bytes):
 /// redb may recover or check the file on it as if it could write, and the file is never
-/// written. Reads past the end of the file, up to the length the storage engine set, read as
+/// written. Reads past the end of the file, up to the length redb set, read as
 /// zero (a truncated file is seen at its full length, its missing pages zero).
 #[derive(Debug)]
 pub(crate) struct Scratch {

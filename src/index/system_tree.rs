@@ -1,4 +1,4 @@
-//! A check of the storage engine's own bookkeeping before this process writes to a file.
+//! A check of redb's own bookkeeping before this process writes to a file.
 //!
 //! redb keeps its allocator state and its lists of pages waiting to be freed in a *system
 //! tree* beside the tables. On open it loads the allocator state it recorded at the last
@@ -25,7 +25,7 @@ use std::collections::HashSet;
 
 use crate::error::{Error, Result};
 
-/// The storage engine's commit slots: the first 320 bytes of the file.
+/// redb's commit slots: the first 320 bytes of the file.
 const HEADER_LEN: usize = 320;
 const GOD_BYTE: usize = 9;
 const PRIMARY_BIT: u8 = 1;
@@ -112,7 +112,7 @@ pub(crate) fn check(file_len: u64, read: &mut ReadAt<'_>) -> Result<Checked> {
     })
 }
 
-/// Checks every page number the storage engine can follow in a file of `file_len` bytes
+/// Checks every page number redb can follow in a file of `file_len` bytes
 /// read through `read`, before any open reads it: the tree of table definitions (the
 /// commit slot's user root), the system tree, and every table's tree, through every branch.
 /// redb allocates a page's whole size, from the order its number claims, before it reads
@@ -514,7 +514,7 @@ pub(crate) fn check_file(path: &std::path::Path) -> Result<Checked> {
 }
 
 /// [`check`] and [`check_page_numbers`] (as deep as `depth` says for the storage's length)
-/// on a storage backend, before the storage engine takes it.
+/// on a storage backend, before redb takes it.
 ///
 /// # Errors
 ///

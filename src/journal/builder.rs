@@ -128,7 +128,7 @@ impl JournalBuilder {
         self
     }
 
-    /// The most memory the storage engine's page cache may use (default 1 GiB, redb's
+    /// The most memory redb's page cache may use (default 1 GiB, redb's
     /// own default). The cache grows with the pages read, up to this bound; a smaller
     /// bound saves an editor's memory on a large journal at the price of more reads from
     /// the operating system's cache (replay lookups of old ids slow down first).
@@ -138,13 +138,13 @@ impl JournalBuilder {
     }
 
     /// Up to what file size opening reads every page of the file to check the page
-    /// numbers in it (default 32 MiB; `u64::MAX`: always). The storage engine allocates a
+    /// numbers in it (default 32 MiB; `u64::MAX`: always). redb allocates a
     /// page's whole size, which its number claims (up to 4 GiB), before reading it, and
     /// does not check that the page lies inside the file; so before anything reads a
     /// file, its trees are walked and a number outside the file is refused as `Corrupt`
     /// (with `repair` as the next step). Walking every page costs about a millisecond per
     /// 10 MiB of file (page cache warm). A larger file has its table definitions, its
-    /// storage engine's own tree and every branch page of every table checked (about one
+    /// redb's own tree and every branch page of every table checked (about one
     /// page in a hundred, well under a millisecond per 100 MiB); only a leaf page damaged
     /// into looking like a branch is then left to be met when it is read. The read-only
     /// [`Inspector`](crate::Inspector) and [`repair`](crate::repair) always walk every page.

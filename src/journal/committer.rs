@@ -4,8 +4,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use crate::engine::{self, Ctx};
 use crate::error::{Error, ErrorKind, Result};
+use crate::machine::{self, Ctx};
 use redb::ReadableDatabase;
 
 use crate::codec::{self, RecordKind};
@@ -294,7 +294,8 @@ impl Inner {
                 // order after the events already in the journal.
                 let at = entry.at.max(floor).min(now);
                 floor = at;
-                engine::record_lazy(&mut ctx, &entry.id, &entry.kind, at).map_err(|e| (None, e))?;
+                machine::record_lazy(&mut ctx, &entry.id, &entry.kind, at)
+                    .map_err(|e| (None, e))?;
             }
             let mut ran = 0;
             loop {

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::engine::{self, Fired};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::{TimerKind, View};
 use crate::journal::Inner;
+use crate::machine::{self, Fired};
 
 /// What one [`Journal::compact`](crate::Journal::compact) call did, per clock.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -102,14 +102,14 @@ pub(crate) fn run(inner: &Inner) -> Result<CompactionReport> {
     inner.flush()?;
     if anything_due(inner)? {
         let limit = inner.cfg.compaction_batch;
-        let mut resume = engine::Resume::default();
+        let mut resume = machine::Resume::default();
         loop {
             let waiting = inner.foreground_waiting.clone();
             let from = resume.clone();
             let (more, fired, next) = inner.write_background(move |ctx| {
                 let before = ctx.fired;
                 let yield_now = || waiting.load(std::sync::atomic::Ordering::SeqCst) > 0;
-                let (more, next) = engine::compact_batch(ctx, limit, &from, &yield_now)?;
+                let (more, next) = machine::compact_batch(ctx, limit, &from, &yield_now)?;
                 Ok((more, delta(ctx.fired, before), next))
             })?;
             resume = next;

@@ -22,9 +22,9 @@ use redb::{Database, ReadableDatabase};
 
 use crate::clock::Timestamp;
 use crate::config::Config;
-use crate::engine::{self};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::{self, Base, Layered, TimerKind, View};
+use crate::machine::{self};
 use crate::types::Event;
 use crate::types::{Admission, Claim, OpResult, Operation, Outcome, Receipt, Replay, Resolution};
 
@@ -129,7 +129,7 @@ impl Drop for Inner {
 }
 
 impl Inner {
-    /// The storage engine; gone only while the journal is being dropped.
+    /// redb; gone only while the journal is being dropped.
     pub(crate) fn db(&self) -> Result<&Database> {
         self.db
             .as_ref()
@@ -209,7 +209,7 @@ impl Journal {
         }
     }
 
-    /// With the last handle to the open journal, closes the storage engine too and reports
+    /// With the last handle to the open journal, closes redb too and reports
     /// its error (it syncs its allocator state and marks the file closed). A background
     /// compactor that still holds the journal closes it when it stops.
     fn close_file(&mut self) -> Result<()> {
@@ -242,7 +242,7 @@ impl Journal {
         crate::index::guarded("close", || self.inner.close())
     }
 
-    /// Runs `f`, turning a panic of the storage engine into [`ErrorKind::Corrupt`]: redb
+    /// Runs `f`, turning a panic of redb into [`ErrorKind::Corrupt`]: redb
     /// trusts its pages and may panic on a damaged file (fuzzing found such files). The
     /// handle is then poisoned, as after a failed commit: the engine's own state may be
     /// inconsistent, so writes are refused until the journal is reopened (or repaired).
@@ -297,7 +297,7 @@ impl Journal {
     pub fn submit(&self, op: Operation) -> Result<Admission> {
         let _span = crate::trace_span!(DEBUG, "submit", operation_id = %op.id);
         self.guard("submit", || {
-            engine::validate_operation(&op)?;
+            machine::validate_operation(&op)?;
             // Fast path: a known id is answered from a read snapshot without the writer.
             let known = self.inner.read_with(Some(&op.id), |snap, now| {
                 snap.answer_known(&op, now, &self.inner.cache)
@@ -305,7 +305,7 @@ impl Journal {
             if let Some(answer) = known {
                 return Ok(answer);
             }
-            self.inner.write(move |ctx| engine::submit(ctx, &op))
+            self.inner.write(move |ctx| machine::submit(ctx, &op))
         })
     }
 
@@ -325,7 +325,7 @@ impl Journal {
         self.guard("complete", || {
             let claim = claim.clone();
             self.inner
-                .write(move |ctx| engine::complete(ctx, &claim, &outcome))
+                .write(move |ctx| machine::complete(ctx, &claim, &outcome))
         })
     }
 
@@ -339,7 +339,7 @@ impl Journal {
         let _span = crate::trace_span!(DEBUG, "release", operation_id = %claim.operation_id);
         self.guard("release", || {
             let claim = claim.clone();
-            self.inner.write(move |ctx| engine::release(ctx, &claim))
+            self.inner.write(move |ctx| machine::release(ctx, &claim))
         })
     }
 
@@ -372,7 +372,7 @@ impl Journal {
             }
             let claim = claim.clone();
             self.inner
-                .write(move |ctx| engine::extend_lease(ctx, &claim, by))
+                .write(move |ctx| machine::extend_lease(ctx, &claim, by))
         })
     }
 
@@ -391,7 +391,7 @@ impl Journal {
         self.guard("resolve", || {
             let id = operation_id.to_string();
             self.inner
-                .write(move |ctx| engine::resolve(ctx, &id, &resolution))
+                .write(move |ctx| machine::resolve(ctx, &id, &resolution))
         })
     }
 
@@ -407,7 +407,7 @@ impl Journal {
         let _span = crate::trace_span!(DEBUG, "delivered", operation_id = %operation_id);
         self.guard("delivered", || {
             self.inner
-                .lazy_write(operation_id, engine::LazyKind::Delivered)
+                .lazy_write(operation_id, machine::LazyKind::Delivered)
         })
     }
 
@@ -450,7 +450,7 @@ impl Journal {
         let _span = crate::trace_span!(DEBUG, "acknowledge", operation_id = %operation_id);
         self.guard("acknowledge", || {
             self.inner
-                .lazy_write(operation_id, engine::LazyKind::Acknowledged { session })
+                .lazy_write(operation_id, machine::LazyKind::Acknowledged { session })
         })
     }
 
@@ -467,7 +467,7 @@ impl Journal {
         self.guard("advance_revision", || {
             let scope = scope.to_string();
             self.inner
-                .write(move |ctx| engine::advance_revision(ctx, &scope, revision))
+                .write(move |ctx| machine::advance_revision(ctx, &scope, revision))
         })
     }
 
@@ -506,7 +506,7 @@ impl Journal {
         self.guard("result", || {
             self.inner.read_with(Some(operation_id), |snap, now| {
                 match snap.effective(operation_id, now)? {
-                    Some(rec) => engine::result_of(&snap.tables, &rec),
+                    Some(rec) => machine::result_of(&snap.tables, &rec),
                     None => Ok(None),
                 }
             })
@@ -559,7 +559,7 @@ impl Journal {
                 let mut out = Vec::new();
                 for (_, id) in snap.tables.window_after(session, now.0, usize::MAX)? {
                     if let Some(rec) = snap.effective(&id, now)?
-                        && let Some(replay) = engine::replay_of(&snap.tables, &rec)?
+                        && let Some(replay) = machine::replay_of(&snap.tables, &rec)?
                         && matches!(
                             replay.receipt.delivery,
                             Some(crate::DeliveryState::Pending | crate::DeliveryState::Delivered)
@@ -601,7 +601,7 @@ impl Journal {
                 }
                 for id in ids {
                     if let Some(rec) = snap.effective(&id, now)?
-                        && let Some(replay) = engine::replay_of(&snap.tables, &rec)?
+                        && let Some(replay) = machine::replay_of(&snap.tables, &rec)?
                         && matches!(
                             replay.receipt.delivery,
                             Some(crate::DeliveryState::Pending | crate::DeliveryState::Delivered)
@@ -679,7 +679,7 @@ impl Journal {
         self.guard("compact", || crate::journal::compactor::run(&self.inner))
     }
 
-    /// Shrinks the file: the storage engine moves live pages down and truncates the free
+    /// Shrinks the file: redb moves live pages down and truncates the free
     /// space that purges left behind (redb's `Database::compact`, run until it has nothing
     /// more to do). [`Journal::compact`] fires timers but never shrinks the file. Returns the
     /// file size in bytes before and after (0 for a custom backend).
@@ -761,12 +761,12 @@ impl Journal {
         self.guard("stats", || {
             let mut stats = self.inner.read_with(None, |snap, now| {
                 // Pending deliveries and acknowledgements count as they will be committed.
-                crate::engine::stats::collect(&snap.tables, now, |rec| snap.overlaid(rec, now))
+                crate::machine::stats::collect(&snap.tables, now, |rec| snap.overlaid(rec, now))
             })?;
             let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
             stats.file_bytes = size(&self.inner.path);
             let (bytes, entries, hits, misses) = lock(&self.inner.cache).figures();
-            stats.replay_cache = crate::engine::stats::ReplayCacheStats {
+            stats.replay_cache = crate::machine::stats::ReplayCacheStats {
                 bytes: bytes as u64,
                 entries: entries as u64,
                 hits,

@@ -11,11 +11,11 @@ use redb::{Database, ReadableDatabase};
 
 use crate::codec::FORMAT_VERSION;
 use crate::config::{Config, Sharing};
-use crate::engine::{self, Ctx};
 use crate::error::{Error, Result};
 use crate::index::file::{check_format, check_redb_magic, open_error};
 use crate::index::{self, Base, Layers, Memtable, View, WriteTables};
 use crate::log::{self, Cursor, FileLog, LogStorage};
+use crate::machine::{self, Ctx};
 use crate::record::{CheckpointRecord, EventKind, FormatRecord, StateRecord};
 
 use super::committer::Committer;
@@ -36,7 +36,7 @@ impl Journal {
     pub(crate) fn open_with(path: &Path, cfg: Config) -> Result<Journal> {
         check_redb_magic(path)?;
         if path.exists() {
-            // Before the storage engine follows any page number of the file: one outside
+            // Before redb follows any page number of the file: one outside
             // it would be read as a page of up to 4 GiB (see `system_tree`).
             let limit = cfg.page_check_bytes;
             crate::index::system_tree::check_page_numbers_file(path, |len| {
@@ -46,7 +46,7 @@ impl Journal {
         } else {
             Self::create_atomically(path, &cfg)?;
         }
-        // The file is input: the storage engine may panic on damaged pages while opening
+        // The file is input: redb may panic on damaged pages while opening
         // (fuzzing found such files). Answer `Corrupt` instead.
         crate::index::guarded("open", || {
             let db = Self::redb_builder(&cfg)
@@ -69,7 +69,7 @@ impl Journal {
     }
 
     /// Creates a new journal at `path` without ever exposing a half-made file there: the
-    /// storage engine initializes a file in place over several writes and syncs, and a crash
+    /// redb initializes a file in place over several writes and syncs, and a crash
     /// in between leaves a file it (rightly) refuses to open ever again. So the journal is
     /// built under a temporary name in the same directory, closed (synced), then linked into
     /// place, which fails if another process created `path` first (then its journal is
@@ -211,7 +211,7 @@ impl Journal {
         // it: it is in doubt now (one log record, and only if there is any).
         journal
             .inner
-            .write(|ctx| engine::mark_running_in_doubt(ctx).map(drop))?;
+            .write(|ctx| machine::mark_running_in_doubt(ctx).map(drop))?;
         // That write may have been followed by a checkpoint (the log read back can be past
         // the checkpoint size), whose failure poisons the handle without failing the write:
         // a journal that can neither write nor read redb is not open, so say so now.

@@ -6,9 +6,9 @@ use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::clock::Timestamp;
-use crate::engine::{self};
 use crate::error::{Error, ErrorKind, Result};
 use crate::index::{self, Base, Layers, Memtable, View};
+use crate::machine::{self};
 use crate::record::{Event, EventKind, ReceiptRecord};
 use crate::types::{Admission, Operation, Receipt};
 
@@ -40,7 +40,7 @@ impl Inner {
     /// id for `None`), and the time to judge it by. The pending entries are copied before
     /// the state is locked: an entry leaves the buffer only after the commit that carries
     /// it is published, so each is either still pending or already in the state (applying
-    /// it twice is harmless, see `engine::overlay`).
+    /// it twice is harmless, see `machine::overlay`).
     pub(crate) fn read_with<R>(
         &self,
         id: Option<&str>,
@@ -62,13 +62,13 @@ impl Inner {
 
     /// Records a delivery or an acknowledgement lazily: it is validated and visible to
     /// reads at once, and committed with the next batch.
-    pub(crate) fn lazy_write(&self, id: &str, kind: engine::LazyKind) -> Result<Receipt> {
+    pub(crate) fn lazy_write(&self, id: &str, kind: machine::LazyKind) -> Result<Receipt> {
         self.check_writable()?;
         let now = self.now();
         let mut lazy = write_lock(&self.lazy);
         let rec = {
             let committed = read_lock(&self.committed);
-            let rec = engine::known_or_unknown(&committed.snapshot(), id, now)?;
+            let rec = machine::known_or_unknown(&committed.snapshot(), id, now)?;
             let pending: Vec<(Timestamp, EventKind)> = lazy
                 .entries
                 .iter()
@@ -77,13 +77,13 @@ impl Inner {
                 .collect();
             // The clocks apply to the pending writes too: a last delivery still pending
             // may have spent the retry budget by now, as reads show.
-            engine::effective(engine::overlay(rec, &pending), now).ok_or_else(|| {
+            machine::effective(machine::overlay(rec, &pending), now).ok_or_else(|| {
                 Error::new(ErrorKind::UnknownOperation {
                     operation_id: id.to_string(),
                 })
             })?
         };
-        let after = match engine::lazy_event(&rec, kind, now, &self.cfg)? {
+        let after = match machine::lazy_event(&rec, kind, now, &self.cfg)? {
             None => rec,
             Some(event) => {
                 let ev = Event {
@@ -92,7 +92,7 @@ impl Inner {
                     operation_id: Some(id.to_string()),
                     kind: event.clone(),
                 };
-                let next = engine::transition(Some(&rec), &ev)
+                let next = machine::transition(Some(&rec), &ev)
                     .map_err(|m| Error::corrupt("receipts", id, m))?;
                 lazy.entries.push(LazyEntry {
                     id: id.to_string(),
@@ -109,7 +109,7 @@ impl Inner {
         if due {
             self.flush()?;
         }
-        engine::view(&after).ok_or_else(|| Error::corrupt("receipts", id, "vacant after a check"))
+        machine::view(&after).ok_or_else(|| Error::corrupt("receipts", id, "vacant after a check"))
     }
 }
 
@@ -131,7 +131,7 @@ pub(crate) struct ReadView<'a> {
 }
 
 impl ReadView<'_> {
-    /// The answer for `op` if its id is known (see `engine::answer_known`), through the
+    /// The answer for `op` if its id is known (see `machine::answer_known`), through the
     /// replay cache: a cached terminal receipt and result are used instead of reading the
     /// index, and a terminal answer read from the index is cached. Called under the
     /// committed state's read lock (`read_with`), which keeps the cache coherent: a commit
@@ -151,17 +151,17 @@ impl ReadView<'_> {
                 None => return Ok(None),
             },
         };
-        let to_cache = (!from_cache && engine::has_result(&stored) && lock(cache).admit(&op.id))
+        let to_cache = (!from_cache && machine::has_result(&stored) && lock(cache).admit(&op.id))
             .then(|| stored.clone());
-        let eff = engine::effective(stored, now).and_then(|r| self.overlaid(r, now));
-        engine::answer_known(eff.as_ref(), op, |rec| {
+        let eff = machine::effective(stored, now).and_then(|r| self.overlaid(r, now));
+        machine::answer_known(eff.as_ref(), op, |rec| {
             if let Some(result) = known_result {
                 if let Some(stored) = &to_cache {
                     lock(cache).insert(stored, &result);
                 }
                 return Ok(Some(result));
             }
-            let result = engine::result_of(&self.tables, rec)?;
+            let result = machine::result_of(&self.tables, rec)?;
             if let (Some(stored), Some(result)) = (&to_cache, &result) {
                 lock(cache).insert(stored, result);
             }
@@ -171,7 +171,7 @@ impl ReadView<'_> {
 
     /// The effective record of `id` at `now`, with pending lazy writes applied.
     pub(crate) fn effective(&self, id: &str, now: Timestamp) -> Result<Option<ReceiptRecord>> {
-        let Some(rec) = engine::effective_of(&self.tables, id, now)? else {
+        let Some(rec) = machine::effective_of(&self.tables, id, now)? else {
             return Ok(None);
         };
         Ok(self.overlaid(rec, now))
@@ -189,12 +189,12 @@ impl ReadView<'_> {
             .map(|e| (e.at, e.kind.clone()))
             .collect();
         // The clocks apply to the pending writes too (a last delivery exhausts the budget).
-        engine::effective(engine::overlay(rec, &mine), now)
+        machine::effective(machine::overlay(rec, &mine), now)
     }
 
     /// The public receipt of `id` at `now`.
     pub(crate) fn lookup(&self, id: &str, now: Timestamp) -> Result<Option<Receipt>> {
-        Ok(self.effective(id, now)?.as_ref().and_then(engine::view))
+        Ok(self.effective(id, now)?.as_ref().and_then(machine::view))
     }
 }
 

@@ -45,7 +45,7 @@ pub(super) fn run(args: &CompactArgs, out: &mut Out) -> Run {
         journal.reclaim_space().map_err(write_err(&args.file))?;
     }
     // The sizes are the file as the command found it and as it leaves it (closing the
-    // journal writes the storage engine's allocator state). A failure to close cleanly is
+    // journal writes redb's allocator state). A failure to close cleanly is
     // an error: the file would be left "not closed cleanly".
     journal.close().map_err(write_err(&args.file))?;
     let reclaimed = if args.reclaim {

@@ -41,7 +41,7 @@ type Run = Result<Outcome, Failure>;
 static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
 
 /// Replaces the default panic hook (which prints a backtrace notice) with one that only
-/// remembers the message: the storage engine may panic on a damaged file, and the library
+/// remembers the message: redb may panic on a damaged file, and the library
 /// catches those inside verify and repair; one that escapes is reported as an error below.
 fn quiet_panics() {
     std::panic::set_hook(Box::new(|info| {

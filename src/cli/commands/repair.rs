@@ -1,5 +1,5 @@
 //! `opjournal repair FILE`: backup, rebuild every index from the event journal, quarantine
-//! damaged records, report what was lost; salvage when the storage engine refuses the file.
+//! damaged records, report what was lost; salvage when redb refuses the file.
 
 use std::path::{Path, PathBuf};
 
@@ -260,7 +260,7 @@ fn human(out: &mut Out, args: &RepairArgs, report: &RepairReport) -> Result<(), 
 
 /// Copies the journal at `file` and its log, which a writer in another process has open,
 /// into a new temporary directory, and returns it with the copy's path. The copy is
-/// consistent: the storage engine never overwrites a page its latest commit can reach, and
+/// consistent: redb never overwrites a page its latest commit can reach, and
 /// every commit rewrites the file's header, so a copy made while the header read the same
 /// before and after holds one commit and the log records written since (a torn last record
 /// reads as the log's end, as after a crash). The log is copied after the journal: a
@@ -314,5 +314,5 @@ fn live_copy(file: &Path) -> Result<(tempfile::TempDir, PathBuf), Failure> {
     .into())
 }
 
-/// The storage engine's header: its commit slots, which every commit rewrites.
+/// redb's header: its commit slots, which every commit rewrites.
 const HEADER_BYTES: usize = 512;

@@ -178,7 +178,7 @@ pub(crate) fn findings_table(out: &mut Out, findings: &[Finding]) -> Result<(), 
     Ok(())
 }
 
-/// The storage engine (or the journal's own meta records) refused the file: report that as
+/// redb (or the journal's own meta records) refused the file: report that as
 /// the problem, with what a salvage could recover.
 fn refused(args: &FileArgs, out: &mut Out, summary: &Summary, e: &opjournal::Error) -> Run {
     let frames = opjournal::intact_records(&args.file).map_err(read_err(&args.file))?;

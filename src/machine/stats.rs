@@ -3,9 +3,9 @@
 use serde::Serialize;
 
 use crate::clock::Timestamp;
-use crate::engine;
 use crate::error::Result;
 use crate::index::{self, Events, Quarantine, Receipts, Results, Scopes, Timers, View};
+use crate::machine;
 use crate::record::{ExecRecord, ReceiptRecord};
 use crate::types::{DeliveryState, ExecutionStatus};
 
@@ -120,14 +120,14 @@ pub(crate) fn collect<V: View>(
         if index::split_receipt_value(&val).1.is_some() {
             s.results += 1;
         }
-        let Some(rec) = engine::effective(rec, now).and_then(&adjust) else {
+        let Some(rec) = machine::effective(rec, now).and_then(&adjust) else {
             continue;
         };
         if let ExecRecord::Vacant { .. } = rec.state {
             s.released += 1;
             continue;
         }
-        let Some(r) = engine::view(&rec) else {
+        let Some(r) = machine::view(&rec) else {
             continue;
         };
         s.operations += 1;
