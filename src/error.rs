@@ -605,7 +605,7 @@ impl From<redb::Error> for Error {
                 redb::Error::Corrupted(detail),
             ),
             // Without the path at hand this is no `Locked` (which names the file): opening a
-            // journal goes through `index::file::open_error`, which names it. The cause
+            // journal goes through `crate::preflight::file::open_error`, which names it. The cause
             // stays reachable, and `is_retryable` recognizes it.
             // The journal always opens its tables with the same types: a table whose stored
             // definition differs is damage (found by fuzzing), which `repair` salvages.

@@ -28,13 +28,13 @@ use redb::{Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, Storag
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::error::{Error, ErrorKind, Result};
-use crate::index::file::{check_format, check_redb_magic};
-use crate::index::guarded;
-use crate::index::reading::{Extent, InPlace, Locks, Scratch, existing_journal_file};
 use crate::index::{self, Base, Layered, Layers, Memtable, View};
 use crate::log::FileLog;
 use crate::machine;
 use crate::machine::stats::{self, Stats};
+use crate::preflight::file::{check_format, check_redb_magic};
+use crate::preflight::guarded;
+use crate::preflight::reading::{Extent, InPlace, Locks, Scratch, existing_journal_file};
 use crate::types::Event;
 use crate::types::{OpResult, Receipt};
 
@@ -97,7 +97,7 @@ impl Drop for Handle {
                 Handle::ReadOnly(db) => drop(db.take()),
                 Handle::Recovered(db) => {
                     if let Some(db) = db.take() {
-                        crate::index::close_unwritten(db);
+                        crate::preflight::close_unwritten(db);
                     }
                 }
             }
@@ -154,15 +154,15 @@ pub(crate) fn open_scratch(
 }
 
 /// Opens a database on `backend` as a writer would. Its system tree and every page number
-/// of its trees are checked first (see `index::system_tree`): redb loads the
+/// of its trees are checked first (see `crate::preflight::system_tree`): redb loads the
 /// allocator state recorded there without checking it, and a damaged page number is read
 /// as a page of up to 4 GiB, allocated before the read fails. A damaged file is refused as
 /// the engine refuses one.
 pub(crate) fn open_on(
     backend: impl StorageBackend,
 ) -> std::result::Result<Database, redb::DatabaseError> {
-    let checked = crate::index::system_tree::check_backend(&backend, |_| {
-        crate::index::system_tree::Depth::Full
+    let checked = crate::preflight::system_tree::check_backend(&backend, |_| {
+        crate::preflight::system_tree::Depth::Full
     });
     if let Err(e) = checked {
         return Err(redb::DatabaseError::Storage(match e.kind() {
@@ -285,8 +285,8 @@ impl Inspector {
         let meta = existing_journal_file(path)?;
         check_redb_magic(path)?;
         // Before redb follows any page number (see `system_tree::check_page_numbers`).
-        crate::index::system_tree::check_page_numbers_file(path, |_| {
-            crate::index::system_tree::Depth::Full
+        crate::preflight::system_tree::check_page_numbers_file(path, |_| {
+            crate::preflight::system_tree::Depth::Full
         })?;
         let file = std::fs::File::open(path).map_err(|e| {
             Error::io_while("open the journal file", "nothing was read or changed", e)

@@ -83,7 +83,7 @@ impl Inspector {
     /// As [`backup`].
     pub fn backup(&self, dest: impl AsRef<Path>) -> Result<BackupReport> {
         let dest = dest.as_ref();
-        index::guarded("backup", || {
+        crate::preflight::guarded("backup", || {
             let mut log_records = 0;
             let mut report = self.with_snapshot_and_log(true, |snap, _, read| {
                 if let crate::inspect::LogRead::Read { records, .. } = read {
@@ -215,7 +215,7 @@ impl NewJournal {
         let db = redb::Builder::new()
             .set_cache_size(crate::config::INSPECT_CACHE_BYTES)
             .create(&tmp.path)
-            .map_err(|e| crate::index::file::open_error(&tmp.path, e))?;
+            .map_err(|e| crate::preflight::file::open_error(&tmp.path, e))?;
         {
             let txn = db.begin_write()?;
             index::create_tables(&txn)?;
@@ -308,7 +308,7 @@ impl NewJournal {
         self.flush(true)?;
         self.base = None;
         if let Some(db) = self.db.take() {
-            index::guarded("close", || {
+            crate::preflight::guarded("close", || {
                 drop(db);
                 Ok(())
             })?;

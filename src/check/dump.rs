@@ -158,7 +158,7 @@ impl Inspector {
     /// [`ErrorKind::Io`] writing `out` (a closed pipe included) or reading the file;
     /// [`ErrorKind::Corrupt`] for a damaged record (run `verify`, then `repair`).
     pub fn export_dump(&self, out: &mut dyn Write) -> Result<DumpReport> {
-        index::guarded("dump", || {
+        crate::preflight::guarded("dump", || {
             self.with_snapshot(|snap, _| write_dump(snap, out))
         })
     }
@@ -371,7 +371,7 @@ enum Part {
 pub fn import_dump(reader: impl BufRead, dest: impl AsRef<Path>) -> Result<ImportReport> {
     let dest = dest.as_ref();
     refuse_existing(dest)?;
-    index::guarded("import", || import(reader, dest))
+    crate::preflight::guarded("import", || import(reader, dest))
 }
 
 fn import(mut reader: impl BufRead, dest: &Path) -> Result<ImportReport> {

@@ -54,11 +54,11 @@ use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::codec::{self, FORMAT_VERSION, RecordKind};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
-use crate::index::file::check_redb_magic;
-use crate::index::reading::{Extent, existing_journal_file};
 use crate::index::{self, Base, Layered, Layers, Memtable, Table, TableKey, View, WriteTables};
 use crate::log::{self, FileLog};
 use crate::machine::{self, Ctx};
+use crate::preflight::file::check_redb_magic;
+use crate::preflight::reading::{Extent, existing_journal_file};
 use crate::record::{
     CheckpointRecord, Event, EventKind, ExecRecord, FormatRecord, IntentDigest, ReceiptRecord,
     RetireCause, RevisionCause, ScopeRecord, StateRecord,

@@ -185,12 +185,12 @@ pub(crate) fn probe_for_events(file: &File, len: u64) -> Result<bool> {
 /// directory), [`crate::ErrorKind::Io`] when it cannot be read.
 pub fn intact_records(path: impl AsRef<std::path::Path>) -> Result<IntactRecords> {
     let path = path.as_ref();
-    let meta = crate::index::reading::existing_journal_file(path)?;
+    let meta = crate::preflight::reading::existing_journal_file(path)?;
     let file = File::open(path)
         .map_err(|e| Error::io_while("open the journal file", "nothing was read or changed", e))?;
-    let extent = crate::index::reading::Extent::of(&file, meta.len())
+    let extent = crate::preflight::reading::Extent::of(&file, meta.len())
         .map_err(|e| Error::io_while("read the journal file", "nothing was changed", e))?;
-    if crate::index::file::check_redb_magic(path).is_err()
+    if crate::preflight::file::check_redb_magic(path).is_err()
         && !probe_for_events(&file, extent.journal_len())?
     {
         return Ok(IntactRecords::default());

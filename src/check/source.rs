@@ -33,9 +33,10 @@ use std::path::{Path, PathBuf};
 use redb::{Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, TableHandle};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::index::reading::{Extent, InPlace, Locks, Scratch};
-use crate::index::{self, Base, Layers, Memtable, Table, TableKey, TableValue, guarded};
+use crate::index::{self, Base, Layers, Memtable, Table, TableKey, TableValue};
 use crate::inspect::{RECOVERY_SCRATCH_BYTES, not_openable, open_on};
+use crate::preflight::guarded;
+use crate::preflight::reading::{Extent, InPlace, Locks, Scratch};
 
 /// The most memory redb may write to while repair reads the file in place.
 const SCRATCH_BYTES: u64 = 4 * RECOVERY_SCRATCH_BYTES;
@@ -65,7 +66,7 @@ impl Db {
     fn close(self) {
         match self {
             Db::ReadOnly(db) => drop(db),
-            Db::Scratch(db) => crate::index::close_unwritten(db),
+            Db::Scratch(db) => crate::preflight::close_unwritten(db),
         }
     }
 
@@ -179,7 +180,7 @@ fn is_io(e: &Error) -> bool {
 /// which carry their own checksums, are kept.
 fn patched_header(head: &[u8], len: u64, defaults: bool) -> Vec<u8> {
     let mut h = head.to_vec();
-    h[..9].copy_from_slice(&index::file::REDB_MAGIC);
+    h[..9].copy_from_slice(&crate::preflight::file::REDB_MAGIC);
     // Keep which slot is primary and whether it was written with two-phase commit.
     h[9] = (h[9] & (1 | 4)) | 2;
     h[10] = 0;
@@ -273,10 +274,10 @@ impl Source {
                     let cap = (self.extent.trailing() > 0).then(|| self.extent.journal_len());
                     let backend = InPlace::new(file()?, cap).map_err(Error::io)?;
                     let len = redb::StorageBackend::len(&backend).map_err(Error::io)?;
-                    crate::index::system_tree::check_page_numbers(
+                    crate::preflight::system_tree::check_page_numbers(
                         len,
                         &mut |at, buf| redb::StorageBackend::read(&backend, at, buf),
-                        crate::index::system_tree::Depth::Full,
+                        crate::preflight::system_tree::Depth::Full,
                     )?;
                     redb::Builder::new()
                         .set_cache_size(crate::config::INSPECT_CACHE_BYTES)
@@ -739,7 +740,7 @@ mod tests {
         let mut head = vec![0xffu8; 512];
         head[9] = 1 | 4;
         let h = patched_header(&head, 139_264, false);
-        assert_eq!(&h[..9], &index::file::REDB_MAGIC);
+        assert_eq!(&h[..9], &crate::preflight::file::REDB_MAGIC);
         assert_eq!(
             h[9],
             1 | 4 | 2,

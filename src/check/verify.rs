@@ -32,11 +32,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::Timestamp;
 use crate::error::{Error, ErrorKind, Result};
-use crate::index::reading::Locks;
-use crate::index::{self, IndexEntry, Layered, Table, TableKey, TimerKind, View, guarded};
+use crate::index::{self, IndexEntry, Layered, Table, TableKey, TimerKind, View};
 use crate::inspect::{Access, Inspector, LogRead};
 use crate::log::FileLog;
 use crate::machine::{self};
+use crate::preflight::guarded;
+use crate::preflight::reading::Locks;
 use crate::record::{Event, EventKind, ExecRecord, OutcomeKind, ReceiptRecord, ResolvedAs};
 
 /// The most findings a report keeps; the others are counted in
@@ -190,7 +191,7 @@ fn integrity_in_place(insp: &Inspector) -> Integrity {
         let mut db = crate::inspect::open_scratch(path, len, INTEGRITY_SCRATCH_BYTES, Locks::Skip)
             .map_err(|e| scratch_error(e.into()))?;
         let ok = db.check_integrity().map_err(|e| scratch_error(e.into()));
-        crate::index::close_unwritten(db);
+        crate::preflight::close_unwritten(db);
         ok
     });
     match r {

@@ -7,14 +7,9 @@
 //! transaction. Every value read is checked (magic, CRC, decode, embedded key) and a
 //! failure is a typed `Corrupt { table, key }` error, never a panic.
 
-pub(crate) mod file;
-mod guard;
 mod layers;
-pub(crate) mod reading;
-pub(crate) mod system_tree;
 mod tables;
 
-pub(crate) use guard::{close_unwritten, guarded};
 pub(crate) use layers::{Base, Layered, Layers, Snapshot};
 pub(crate) use tables::{
     Events, Holds, InDoubt, Memtable, Meta, OpEvents, Quarantine, Receipts, Results, ScopeTimers,

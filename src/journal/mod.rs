@@ -120,7 +120,7 @@ impl Drop for Inner {
         // closing panics too: contain that here, so dropping a journal never panics. The
         // file is closed either way (the unwinding drops the engine's fields).
         if let Some(db) = self.db.take() {
-            let _ = crate::index::guarded("close", || {
+            let _ = crate::preflight::guarded("close", || {
                 drop(db);
                 Ok(())
             });
@@ -221,7 +221,7 @@ impl Journal {
         let Some(db) = inner.db.take() else {
             return Ok(());
         };
-        crate::index::guarded("close", || {
+        crate::preflight::guarded("close", || {
             db.close().map_err(|e| {
                 Error::from(e).while_doing(
                     "close the journal file",
@@ -239,7 +239,7 @@ impl Journal {
         *lock(&self.inner.gate) = true;
         // Closing checkpoints into redb, which may panic on a damaged file (as every call
         // that reads or writes it may): contain that, so dropping a journal never panics.
-        crate::index::guarded("close", || self.inner.close())
+        crate::preflight::guarded("close", || self.inner.close())
     }
 
     /// Runs `f`, turning a panic of redb into [`ErrorKind::Corrupt`]: redb
@@ -248,7 +248,7 @@ impl Journal {
     /// inconsistent, so writes are refused until the journal is reopened (or repaired).
     fn guard<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let mut finished = false;
-        let r = crate::index::guarded(what, || {
+        let r = crate::preflight::guarded(what, || {
             let r = f();
             finished = true;
             r

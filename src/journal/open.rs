@@ -12,10 +12,10 @@ use redb::{Database, ReadableDatabase};
 use crate::codec::FORMAT_VERSION;
 use crate::config::{Config, Sharing};
 use crate::error::{Error, Result};
-use crate::index::file::{check_format, check_redb_magic, open_error};
 use crate::index::{self, Base, Layers, Memtable, View, WriteTables};
 use crate::log::{self, Cursor, FileLog, LogStorage};
 use crate::machine::{self, Ctx};
+use crate::preflight::file::{check_format, check_redb_magic, open_error};
 use crate::record::{CheckpointRecord, EventKind, FormatRecord, StateRecord};
 
 use super::committer::Committer;
@@ -39,26 +39,26 @@ impl Journal {
             // Before redb follows any page number of the file: one outside
             // it would be read as a page of up to 4 GiB (see `system_tree`).
             let limit = cfg.page_check_bytes;
-            crate::index::system_tree::check_page_numbers_file(path, |len| {
-                crate::index::system_tree::Depth::for_writer(len, limit)
+            crate::preflight::system_tree::check_page_numbers_file(path, |len| {
+                crate::preflight::system_tree::Depth::for_writer(len, limit)
             })?;
-            crate::index::guarded("open", || refuse_before_writing(path))?;
+            crate::preflight::guarded("open", || refuse_before_writing(path))?;
         } else {
             Self::create_atomically(path, &cfg)?;
         }
         // The file is input: redb may panic on damaged pages while opening
         // (fuzzing found such files). Answer `Corrupt` instead.
-        crate::index::guarded("open", || {
+        crate::preflight::guarded("open", || {
             let db = Self::redb_builder(&cfg)
                 .create(path)
                 .map_err(|e| open_error(path, e))?;
             // Before anything commits to it (redb holds its lock now, so no other writer
             // changes it while it is read): a damaged system tree would abort the process
             // on the first commit.
-            if let Err(e) = crate::index::system_tree::check_file(path) {
+            if let Err(e) = crate::preflight::system_tree::check_file(path) {
                 // Closing normally would commit (and abort the same way): leave the file as
                 // it was, for `repair`.
-                crate::index::close_unwritten(db);
+                crate::preflight::close_unwritten(db);
                 return Err(e);
             }
             // The log is opened once redb's lock is held: no other writer can be using it.
@@ -123,12 +123,12 @@ impl Journal {
         cfg.sharing = Sharing::Exclusive;
         let path = Path::new(label);
         // The storage is input, as a file is: the engine may panic on damaged pages.
-        crate::index::guarded("open", || {
+        crate::preflight::guarded("open", || {
             // A damaged system tree would abort the process on the first commit, and a
             // page number outside the storage would be read as a page of up to 4 GiB.
             let limit = cfg.page_check_bytes;
-            crate::index::system_tree::check_backend(&backend, |len| {
-                crate::index::system_tree::Depth::for_writer(len, limit)
+            crate::preflight::system_tree::check_backend(&backend, |len| {
+                crate::preflight::system_tree::Depth::for_writer(len, limit)
             })?;
             let db = Self::redb_builder(&cfg)
                 .create_with_backend(backend)
