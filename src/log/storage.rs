@@ -4,7 +4,7 @@ use std::fmt;
 use std::io;
 use std::sync::Mutex;
 
-/// Where a journal's log lives: a file beside the redb file ([`FileLog`]), or, for tests,
+/// Where a journal's log lives: a file beside the redb file ([`FileLog`](super::FileLog)), or, for tests,
 /// an in-memory or fault-injecting disk passed to
 /// [`JournalBuilder::open_backends`](crate::JournalBuilder::open_backends).
 ///
