@@ -2,12 +2,11 @@
 //! stated (issue 23): group commit, the lazy-commit triggers of deliveries and
 //! acknowledgements, the builder's memory bounds, and the edge of inline results.
 //!
-//! Most run on the fault disk (`tests/support/fault_backend.rs`), whose counters show
+//! Most run on the fault disk (`testkit/src/fault_backend.rs`), whose counters show
 //! every write and sync of the journal's two files and whose durable image is what a
 //! power cut would leave.
 
-#[path = "support/fault_backend.rs"]
-mod fault_backend;
+use opjournal_testkit::fault_backend;
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};

@@ -2,8 +2,7 @@
 //! journal refuses further writes until reopened.
 
 mod common;
-#[path = "support/fault_backend.rs"]
-mod fault_backend;
+use opjournal_testkit::fault_backend;
 
 use std::time::Duration;
 

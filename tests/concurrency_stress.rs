@@ -14,8 +14,6 @@
 //!
 //! `OPJ_STRESS_ITERS` sets the calls per thread (default 300); `OPJ_SEED` the seed.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,7 +23,7 @@ use opjournal::{
     Admission, Clock, DeliveryState, ErrorKind, ExecutionStatus, Intent, Journal, ManualClock,
     Operation, Outcome, Resolution, Sharing, Timestamp,
 };
-use support::driver::{Rng, T0};
+use opjournal_testkit::driver::{Rng, T0};
 
 const THREADS: usize = 8;
 /// How many ids the threads share at any moment; the window slides as calls are made, so

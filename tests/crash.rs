@@ -4,7 +4,7 @@
 //! Each run drives a random workload (submit, complete, fail, release, extend, resolve,
 //! deliver, acknowledge, advance revision, clock jumps, compaction, flush) against a journal
 //! in the default configuration on a fault-injecting disk holding its two files, the redb
-//! file and the log (`tests/support/fault_backend.rs`), and against the reference model, in
+//! file and the log (`testkit/src/fault_backend.rs`), and against the reference model, in
 //! lockstep. Six seeds in ten use the smallest checkpoint size (64 KiB) with large results,
 //! so checkpoints (the log written into redb, then started over) happen every few
 //! completed operations. At a random moment it injects a fault (EIO or ENOSPC on the Nth
@@ -29,19 +29,19 @@
 //! `OPJ_CRASH_RUNS` sets the number of runs (default 1000); `OPJ_SEED=<seed>` replays one
 //! run with its steps printed. A failing run prints its seed.
 
-mod support;
-
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use opjournal::{ErrorKind, Journal, ManualClock, Sharing, Timestamp};
-use support::driver::{Rng, SMALL_CHECKPOINT, Stepped, T0, Workload, WorkloadStats, config_for};
-use support::fault_backend::{
+use opjournal_testkit::driver::{
+    Rng, SMALL_CHECKPOINT, Stepped, T0, Workload, WorkloadStats, config_for,
+};
+use opjournal_testkit::fault_backend::{
     CutPolicy, DiskFile, DiskImage, DiskStats, EIO, ENOSPC, FaultAction, FaultDisk, IoKind, Trigger,
 };
-use support::images::{open, verify_image};
-use support::model::ModelConfig;
+use opjournal_testkit::images::{open, verify_image};
+use opjournal_testkit::model::ModelConfig;
 
 /// The first seed of the default runs (any fixed value; runs use `BASE + i`).
 const BASE_SEED: u64 = 0x0A11_CE5E_ED00_0000;
@@ -1173,8 +1173,8 @@ fn v2_with_log_image() -> DiskImage {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let read = |name: &str| std::fs::read(dir.join(name)).expect("the format 2 fixture");
     DiskImage {
-        db: support::fault_backend::Image::from_bytes(&read("v2-with-log.opj")),
-        log: support::fault_backend::Image::from_bytes(&read("v2-with-log.opj-log")),
+        db: opjournal_testkit::fault_backend::Image::from_bytes(&read("v2-with-log.opj")),
+        log: opjournal_testkit::fault_backend::Image::from_bytes(&read("v2-with-log.opj-log")),
     }
 }
 
@@ -1229,7 +1229,7 @@ fn a_power_cut_anywhere_in_a_format_2_upgrade_keeps_the_logged_work_and_upgrades
             verify_image(&closed).unwrap_or_else(|e| panic!("{label}: {e}"));
             let dir = tempfile::tempdir().expect("a directory");
             let path = dir.path().join("upgraded.opj");
-            support::images::write_image(&closed, &path).expect("write the image");
+            opjournal_testkit::images::write_image(&closed, &path).expect("write the image");
             let mut upgrades = Vec::new();
             opjournal::Inspector::open(&path)
                 .expect("inspect")

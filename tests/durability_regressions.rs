@@ -3,8 +3,7 @@
 //! a file closed cleanly (a checkpoint, the log removed), and the two-file fault disk
 //! after the process died (the log replayed) or the power failed (only what was synced).
 
-#[path = "support/fault_backend.rs"]
-mod fault_backend;
+use opjournal_testkit::fault_backend;
 
 use std::time::Duration;
 

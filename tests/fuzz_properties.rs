@@ -1,7 +1,7 @@
 //! The fuzz targets' claims on stable, on every `cargo test`: the same checks as
-//! `fuzz/fuzz_targets/*` (these files include the targets' logic from `fuzz/src/` by
-//! path), fed by proptest instead of libFuzzer, plus a replay of every committed seed and
-//! regression input. See docs/fuzzing.md.
+//! `fuzz/fuzz_targets/*` (both call the `opjournal-testkit` crate, `testkit/`), fed by
+//! proptest instead of libFuzzer, plus a replay of every committed seed and regression
+//! input. See docs/fuzzing.md.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -11,27 +11,13 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use serde_json::{Number, Value};
 
-#[path = "../fuzz/src/alloc_meter.rs"]
-mod alloc_meter;
-#[path = "../fuzz/src/decode_record.rs"]
-mod decode_record;
-#[path = "../fuzz/src/intent_json.rs"]
-mod intent_json;
-#[path = "../fuzz/src/open_file.rs"]
-mod open_file;
-#[path = "../fuzz/src/ops_vs_model.rs"]
-mod ops_vs_model;
-#[path = "../fuzz/src/panics.rs"]
-mod panics;
-#[path = "../fuzz/src/seeds.rs"]
-mod seeds;
-// The reference model and the fault-injecting disk, as `ops_vs_model` expects them.
-#[path = "support/fault_backend.rs"]
-mod fault_backend;
-#[path = "support/images.rs"]
-mod images;
-#[path = "support/model.rs"]
-mod model;
+use opjournal_testkit::alloc_meter;
+use opjournal_testkit::decode_record;
+use opjournal_testkit::intent_json;
+use opjournal_testkit::open_file;
+use opjournal_testkit::ops_vs_model;
+use opjournal_testkit::panics;
+use opjournal_testkit::seeds;
 
 #[global_allocator]
 static ALLOC: alloc_meter::Meter = alloc_meter::Meter;

@@ -6,8 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-#[path = "support/fault_backend.rs"]
-mod fault_backend;
+use opjournal_testkit::fault_backend;
 
 use opjournal::{ErrorKind, Inspector, Intent, Journal, canonical_json};
 use opjournal::{RepairOptions, repair};

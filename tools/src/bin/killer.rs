@@ -6,7 +6,7 @@
 //! ```
 //!
 //! **kill -9** (default): each run starts a child process (this binary with `--child`)
-//! that runs the seeded workload of `tests/support/driver.rs` against a journal file on
+//! that runs the seeded workload of `testkit/src/driver.rs` against a journal file on
 //! disk (and its log beside it) in the default configuration (`Sharing::LiveReaders`; one
 //! run in five `Exclusive`), six seeds in ten with the smallest checkpoint size so that
 //! checkpoints and log cycles are frequent, checking every answer against the reference
@@ -38,11 +38,7 @@
 //!
 //! Every run prints its seed on failure; `--seed S --runs 1` replays it.
 
-#[path = "../../../tests/support/model.rs"]
-mod model;
-
-#[path = "../../../tests/support/driver.rs"]
-mod driver;
+use opjournal_testkit::{driver, model};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};

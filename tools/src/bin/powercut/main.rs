@@ -46,11 +46,7 @@
 //! differs from one try to the next); `--keep-failures DIR` keeps the files as the cut left
 //! them and the child's output, and `--recheck DIR/<seed>` checks those again, exactly.
 
-#[path = "../../../../tests/support/model.rs"]
-mod model;
-
-#[path = "../../../../tests/support/driver.rs"]
-mod driver;
+use opjournal_testkit::{driver, model};
 
 mod cutfs;
 mod selftest;

@@ -9,7 +9,7 @@
 //! The child prints one line per answered call, after the call returned (`ok <thread>
 //! <call number> <answer as JSON>`): a call printed `ok` that writes returned `Ok`, so it
 //! was durable. The parent replays the printed answers, in the order printed, through the
-//! crash suites' reference model (`tests/support/model.rs`): every answer must be the
+//! crash suites' reference model (`testkit/src/model.rs`): every answer must be the
 //! model's (the threads' state is disjoint, so any order of their calls leaves the same
 //! state). The crash may leave that state plus any subset of the calls in flight; the
 //! reopened journal must equal one of those states exactly ([`Recovery::recover`]: every

@@ -1,7 +1,7 @@
 //! `ops_vs_model`: an arbitrary sequence of API calls against the reference model
-//! (`tests/support/model.rs`), on a disk in memory that holds the journal's two files (the
+//! (`testkit/src/model.rs`), on a disk in memory that holds the journal's two files (the
 //! redb file and the log) and injects I/O errors and power cuts
-//! (`tests/support/fault_backend.rs`), in the default configuration.
+//! (`testkit/src/fault_backend.rs`), in the default configuration.
 //!
 //! Every public operation is reachable: submit (fresh, resubmitted, other intent, stale
 //! base, busy scope, full window, bad input), complete (applied, failed, too large, not

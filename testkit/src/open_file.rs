@@ -8,7 +8,7 @@
 //! and repair take paths (as the CLI does): both files are written to a directory in
 //! memory (`/dev/shm` where there is one), so no byte of them touches a disk. The writer's
 //! open of the damaged files runs on the in-memory fault disk
-//! (`tests/support/fault_backend.rs`); after a repair the writer opens the repaired file by
+//! (`testkit/src/fault_backend.rs`); after a repair the writer opens the repaired file by
 //! its path, as an editor does.
 //!
 //! Claims checked, besides "never panics" (the fuzzer) and "never hangs" (its timeout):

@@ -1,8 +1,7 @@
 //! A reference model of the journal's semantics (DESIGN.md §3, §4, §6, §7), in memory.
 //!
-//! Self-contained: it depends only on `opjournal`, `std` and the crate's own dependencies
-//! (`sha2`, for the delivery jitter), so a fuzz target can include it with
-//! `#[path = "../../tests/support/model.rs"] mod model;`.
+//! Self-contained: it depends only on `opjournal`, `std` and `sha2` (for the delivery
+//! jitter).
 //!
 //! Two layers:
 //! - [`Model`]: one method per journal call, each returning the expected answer in a

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use opjournal::{Claim, Journal, ManualClock, ScopeLock, Sharing, Timestamp};
 
-use super::model::{
+use crate::model::{
     Call, ErrView, Model, ModelConfig, OpSpec, OutcomeSpec, Recovery, ResolutionSpec, StepResult,
 };
 

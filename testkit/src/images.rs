@@ -7,8 +7,8 @@ use std::path::Path;
 
 use opjournal::{FileLog, Inspector, Journal, ManualClock};
 
-use super::fault_backend::{DiskImage, FaultDisk};
-use super::model::ModelConfig;
+use crate::fault_backend::{DiskImage, FaultDisk};
+use crate::model::ModelConfig;
 
 /// Opens (or creates) the journal on `disk` with the model's configuration: the redb file
 /// is `disk.backend()`, the log `disk.log()`. (On custom storage the journal opens redb with
