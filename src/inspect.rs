@@ -154,16 +154,14 @@ pub(crate) fn open_scratch(
 }
 
 /// Opens a database on `backend` as a writer would. Its system tree and every page number
-/// of its trees are checked first (see `crate::preflight::system_tree`): redb loads the
+/// of its trees are checked first (see `crate::preflight::check_backend`): redb loads the
 /// allocator state recorded there without checking it, and a damaged page number is read
 /// as a page of up to 4 GiB, allocated before the read fails. A damaged file is refused as
 /// the engine refuses one.
 pub(crate) fn open_on(
     backend: impl StorageBackend,
 ) -> std::result::Result<Database, redb::DatabaseError> {
-    let checked = crate::preflight::system_tree::check_backend(&backend, |_| {
-        crate::preflight::system_tree::Depth::Full
-    });
+    let checked = crate::preflight::check_backend(&backend, |_| crate::preflight::Depth::Full);
     if let Err(e) = checked {
         return Err(redb::DatabaseError::Storage(match e.kind() {
             ErrorKind::Io => redb::StorageError::Io(std::io::Error::other(e.to_string())),
@@ -284,10 +282,8 @@ impl Inspector {
     fn open_unguarded(path: &Path) -> Result<Inspector> {
         let meta = existing_journal_file(path)?;
         check_redb_magic(path)?;
-        // Before redb follows any page number (see `system_tree::check_page_numbers`).
-        crate::preflight::system_tree::check_page_numbers_file(path, |_| {
-            crate::preflight::system_tree::Depth::Full
-        })?;
+        // Before redb follows any page number (see `preflight::check_file`).
+        crate::preflight::check_file(path, |_| crate::preflight::Depth::Full)?;
         let file = std::fs::File::open(path).map_err(|e| {
             Error::io_while("open the journal file", "nothing was read or changed", e)
         })?;

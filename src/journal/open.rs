@@ -37,10 +37,10 @@ impl Journal {
         check_redb_magic(path)?;
         if path.exists() {
             // Before redb follows any page number of the file: one outside
-            // it would be read as a page of up to 4 GiB (see `system_tree`).
+            // it would be read as a page of up to 4 GiB (see `preflight::check_file`).
             let limit = cfg.page_check_bytes;
-            crate::preflight::system_tree::check_page_numbers_file(path, |len| {
-                crate::preflight::system_tree::Depth::for_writer(len, limit)
+            crate::preflight::check_file(path, |len| {
+                crate::preflight::Depth::for_writer(len, limit)
             })?;
             crate::preflight::guarded("open", || refuse_before_writing(path))?;
         } else {
@@ -55,7 +55,7 @@ impl Journal {
             // Before anything commits to it (redb holds its lock now, so no other writer
             // changes it while it is read): a damaged system tree would abort the process
             // on the first commit.
-            if let Err(e) = crate::preflight::system_tree::check_file(path) {
+            if let Err(e) = crate::preflight::check_before_first_commit(path) {
                 // Closing normally would commit (and abort the same way): leave the file as
                 // it was, for `repair`.
                 crate::preflight::close_unwritten(db);
@@ -127,8 +127,8 @@ impl Journal {
             // A damaged system tree would abort the process on the first commit, and a
             // page number outside the storage would be read as a page of up to 4 GiB.
             let limit = cfg.page_check_bytes;
-            crate::preflight::system_tree::check_backend(&backend, |len| {
-                crate::preflight::system_tree::Depth::for_writer(len, limit)
+            crate::preflight::check_backend(&backend, |len| {
+                crate::preflight::Depth::for_writer(len, limit)
             })?;
             let db = Self::redb_builder(&cfg)
                 .create_with_backend(backend)

@@ -4,16 +4,114 @@
 //! checking them against the file, allocates a page's whole size before reading it, and
 //! panics (or aborts, inside a destructor) on pages that do not parse. A journal file is
 //! input, so before any open this layer recognizes the file ([`file`], [`reading`]),
-//! checks the header, the layout and every page number the trees reach
-//! ([`system_tree`]), and runs every call into redb on such a file under the panic
-//! guard ([`guard`]), which answers `Corrupt` instead of unwinding into the caller.
+//! checks the header, the layout and every page number the trees reach, checks the system
+//! tree before a writer's first commit, and runs every call into redb on such a file under
+//! the panic guard ([`guard`]), which answers `Corrupt` instead of unwinding into the
+//! caller.
 //!
-//! It knows redb's file format (file format 3, redb 3 and 4), not the journal's tables:
-//! the index (`crate::index`) is what reads those, after pre-flight passed.
+//! The checks have one entry point per kind of access:
+//!
+//! - [`check_file`]: a file read by path, before any open (a writer's or a reader's): every
+//!   page number, through a handle of its own, walked again if a live writer committed
+//!   meanwhile;
+//! - [`check_before_first_commit`]: a file a writer has opened (redb holds its lock), before
+//!   anything commits to it: redb's system tree;
+//! - [`check_backend`]: a storage backend, before redb takes it as a writer: both.
+//!
+//! Laid out as redb lays out its `page_store`: the header and its commit slots
+//! ([`header`]), where the pages are ([`layout`]), what a page holds ([`page`]), and the two
+//! walks over them ([`system_tree`], [`page_numbers`]). It knows redb's file format (file
+//! format 3, redb 3 and 4, as described in redb's `header.rs`, `layout.rs` and
+//! `btree_base.rs`), not the journal's tables: the index (`crate::index`) is what reads
+//! those, after pre-flight passed. A file these checks do not understand (another page
+//! size, a slot version they do not know) is left to redb.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
 
 pub(crate) mod file;
 pub(crate) mod guard;
+mod header;
+mod layout;
+mod page;
+mod page_numbers;
 pub(crate) mod reading;
 pub(crate) mod system_tree;
+#[cfg(test)]
+mod test_files;
 
 pub(crate) use guard::{close_unwritten, guarded};
+pub(crate) use page_numbers::{Depth, PagesChecked};
+pub(crate) use system_tree::Checked;
+
+/// Reads `buf.len()` bytes at `offset` of the redb file.
+pub(crate) type ReadAt<'a> = dyn FnMut(u64, &mut [u8]) -> std::io::Result<()> + 'a;
+
+/// Checks every page number redb can follow in the file at `path`, before any open reads
+/// it, as deep as `depth` says for the file's length (see
+/// [`page_numbers::check_page_numbers`]). The file is read through a handle of its own.
+///
+/// The file may be live (a writer in another process checkpointing meanwhile): a refusal
+/// is only returned when the commit slots read the same after the walk as before it, so
+/// the walk saw one commit's pages; otherwise it walks again (at most three times).
+///
+/// # Errors
+///
+/// `Corrupt { table: "(redb)", key: "page numbers", .. }` naming the page; `Io` when the
+/// file cannot be opened or read.
+pub(crate) fn check_file(path: &Path, depth: impl Fn(u64) -> Depth) -> Result<PagesChecked> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        // One handle per try: the slots before the walk, the walk, and, only when it
+        // refuses, the slots again.
+        let (walked, slots_changed) = on_file(path, |len, read| {
+            let before = header::header_of(len, read)?;
+            let walked = page_numbers::check_page_numbers(len, read, depth(len));
+            let changed = walked.is_err() && header::header_of(len, read)? != before;
+            Ok((walked, changed))
+        })?;
+        if !(slots_changed && tries < 3) {
+            return walked;
+        }
+    }
+}
+
+/// Checks redb's system tree in the file at `path` (see [`system_tree::check`]), read
+/// through a handle of its own, after a writer opened it and before anything commits to
+/// it. The caller holds redb's lock on the file, so no other writer changes it meanwhile.
+///
+/// # Errors
+///
+/// `Corrupt { table: "(redb)", key: "system tree", .. }` naming the damage; `Io` when the
+/// file cannot be opened or read.
+pub(crate) fn check_before_first_commit(path: &Path) -> Result<Checked> {
+    on_file(path, system_tree::check)
+}
+
+/// Checks a storage backend before redb takes it as a writer: its system tree (see
+/// [`system_tree::check`]) and every page number (see
+/// [`page_numbers::check_page_numbers`]), as deep as `depth` says for the storage's
+/// length.
+///
+/// # Errors
+///
+/// As [`check_before_first_commit`] and [`check_file`].
+pub(crate) fn check_backend(
+    backend: &dyn redb::StorageBackend,
+    depth: impl Fn(u64) -> Depth,
+) -> Result<Checked> {
+    let len = backend.len().map_err(Error::io)?;
+    let mut read = |at, buf: &mut [u8]| backend.read(at, buf);
+    let checked = system_tree::check(len, &mut read)?;
+    page_numbers::check_page_numbers(len, &mut read, depth(len))?;
+    Ok(checked)
+}
+
+/// Runs a check on the redb file at `path`, read through a handle of its own.
+fn on_file<R>(path: &Path, check: impl FnOnce(u64, &mut ReadAt<'_>) -> Result<R>) -> Result<R> {
+    let file = std::fs::File::open(path).map_err(Error::io)?;
+    let len = file.metadata().map_err(Error::io)?.len();
+    check(len, &mut |at, buf| reading::read_exact_at(&file, buf, at))
+}
