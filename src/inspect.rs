@@ -16,8 +16,8 @@
 //! is opened. Bytes after the journal's data (redb's header says where it ends) are not part
 //! of it: the journal is read as it is, and [`Inspector::trailing_bytes`] says how many follow.
 //!
-//! The file is input: redb trusts its pages and may panic on a damaged file
-//! (fuzzing found such files). Every method turns such a panic into
+//! The file is input: redb trusts its pages and may panic on a damaged file. Every
+//! method turns such a panic into
 //! [`ErrorKind::Corrupt`] (in builds that unwind on panic), so a damaged file never brings
 //! down the tool that inspects it.
 

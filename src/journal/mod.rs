@@ -243,7 +243,7 @@ impl Journal {
     }
 
     /// Runs `f`, turning a panic of redb into [`ErrorKind::Corrupt`]: redb
-    /// trusts its pages and may panic on a damaged file (fuzzing found such files). The
+    /// trusts its pages and may panic on a damaged file. The
     /// handle is then poisoned, as after a failed commit: the engine's own state may be
     /// inconsistent, so writes are refused until the journal is reopened (or repaired).
     fn guard<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {

@@ -1,17 +1,16 @@
 //! Opening and creating a journal: the redb file made ready (created, or upgraded from
 //! format 1), then the log read back into the memtable.
 
-use std::fs::OpenOptions;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use redb::{Database, ReadableDatabase};
 
 use crate::codec::FORMAT_VERSION;
 use crate::config::{Config, Sharing};
 use crate::error::{Error, Result};
+use crate::fsutil::{TempFile, parent_dir, sync_dir};
 use crate::index::{self, Base, Layers, Memtable, View, WriteTables};
 use crate::log::{self, Cursor, FileLog, LogStorage};
 use crate::machine::{self, Ctx};
@@ -46,8 +45,8 @@ impl Journal {
         } else {
             Self::create_atomically(path, &cfg)?;
         }
-        // The file is input: redb may panic on damaged pages while opening
-        // (fuzzing found such files). Answer `Corrupt` instead.
+        // The file is input: redb may panic on damaged pages while opening. Answer
+        // `Corrupt` instead.
         crate::preflight::guarded("open", || {
             let db = Self::redb_builder(&cfg)
                 .create(path)
@@ -76,10 +75,7 @@ impl Journal {
     /// used). A crash leaves no journal or a complete one, and at worst a stray temporary
     /// file named `.<name>.creating-*`.
     fn create_atomically(path: &Path, cfg: &Config) -> Result<()> {
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
+        let dir = parent_dir(path);
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -106,10 +102,7 @@ impl Journal {
             Err(e) => return Err(Error::io(e)),
         }
         // Make the new name durable.
-        #[cfg(unix)]
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(Error::io)?;
+        sync_dir(dir)?;
         Ok(())
     }
 
@@ -472,44 +465,4 @@ pub(crate) fn prepare(db: &Database, path: &Path, cfg: &Config) -> Result<()> {
     index::create_tables(&txn)?;
     txn.commit()?;
     Ok(())
-}
-
-/// A new, empty file with a unique name beside the journal, removed when dropped (after a
-/// successful link the journal keeps its own name for the same file).
-pub(crate) struct TempFile {
-    pub(crate) path: PathBuf,
-}
-
-impl TempFile {
-    /// Creates `.<name>.creating-<pid>-<counter>-<nanos>` in `dir`; the name is new (the file
-    /// is created with `create_new`), retried with the next counter if it is taken.
-    pub(crate) fn create(dir: &Path, name: &str) -> Result<TempFile> {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let mut last = None;
-        for _ in 0..100 {
-            let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let path = dir.join(format!(
-                ".{name}.creating-{}-{n}-{nanos}",
-                std::process::id()
-            ));
-            match OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(_) => return Ok(TempFile { path }),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-                Err(e) => return Err(Error::io(e)),
-            }
-        }
-        Err(Error::io(last.unwrap_or_else(|| {
-            std::io::Error::other("no unused temporary name beside the journal")
-        })))
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
 }
