@@ -247,7 +247,8 @@ impl Journal {
                 };
             }
             Err(panic) => {
-                let message = crate::error::shorten(&panic_message(panic.as_ref()), 1000);
+                let message = crate::panics::message(panic.as_ref()).unwrap_or("(no message)");
+                let message = crate::error::shorten(message, 1000);
                 crate::trace_event!(ERROR, operation_id = %claim.operation_id, "operation panicked");
                 let _ = self.complete(
                     &claim,
@@ -264,15 +265,5 @@ impl Journal {
                 error,
             }))),
         }
-    }
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(no message)".to_string()
     }
 }

@@ -117,6 +117,7 @@ mod log;
 mod machine;
 #[cfg(feature = "mcp")]
 pub mod mcp;
+mod panics;
 mod preflight;
 mod record;
 #[cfg(feature = "service")]

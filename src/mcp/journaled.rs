@@ -768,9 +768,11 @@ impl Inner {
             Ok(effect) => effect,
             Err(panic) => {
                 // Its effect may have started: a failure, recorded and replayed.
+                let text = crate::panics::message(panic.as_ref());
+                let text = text.unwrap_or("a panic without a message");
                 let message = format!(
                     "the tool panicked: {}",
-                    crate::error::shorten(&panic_text(panic.as_ref()), MAX_FAILURE)
+                    crate::error::shorten(text, MAX_FAILURE)
                 );
                 Effect::done(CallToolResult::error(vec![ContentBlock::text(message)]))
             }
@@ -1056,14 +1058,4 @@ fn failure_text(result: &CallToolResult) -> String {
         texts.join("\n")
     };
     crate::error::shorten(&text, MAX_FAILURE)
-}
-
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_string()
-    }
 }

@@ -5,16 +5,6 @@ use std::panic::AssertUnwindSafe;
 
 use crate::error::{Error, Result};
 
-pub(crate) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".to_string()
-    }
-}
-
 /// A panic of redb, as the cause of a `Corrupt` error: its text is the
 /// engine's own (`entered unreachable code`, a `Utf8Error`), which says nothing to a user,
 /// so it stays in the cause chain and the message says what it means.
@@ -34,7 +24,12 @@ impl std::error::Error for EnginePanic {}
 pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     match std::panic::catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
-        Err(p) => Err(engine_panic(what, panic_message(p))),
+        Err(p) => Err(engine_panic(
+            what,
+            crate::panics::message(p.as_ref())
+                .unwrap_or("unknown panic")
+                .to_string(),
+        )),
     }
 }
 

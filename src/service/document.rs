@@ -354,7 +354,11 @@ impl DocumentStore {
         let summary = match checked {
             Ok(Ok(summary)) => summary,
             Ok(Err(reason)) => return Err(ApplyError::Refused(reason)),
-            Err(panic) => return Err(ApplyError::Panicked(panic_message(panic.as_ref()))),
+            Err(panic) => {
+                let message = crate::panics::message(panic.as_ref());
+                let message = message.unwrap_or("a panic without a message").to_string();
+                return Err(ApplyError::Panicked(message));
+            }
         };
         let line = LogLine {
             op: op.to_string(),
@@ -580,17 +584,6 @@ fn replay(path: &Path, bytes: &[u8], doc: &mut Document) -> Result<(usize, usize
         offset += end + 1;
     }
     Ok((applied, offset))
-}
-
-/// The text of a panic payload.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_string()
-    }
 }
 
 #[cfg(test)]
