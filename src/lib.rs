@@ -107,6 +107,7 @@ mod codec;
 mod config;
 mod error;
 mod execute;
+mod fsutil;
 #[cfg(feature = "internals")]
 pub mod fuzzing;
 mod index;

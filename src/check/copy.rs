@@ -20,9 +20,9 @@ use redb::{Database, ReadableDatabase};
 
 use crate::codec::{self, RecordKind};
 use crate::error::{Error, Result};
+use crate::fsutil::{TempFile, parent_dir, sync_dir};
 use crate::index::{self, Base, Layered, Layers, Memtable, Table, View, WriteTables};
 use crate::inspect::{Access, Inspector};
-use crate::journal::open::TempFile;
 use crate::log;
 use crate::record::CheckpointRecord;
 
@@ -197,10 +197,7 @@ impl NewJournal {
     /// Creates the temporary file beside `dest`, with every table.
     pub(crate) fn create(dest: &Path) -> Result<NewJournal> {
         refuse_existing(dest)?;
-        let dir = match dest.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+        let dir = parent_dir(dest).to_path_buf();
         let name = dest
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -325,10 +322,7 @@ impl NewJournal {
             }
             Err(e) => return Err(Error::io(e)),
         }
-        #[cfg(unix)]
-        std::fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(Error::io)?;
+        sync_dir(&self.dir)?;
         std::fs::metadata(&self.dest)
             .map(|m| m.len())
             .map_err(Error::io)

@@ -2097,16 +2097,13 @@ struct Target {
     path: PathBuf,
     /// For a dry run outside the journal's directory (not writable): the file in the
     /// system's temporary directory, removed when dropped.
-    _scratch: Option<crate::journal::open::TempFile>,
+    _scratch: Option<crate::fsutil::TempFile>,
     keep: bool,
 }
 
 impl Target {
     fn create(journal: &Path, dry_run: bool) -> Result<Target> {
-        let dir = match journal.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+        let dir = crate::fsutil::parent_dir(journal);
         let name = journal
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -2128,17 +2125,15 @@ impl Target {
             }),
             Err(e) if dry_run => {
                 // A dry run in a directory it cannot write to builds its copy elsewhere.
-                let tmp = crate::journal::open::TempFile::create(
-                    &std::env::temp_dir(),
-                    "opjournal-repair",
-                )
-                .map_err(|_| {
-                    Error::io_while(
-                        "create the repaired journal beside the file",
-                        "nothing was changed",
-                        e,
-                    )
-                })?;
+                let tmp =
+                    crate::fsutil::TempFile::create(&std::env::temp_dir(), "opjournal-repair")
+                        .map_err(|_| {
+                            Error::io_while(
+                                "create the repaired journal beside the file",
+                                "nothing was changed",
+                                e,
+                            )
+                        })?;
                 Ok(Target {
                     path: tmp.path.clone(),
                     _scratch: Some(tmp),
@@ -2226,7 +2221,7 @@ impl Target {
                 )
             })?;
         }
-        crate::log::sync_parent(journal).map_err(|e| {
+        crate::fsutil::sync_parent(journal).map_err(|e| {
             Error::io_while(
                 "sync the journal's directory",
                 "the journal was repaired, but a power loss now could bring back the file as it was",

@@ -36,7 +36,7 @@ impl FileLog {
             .truncate(false)
             .open(path)?;
         if !existed {
-            sync_parent(path)?;
+            crate::fsutil::sync_parent(path)?;
         }
         Ok(FileLog {
             file,
@@ -63,23 +63,6 @@ impl FileLog {
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
-    }
-}
-
-/// Syncs the directory holding `path`, so a file created or removed there stays so.
-pub(crate) fn sync_parent(path: &Path) -> io::Result<()> {
-    #[cfg(unix)]
-    {
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        File::open(dir)?.sync_all()
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = path;
-        Ok(())
     }
 }
 

@@ -64,7 +64,6 @@ mod writer;
 
 pub(crate) use damage::dropped;
 pub use file::FileLog;
-pub(crate) use file::sync_parent;
 pub(crate) use format::*;
 pub(crate) use reader::{own_cursor, scan_storage};
 pub use storage::{LogStorage, MemoryLog};
