@@ -8,7 +8,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use crate::clock::Timestamp;
-use crate::intent::IntentHash;
+use crate::intent_hash::IntentHash;
 
 /// A specialized `Result` for journal operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -681,7 +681,7 @@ pub(crate) fn shown(path: &std::path::Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::intent::{HashScheme, IntentHash};
+    use crate::intent_hash::{HashScheme, IntentHash};
 
     /// One error of every kind, with whether the same call may succeed later.
     fn every_kind() -> Vec<(Error, bool)> {

@@ -1,127 +1,21 @@
-//! Intents and their hashes. The hash construction is documented on [`HashScheme`], where
-//! rustdoc shows it.
+//! Intents: an operation's name and the hash of its arguments, computed over their
+//! canonical JSON ([`canonical_json`]; RFC 8785 for the current scheme).
+//!
+//! The hash and its construction live in `intent_hash`, a leaf (documented on
+//! [`HashScheme`], where rustdoc shows it); here is what of the hash needs the crate's
+//! `Error` or `Intent`: parsing its text form and [`IntentHash::matches`].
 
-use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use sha2::{Digest, Sha256};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::error::{Error, Result};
+use crate::intent_hash::digest;
+// The modules that name the hash as `crate::intent::IntentHash` keep that path.
+pub(crate) use crate::intent_hash::{HashScheme, IntentHash};
 use crate::validate;
 
-const DOMAIN_V1: &[u8] = b"opjournal.intent.v1\0";
-const DOMAIN_V2: &[u8] = b"opjournal.intent.v2\0";
-
-/// How an intent hash was computed. Hashes of different schemes never match.
-///
-/// # The construction
-///
-/// An intent hash is SHA-256 over a domain tag, the length-prefixed intent name and the
-/// canonical argument bytes:
-///
-/// ```text
-/// sha256( domain || u64_le(len(name)) || name || args )
-/// ```
-///
-/// `name` is the intent name's UTF-8 bytes and `u64_le(len(name))` its length in bytes as
-/// 8 little-endian bytes. `domain` is an ASCII tag followed by one zero byte:
-///
-/// | scheme | `domain` | `args` for JSON arguments | shown as |
-/// |---|---|---|---|
-/// | [`JcsV2`](HashScheme::JcsV2) (current) | `opjournal.intent.v2\0` | RFC 8785 (JCS) canonical JSON | `jcs-sha256:<hex>` |
-/// | [`LegacyV1`](HashScheme::LegacyV1) | `opjournal.intent.v1\0` | keys sorted by UTF-8 bytes, numbers as `serde_json` prints them | `sha256:<hex>` |
-///
-/// For arguments given as bytes ([`Intent::from_bytes`]) `args` is those bytes under
-/// either scheme.
-///
-/// JCS makes the hash computable by any language with a JCS library (`canonicalize` for
-/// JavaScript, `rfc8785` for Python): object keys sorted by their UTF-16 code units, no
-/// whitespace, strings escaped minimally (`\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`, other
-/// control characters as `\u00xx`, everything else as UTF-8), numbers as ECMAScript's
-/// `Number.prototype.toString` prints the IEEE-754 double (`1.0` is `1`, `1e21` is
-/// `1e+21`, `-0` is `0`).
-///
-/// # Test vectors
-///
-/// Under [`JcsV2`](HashScheme::JcsV2) (computed independently with Node.js's
-/// `JSON.stringify` over key-sorted objects and its `crypto` module):
-///
-/// | name | arguments | canonical JSON | hash |
-/// |---|---|---|---|
-/// | `scene.add_light` | `{"near": "door", "kind": "spot"}` | `{"kind":"spot","near":"door"}` | `jcs-sha256:23010e7617bf777752858d55203ced7aa49146945a3f975f686c6f18e37e84fa` |
-/// | `doc.set` | `{"b": [1.0, 1e21, 0.000001], "a": "é\n"}` | `{"a":"é\n","b":[1,1e+21,0.000001]}` | `jcs-sha256:ba5c31b6d28146ea481cf0328b8c6fa9fc6f26e952ba34ffcce2ea52a082e4cc` |
-/// | `x` | `null` | `null` | `jcs-sha256:4f6d6b198cb31ac5d0a042c8e9b0e5456ea70e8bd9a62e71cf31e094e9b6212d` |
-///
-/// In JavaScript:
-///
-/// ```text
-/// const canonical = Buffer.from(canonicalize(args), "utf8");       // RFC 8785
-/// const name = Buffer.from("scene.add_light", "utf8");
-/// const len = Buffer.alloc(8); len.writeBigUInt64LE(BigInt(name.length));
-/// const hash = createHash("sha256")
-///   .update(Buffer.from("opjournal.intent.v2\0", "latin1"))
-///   .update(len).update(name).update(canonical)
-///   .digest("hex");                                                // "jcs-sha256:" + hash
-/// ```
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[non_exhaustive]
-pub enum HashScheme {
-    /// The first scheme: domain `opjournal.intent.v1`, JSON arguments with keys sorted by
-    /// their UTF-8 bytes and numbers as `serde_json` prints them. Shown as `sha256:<hex>`.
-    /// Journal files of format 1 record this scheme.
-    LegacyV1,
-    /// The current scheme: domain `opjournal.intent.v2` and RFC 8785 (JCS) canonical
-    /// JSON, so clients in other languages compute the same hash. Shown as
-    /// `jcs-sha256:<hex>`.
-    JcsV2,
-}
-
-impl HashScheme {
-    /// The prefix of the scheme's text form (`sha256` or `jcs-sha256`).
-    pub fn prefix(self) -> &'static str {
-        match self {
-            HashScheme::LegacyV1 => "sha256",
-            HashScheme::JcsV2 => "jcs-sha256",
-        }
-    }
-
-    fn domain(self) -> &'static [u8] {
-        match self {
-            HashScheme::LegacyV1 => DOMAIN_V1,
-            HashScheme::JcsV2 => DOMAIN_V2,
-        }
-    }
-}
-
-/// A SHA-256 intent hash and the scheme it was computed under.
-///
-/// Shown (and parsed) as `sha256:<64 hex digits>` for [`HashScheme::LegacyV1`] and
-/// `jcs-sha256:<64 hex digits>` for [`HashScheme::JcsV2`]; serialized as that string.
-/// Compare a recorded hash with a submitted intent through [`IntentHash::matches`], which
-/// hashes the intent under the recorded hash's scheme.
-#[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct IntentHash {
-    scheme: HashScheme,
-    digest: [u8; 32],
-}
-
 impl IntentHash {
-    /// A hash of `scheme` with the given digest bytes.
-    pub const fn new(scheme: HashScheme, digest: [u8; 32]) -> IntentHash {
-        IntentHash { scheme, digest }
-    }
-
-    /// The scheme it was computed under.
-    pub fn scheme(&self) -> HashScheme {
-        self.scheme
-    }
-
-    /// The 32 digest bytes.
-    pub fn as_bytes(&self) -> &[u8; 32] {
-        &self.digest
-    }
-
     /// Whether `intent` hashes to this hash under this hash's scheme: how a recorded hash is
     /// compared with a resubmitted intent, so an operation recorded under an older scheme
     /// still matches its retry.
@@ -142,24 +36,7 @@ impl IntentHash {
     /// # Ok::<(), opjournal::Error>(())
     /// ```
     pub fn matches(&self, intent: &Intent) -> bool {
-        intent.hash_as(self.scheme) == Some(*self)
-    }
-}
-
-impl fmt::Display for IntentHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.scheme.prefix())?;
-        f.write_str(":")?;
-        for b in self.digest {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Debug for IntentHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
+        intent.hash_as(self.scheme()) == Some(*self)
     }
 }
 
@@ -170,27 +47,13 @@ impl FromStr for IntentHash {
     /// without a prefix are a [`HashScheme::LegacyV1`] hash, as that scheme was shown before
     /// schemes existed.
     fn from_str(s: &str) -> Result<Self> {
-        let (scheme, hex) = if let Some(rest) = s.strip_prefix("jcs-sha256:") {
-            (HashScheme::JcsV2, rest)
-        } else if let Some(rest) = s.strip_prefix("sha256:") {
-            (HashScheme::LegacyV1, rest)
-        } else {
-            (HashScheme::LegacyV1, s)
-        };
-        let digest = decode_hex(hex).ok_or_else(|| {
+        IntentHash::from_text(s).ok_or_else(|| {
             Error::invalid(
                 "intent hash",
                 s,
                 "expected `jcs-sha256:` or `sha256:` and 64 hex digits",
             )
-        })?;
-        Ok(IntentHash::new(scheme, digest))
-    }
-}
-
-impl Serialize for IntentHash {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.collect_str(self)
+        })
     }
 }
 
@@ -199,24 +62,6 @@ impl<'de> Deserialize<'de> for IntentHash {
         let s = String::deserialize(d)?;
         s.parse().map_err(serde::de::Error::custom)
     }
-}
-
-fn decode_hex(s: &str) -> Option<[u8; 32]> {
-    let bytes = s.as_bytes();
-    if bytes.len() != 64 {
-        return None;
-    }
-    let nibble = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    };
-    let mut out = [0u8; 32];
-    for (i, pair) in bytes.chunks_exact(2).enumerate() {
-        out[i] = nibble(pair[0])? << 4 | nibble(pair[1])?;
-    }
-    Some(out)
 }
 
 /// What an operation asks for: a name (such as `scene.add_light`) and the hash of its
@@ -245,15 +90,6 @@ pub struct Intent {
     jcs: Option<[u8; 32]>,
     /// Under [`HashScheme::LegacyV1`], if known.
     legacy: Option<[u8; 32]>,
-}
-
-fn digest(scheme: HashScheme, name: &str, args: &[u8]) -> [u8; 32] {
-    let mut h = Sha256::new();
-    h.update(scheme.domain());
-    h.update((name.len() as u64).to_le_bytes());
-    h.update(name.as_bytes());
-    h.update(args);
-    h.finalize().into()
 }
 
 impl Intent {
@@ -344,9 +180,9 @@ impl Intent {
             jcs: None,
             legacy: None,
         };
-        match hash.scheme {
-            HashScheme::JcsV2 => intent.jcs = Some(hash.digest),
-            HashScheme::LegacyV1 => intent.legacy = Some(hash.digest),
+        match hash.scheme() {
+            HashScheme::JcsV2 => intent.jcs = Some(*hash.as_bytes()),
+            HashScheme::LegacyV1 => intent.legacy = Some(*hash.as_bytes()),
         }
         Ok(intent)
     }

@@ -113,6 +113,7 @@ pub mod fuzzing;
 mod index;
 mod inspect;
 mod intent;
+mod intent_hash;
 mod journal;
 mod log;
 mod machine;
@@ -146,7 +147,8 @@ pub use config::{
 pub use error::{Error, ErrorKind, Result};
 pub use execute::{ExecuteError, Executed, Failure, Unrecorded};
 pub use inspect::{Access, Inspector};
-pub use intent::{HashScheme, Intent, IntentHash, canonical_json};
+pub use intent::{Intent, canonical_json};
+pub use intent_hash::{HashScheme, IntentHash};
 pub use journal::{CompactionReport, CompactorHandle, Journal, JournalBuilder};
 pub use log::{FileLog, LogStorage, MemoryLog};
 pub use machine::stats::{OldestUnacked, ReplayCacheStats, Stats};

@@ -656,7 +656,7 @@ pub(crate) struct ResultHeader {
 
 mod convert {
     use super::*;
-    use crate::intent::{HashScheme, IntentHash};
+    use crate::intent_hash::{HashScheme, IntentHash};
     use crate::types as api;
 
     /// The scheme byte names the scheme: 1 is the first (legacy) one, which format 1
