@@ -1,0 +1,261 @@
+//! Checkpoints: the memtable written into redb's tables in one transaction
+//! ([`checkpoint`]), and the tables created in a new file ([`create_tables`]).
+//!
+//! How the writes are made is what keeps the file small and the checkpoint fast: each
+//! table's changes in key order, keys past a table's end appended through one cursor (so
+//! redb packs them into full leaves), and deletions of neighbouring keys (events, results
+//! and timers a compaction purged) removed in one pass per run instead of one per key.
+
+use redb::WriteTransaction;
+
+use super::tables::{
+    Events, Holds, InDoubt, Memtable, Meta, OpEvents, Quarantine, Receipts, Results, ScopeTimers,
+    Scopes, Table, TableKey, TableValue, Timers, Windows,
+};
+use crate::error::Result;
+
+/// Creates every table that does not exist yet.
+pub(crate) fn create_tables(txn: &WriteTransaction) -> Result<()> {
+    macro_rules! create {
+        ($t:ident) => {
+            txn.open_table(<$t as Table>::def())?;
+        };
+    }
+    super::tables::each_table!(create);
+    Ok(())
+}
+
+/// Writes `changes` into redb's tables in `txn`: each table's changes in key order (how
+/// B-trees like them). Deleted events and results come in runs of neighbouring keys (a
+/// compaction purges operations in completion order, so their events and results sit side
+/// by side), and so do fired timers: each run is removed in one cursor pass, which
+/// rebuilds each B-tree leaf once instead of once per key.
+pub(crate) fn checkpoint(txn: &WriteTransaction, changes: &Memtable) -> Result<()> {
+    write_table::<Meta>(txn, changes, remove_each::<Meta>)?;
+    write_table::<Events>(txn, changes, remove_in_runs)?;
+    write_table::<Receipts>(txn, changes, remove_each::<Receipts>)?;
+    write_table::<Results>(txn, changes, remove_in_runs)?;
+    write_table::<Scopes>(txn, changes, remove_each::<Scopes>)?;
+    write_table::<OpEvents>(txn, changes, remove_each::<OpEvents>)?;
+    write_table::<Timers>(txn, changes, remove_timers)?;
+    write_table::<ScopeTimers>(txn, changes, remove_each::<ScopeTimers>)?;
+    write_table::<Windows>(txn, changes, remove_each::<Windows>)?;
+    write_table::<Holds>(txn, changes, remove_each::<Holds>)?;
+    write_table::<InDoubt>(txn, changes, remove_each::<InDoubt>)?;
+    write_table::<Quarantine>(txn, changes, remove_in_runs)?;
+    Ok(())
+}
+
+/// A table of `T` open in a write transaction.
+type WriteTable<'t, T> =
+    redb::Table<'t, <<T as Table>::K as TableKey>::Redb, <<T as Table>::V as TableValue>::Redb>;
+
+/// Writes one table's changes: deletions, then puts among the existing keys, then the puts
+/// past the table's last key (events, results, and any key that only grows) as one run
+/// through a cursor at the table's end. redb packs such a run into full leaves; inserted
+/// one by one, keys that only grow would leave every leaf half full (each split leaves a
+/// left half that no later key falls into), doubling the file.
+fn write_table<T: Table>(
+    txn: &WriteTransaction,
+    changes: &Memtable,
+    remove: impl FnOnce(&mut WriteTable<'_, T>, &mut Vec<T::K>) -> Result<()>,
+) -> Result<()> {
+    use redb::ReadableTable as _;
+    let map = T::map(changes);
+    if map.is_empty() {
+        return Ok(());
+    }
+    let mut table = txn.open_table(T::def())?;
+    let mut deleted: Vec<T::K> = map
+        .iter()
+        .filter(|(_, v)| v.is_none())
+        .map(|(k, _)| k.clone())
+        .collect();
+    remove(&mut table, &mut deleted)?;
+    let last: Option<T::K> = table.last()?.map(|(k, _)| T::K::own(k.value()));
+    let puts = map.iter().filter_map(|(k, v)| v.as_ref().map(|v| (k, v)));
+    let mut run = Vec::new();
+    for (k, v) in puts {
+        if last.as_ref().is_some_and(|last| k <= last) {
+            table.insert(k.borrow(), TableValue::borrow(v))?;
+        } else {
+            run.push((k, v));
+        }
+    }
+    if !run.is_empty() {
+        let mut cursor = table.upper_bound_mut(
+            std::ops::Bound::<<<T::K as TableKey>::Redb as redb::Value>::SelfType<'_>>::Unbounded,
+        )?;
+        for (k, v) in run {
+            cursor
+                .insert_before(k.borrow(), TableValue::borrow(v))
+                .map_err(redb::Error::from)?;
+        }
+        cursor.close()?;
+    }
+    Ok(())
+}
+
+fn remove_each<T: Table>(table: &mut WriteTable<'_, T>, keys: &mut Vec<T::K>) -> Result<()> {
+    for k in keys.drain(..) {
+        table.remove(k.borrow())?;
+    }
+    Ok(())
+}
+
+/// Keys at most this far apart are removed in the same pass; the pass steps over the
+/// live keys between them, which costs far less than a leaf rebuild.
+const RUN_GAP: u64 = 64;
+
+/// Removes `keys` from `table`: each run of nearby keys with one `retain_in` pass, a lone
+/// key with `remove`. Leaves `keys` empty.
+fn remove_in_runs(
+    table: &mut redb::Table<'_, u64, &'static [u8]>,
+    keys: &mut Vec<u64>,
+) -> Result<()> {
+    keys.sort_unstable();
+    keys.dedup();
+    let mut start = 0;
+    while start < keys.len() {
+        let mut end = start + 1;
+        while end < keys.len() && keys[end] - keys[end - 1] <= RUN_GAP {
+            end += 1;
+        }
+        let run = &keys[start..end];
+        if let [key] = run {
+            table.remove(*key)?;
+        } else {
+            let (first, last) = (run[0], run[run.len() - 1]);
+            let mut next = 0;
+            table.retain_in(first..=last, |key, _| {
+                while next < run.len() && run[next] < key {
+                    next += 1;
+                }
+                !(next < run.len() && run[next] == key)
+            })?;
+        }
+        start = end;
+    }
+    keys.clear();
+    Ok(())
+}
+
+/// Removes the held timers `keys`, one `retain_in` pass per timer kind from the first to
+/// the last key. A compaction batch fires a prefix of each kind's due timers, so the keys
+/// between are due timers of the same batch: the pass steps over at most a batch.
+fn remove_timers(
+    table: &mut redb::Table<'_, (u8, u64, &'static str), ()>,
+    keys: &mut Vec<(u8, u64, String)>,
+) -> Result<()> {
+    keys.sort_unstable();
+    keys.dedup();
+    let mut start = 0;
+    while start < keys.len() {
+        let kind = keys[start].0;
+        let end = start + keys[start..].iter().take_while(|k| k.0 == kind).count();
+        let run = &keys[start..end];
+        if let [(kind, due, op)] = run {
+            table.remove((*kind, *due, op.as_str()))?;
+        } else {
+            let (first, last) = (&run[0], &run[run.len() - 1]);
+            let mut next = 0;
+            table.retain_in(
+                (first.0, first.1, first.2.as_str())..=(last.0, last.1, last.2.as_str()),
+                |(kind, due, op), ()| {
+                    let key = (kind, due, op);
+                    while next < run.len() && (run[next].0, run[next].1, run[next].2.as_str()) < key
+                    {
+                        next += 1;
+                    }
+                    !(next < run.len() && (run[next].0, run[next].1, run[next].2.as_str()) == key)
+                },
+            )?;
+        }
+        start = end;
+    }
+    keys.clear();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redb::{ReadableDatabase as _, ReadableTable as _};
+
+    /// A table of keys `0..n` in memory, `remove_in_runs(doomed)` applied, and the keys
+    /// that are left.
+    fn left_after(n: u64, doomed: &[u64]) -> Result<Vec<u64>> {
+        const T: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("t");
+        let db = redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new())?;
+        let txn = db.begin_write()?;
+        {
+            let mut table = txn.open_table(T)?;
+            for k in 0..n {
+                table.insert(k, [7u8; 100].as_slice())?;
+            }
+            let mut keys = doomed.to_vec();
+            remove_in_runs(&mut table, &mut keys)?;
+            assert!(keys.is_empty(), "the list is consumed");
+        }
+        txn.commit()?;
+        let read = db.begin_read()?;
+        let table = read.open_table(T)?;
+        let mut out = Vec::new();
+        for entry in table.iter()? {
+            out.push(entry?.0.value());
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn held_deletes_remove_exactly_the_listed_keys_across_runs_gaps_and_duplicates() -> Result<()> {
+        // Runs with live keys between them, a gap of exactly RUN_GAP and of RUN_GAP + 1,
+        // lone keys, duplicates, unsorted input, the first and last keys.
+        let mut doomed: Vec<u64> = vec![0, 999, 500, 500, 3, 5, 7, 9, 300];
+        doomed.extend((100..200).step_by(2));
+        doomed.extend([600, 600 + RUN_GAP, 700, 701 + RUN_GAP]);
+        doomed.reverse();
+        let expected: Vec<u64> = (0..1000).filter(|k| !doomed.contains(k)).collect();
+        assert_eq!(left_after(1000, &doomed)?, expected);
+        // Keys that are not in the table change nothing.
+        assert_eq!(left_after(10, &[20, 21, 40])?, (0..10).collect::<Vec<_>>());
+        assert_eq!(left_after(10, &[])?, (0..10).collect::<Vec<_>>());
+        Ok(())
+    }
+
+    #[test]
+    fn held_timer_deletes_remove_exactly_the_listed_timers_of_each_kind() -> Result<()> {
+        let db = redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new())?;
+        let all: Vec<(u8, u64, String)> = (0..3u8)
+            .flat_map(|kind| (0..40u64).map(move |due| (kind, due, format!("op{}", due % 7))))
+            .collect();
+        let doomed: Vec<(u8, u64, String)> = all
+            .iter()
+            .filter(|(kind, due, _)| (*kind == 0 && due % 3 == 0) || (*kind == 2 && *due == 5))
+            .cloned()
+            .collect();
+        let txn = db.begin_write()?;
+        {
+            let mut table = txn.open_table(Timers::def())?;
+            for (kind, due, op) in &all {
+                table.insert((*kind, *due, op.as_str()), ())?;
+            }
+            let mut keys: Vec<_> = doomed.iter().rev().cloned().collect();
+            keys.push(doomed[0].clone());
+            remove_timers(&mut table, &mut keys)?;
+            assert!(keys.is_empty());
+        }
+        txn.commit()?;
+        let read = db.begin_read()?;
+        let table = read.open_table(Timers::def())?;
+        let mut left = Vec::new();
+        for entry in table.iter()? {
+            let (key, _) = entry?;
+            let (kind, due, op) = key.value();
+            left.push((kind, due, op.to_string()));
+        }
+        let expected: Vec<_> = all.into_iter().filter(|k| !doomed.contains(k)).collect();
+        assert_eq!(left, expected);
+        Ok(())
+    }
+}

@@ -1,0 +1,207 @@
+//! A batch of changes being written ([`WriteTables`]): the state machine's writes, kept in
+//! a memtable of their own over the layers below until the committer logs them. Reads of
+//! the batch see its own changes first. A result small enough is stored inline after its
+//! receipt (format 3); the batch keeps such a result with its receipt while the receipt
+//! still names it.
+
+use super::TimerKind;
+use super::layers::{Base, Layered, Layers};
+use super::tables::{
+    Events, Holds, InDoubt, Memtable, Meta, OpEvents, Receipts, Results, ScopeTimers, Scopes,
+    Table, Timers, Windows,
+};
+use super::values::{
+    INLINE_RESULT_MAX, decode_receipt, encode_result, kept_result_seq, result_record_seq,
+    split_receipt_value,
+};
+use super::view::View;
+use crate::codec::{self, RecordKind};
+use crate::error::Result;
+use crate::record::{
+    CheckpointRecord, Event, FormatRecord, ReceiptRecord, ScopeRecord, StateRecord,
+};
+use crate::types::OpResult;
+
+/// One index entry implied by a receipt (see `machine::index_entries`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum IndexEntry {
+    Timer(TimerKind, u64),
+    Window(String, u64),
+    Hold(String),
+    InDoubt,
+}
+
+/// A batch of changes being written, over the layers below it. Reads see the batch's own
+/// changes first. Nothing reaches the log or redb until the committer takes the changes
+/// ([`WriteTables::into_changes`]); a batch that fails is dropped with everything in it.
+pub(crate) struct WriteTables<'a> {
+    base: Option<&'a Base>,
+    below: Layers<'a>,
+    own: Memtable,
+    /// Whether anything was written: a batch that wrote nothing is not committed.
+    pub(crate) dirty: bool,
+}
+
+impl Layered for WriteTables<'_> {
+    fn base(&self) -> Option<&Base> {
+        self.base
+    }
+    fn layers(&self) -> Layers<'_> {
+        self.below.under(&self.own)
+    }
+}
+
+impl<'a> WriteTables<'a> {
+    /// An empty batch over `base` and `below`.
+    pub(crate) fn over(base: Option<&'a Base>, below: Layers<'a>) -> WriteTables<'a> {
+        WriteTables {
+            base,
+            below,
+            own: Memtable::default(),
+            dirty: false,
+        }
+    }
+
+    /// The batch's changes.
+    pub(crate) fn into_changes(self) -> Memtable {
+        self.own
+    }
+
+    fn set<T: Table>(&mut self, key: T::K, value: Option<T::V>) {
+        self.dirty = true;
+        self.own.set::<T>(key, value);
+    }
+
+    pub(crate) fn put_format(&mut self, f: &FormatRecord) -> Result<()> {
+        self.set::<Meta>("format".into(), Some(codec::encode(RecordKind::Meta, f)));
+        Ok(())
+    }
+
+    pub(crate) fn put_state(&mut self, s: &StateRecord) -> Result<()> {
+        self.set::<Meta>("state".into(), Some(codec::encode(RecordKind::Meta, s)));
+        Ok(())
+    }
+
+    pub(crate) fn put_checkpoint(&mut self, c: &CheckpointRecord) -> Result<()> {
+        self.set::<Meta>(
+            "checkpoint".into(),
+            Some(codec::encode(RecordKind::Meta, c)),
+        );
+        Ok(())
+    }
+
+    pub(crate) fn put_event(&mut self, ev: &Event) -> Result<()> {
+        self.set::<Events>(ev.seq, Some(codec::encode(RecordKind::Event, ev)));
+        if let Some(op) = &ev.operation_id {
+            self.set::<OpEvents>((op.clone(), ev.seq), Some(()));
+        }
+        Ok(())
+    }
+
+    /// Deletes the event `seq`; the caller removes its `op_events` entry (see
+    /// [`WriteTables::take_op_events`]).
+    pub(crate) fn delete_event(&mut self, seq: u64) -> Result<()> {
+        self.set::<Events>(seq, None);
+        Ok(())
+    }
+
+    /// Deletes every `op_events` entry of operation `op` and returns the sequence numbers
+    /// of its events, in order.
+    pub(crate) fn take_op_events(&mut self, op: &str) -> Result<Vec<u64>> {
+        let seqs = self.op_event_seqs(op)?;
+        for seq in &seqs {
+            self.set::<OpEvents>((op.to_string(), *seq), None);
+        }
+        Ok(seqs)
+    }
+
+    /// Writes a receipt. A result stored inline in the value it replaces stays with it
+    /// while the receipt still keeps that result (deliveries and acknowledgements rewrite
+    /// a terminal receipt); retiring or purging drops it.
+    pub(crate) fn put_receipt(&mut self, rec: &ReceiptRecord) -> Result<()> {
+        let mut value = codec::encode(RecordKind::Receipt, rec);
+        if let Some(seq) = kept_result_seq(rec)
+            && let Some(Some(tail)) = self.with_str::<Receipts, _>(&rec.operation_id, |v| {
+                split_receipt_value(v)
+                    .1
+                    .filter(|tail| result_record_seq(tail) == Some(seq))
+                    .map(<[u8]>::to_vec)
+            })?
+        {
+            value.extend_from_slice(&tail);
+        }
+        self.set::<Receipts>(rec.operation_id.clone(), Some(value));
+        Ok(())
+    }
+
+    pub(crate) fn delete_receipt(&mut self, id: &str) -> Result<()> {
+        self.set::<Receipts>(id.to_string(), None);
+        Ok(())
+    }
+
+    pub(crate) fn put_scope(&mut self, rec: &ScopeRecord) -> Result<()> {
+        self.set::<Scopes>(
+            rec.scope.clone(),
+            Some(codec::encode(RecordKind::Scope, rec)),
+        );
+        Ok(())
+    }
+
+    /// Stores the result of `id` completed at `seq`, after its receipt names it: inline in
+    /// the receipt's value when it is small (see [`INLINE_RESULT_MAX`]), else in `results`.
+    pub(crate) fn put_result(&mut self, seq: u64, id: &str, result: &OpResult) -> Result<()> {
+        let frame = encode_result(seq, id, result);
+        if frame.len() <= INLINE_RESULT_MAX
+            && let Some(Some(mut value)) = self.with_str::<Receipts, _>(id, |v| {
+                let head = split_receipt_value(v).0;
+                decode_receipt(id, head)
+                    .ok()
+                    .filter(|r| kept_result_seq(r) == Some(seq))
+                    .map(|_| head.to_vec())
+            })?
+        {
+            value.extend_from_slice(&frame);
+            self.set::<Receipts>(id.to_string(), Some(value));
+            return Ok(());
+        }
+        self.set::<Results>(seq, Some(frame));
+        Ok(())
+    }
+
+    pub(crate) fn delete_result(&mut self, seq: u64) -> Result<()> {
+        self.set::<Results>(seq, None);
+        Ok(())
+    }
+
+    pub(crate) fn put_scope_timer(&mut self, due: u64, seq: u64) -> Result<()> {
+        self.set::<ScopeTimers>((due, seq), Some(()));
+        Ok(())
+    }
+
+    pub(crate) fn delete_scope_timer(&mut self, due: u64, seq: u64) -> Result<()> {
+        self.set::<ScopeTimers>((due, seq), None);
+        Ok(())
+    }
+
+    pub(crate) fn insert_index(&mut self, op: &str, entry: &IndexEntry) -> Result<()> {
+        self.index_entry(op, entry, Some(()));
+        Ok(())
+    }
+
+    pub(crate) fn remove_index(&mut self, op: &str, entry: &IndexEntry) -> Result<()> {
+        self.index_entry(op, entry, None);
+        Ok(())
+    }
+
+    fn index_entry(&mut self, op: &str, entry: &IndexEntry, value: Option<()>) {
+        let op = op.to_string();
+        match entry {
+            IndexEntry::Timer(kind, due) => self.set::<Timers>((*kind as u8, *due, op), value),
+            IndexEntry::Window(session, deadline) => {
+                self.set::<Windows>((session.clone(), *deadline, op), value)
+            }
+            IndexEntry::Hold(scope) => self.set::<Holds>((scope.clone(), op), value),
+            IndexEntry::InDoubt => self.set::<InDoubt>(op, value),
+        }
+    }
+}
