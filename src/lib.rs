@@ -126,6 +126,7 @@ mod record;
 pub mod service;
 mod trace;
 pub(crate) use trace::{trace_event, trace_span};
+mod transfer;
 mod types;
 mod validate;
 
@@ -135,10 +136,9 @@ mod validate;
 pub use redb;
 
 pub use check::{
-    BackupReport, DUMP_VERSION, DumpReport, EngineAccess, Finding, INTEGRITY_SCRATCH_BYTES,
-    ImportReport, IntactRecords, Integrity, LogCheck, LostOperation, MAX_FINDINGS, RepairOptions,
-    RepairReport, VerifyReport, backup, import_dump, intact_records, repair, verify,
-    verify_inspected,
+    EngineAccess, Finding, INTEGRITY_SCRATCH_BYTES, IntactRecords, Integrity, LogCheck,
+    LostOperation, MAX_FINDINGS, RepairOptions, RepairReport, VerifyReport, intact_records, repair,
+    verify, verify_inspected,
 };
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use config::{
@@ -152,6 +152,7 @@ pub use intent_hash::{HashScheme, IntentHash};
 pub use journal::{CompactionReport, CompactorHandle, Journal, JournalBuilder};
 pub use log::{FileLog, LogStorage, MemoryLog};
 pub use machine::stats::{OldestUnacked, ReplayCacheStats, Stats};
+pub use transfer::{BackupReport, DUMP_VERSION, DumpReport, ImportReport, backup, import_dump};
 pub use types::{
     Admission, Claim, Deadlines, DeliveryState, Event, EventKind, ExecutionStatus, InDoubtCause,
     OpResult, Operation, Outcome, OutcomeKind, Receipt, Replay, Resolution, ResolvedAs, ResultInfo,

@@ -806,7 +806,7 @@ impl Journal {
                 base: Some(&base),
                 layers: index::Layers::new(&[&mem]),
             };
-            let mut report = crate::check::backup_snapshot(&snap, dest)?;
+            let mut report = crate::transfer::backup_snapshot(&snap, dest)?;
             report.access = crate::Access::Live;
             Ok(report)
         })

@@ -36,7 +36,7 @@ use crate::record::{
 };
 use crate::types::{self as api, OpResult};
 
-use super::copy::{NewJournal, refuse_existing};
+use super::writer::{NewJournal, refuse_existing};
 
 /// The version of the dump format this build writes and reads.
 pub const DUMP_VERSION: u32 = 1;
