@@ -1,0 +1,418 @@
+//! `verify`: every record checked, every index checked against the events, in passes that
+//! stream the tables, with memory bounded by the number of scopes.
+//!
+//! # The passes
+//!
+//! One read snapshot (redb as of the last checkpoint, with the log's records of the same
+//! cycle over it), then:
+//!
+//! 1. **events**, in seq order: each decodes under its own key, times never go backwards,
+//!    each operation event has its `op_events` entry (a point lookup). The scopes' revisions
+//!    are followed as the writer follows them (one entry per scope in memory), and each
+//!    revision event that stops anchoring its scope must have its `scope_timers` entry.
+//! 2. **receipts**, in id order: each operation's events (found through `op_events`, read by
+//!    point lookups) are folded with the writer's own transition function and compared with
+//!    the stored receipt; the index entries the fold implies must exist (point lookups), and
+//!    so must its result, matching the length, CRC and asset count its completion recorded.
+//! 3. **reverse passes** over each index table: every `op_events` entry names an event of its
+//!    operation and an operation with a receipt; every result belongs to a live receipt that
+//!    refers to it; every timer, window, lock and in-doubt entry is implied by its receipt;
+//!    every scope timer is a superseded revision event; every scope record is the one the
+//!    events give.
+//!
+//! Findings are capped at [`MAX_FINDINGS`] (the rest are counted). Besides the records, the
+//! log beside the file is checked ([`LogCheck`]), bytes appended after the journal are a
+//! finding (a writer refuses such a file; `repair` trims them), and redb's page
+//! checksums are checked on a scratch in memory, never on a copy of the file.
+
+mod events;
+mod integrity;
+mod log;
+mod receipts;
+mod reverse;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Timestamp;
+use crate::error::{Error, ErrorKind, Result};
+use crate::index::{self, IndexEntry, TimerKind, View};
+use crate::inspect::{Access, Inspector};
+use crate::preflight::guarded;
+use crate::record::{ExecRecord, ReceiptRecord};
+
+pub(crate) use log::and_after;
+
+use events::{ScopeState, check_events, check_meta};
+use integrity::integrity_in_place;
+use log::check_log;
+use receipts::check_receipts;
+use reverse::{check_index, check_op_events, check_results, check_scope_timers, check_scopes};
+
+/// The most findings a report keeps; the others are counted in
+/// [`VerifyReport::more_findings`].
+pub const MAX_FINDINGS: usize = 1000;
+
+/// The most memory redb's page check may write to (it runs on a scratch in
+/// memory over the file, which is never written). A check that needs more is skipped.
+pub const INTEGRITY_SCRATCH_BYTES: u64 = 64 << 20;
+
+/// One problem found in the file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    /// The table (or `(redb)` for redb's own structures, `(file)` for the file,
+    /// `log` for the log beside it).
+    pub table: String,
+    /// The key or sequence number.
+    pub key: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+impl Finding {
+    pub(crate) fn new(table: &str, key: impl ToString, problem: impl Into<String>) -> Finding {
+        Finding {
+            table: table.to_string(),
+            key: key.to_string(),
+            problem: problem.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} `{}`: {}", self.table, self.key, self.problem)
+    }
+}
+
+/// redb's page-level check.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "result", content = "detail", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Integrity {
+    /// Every page checksum verified.
+    Passed,
+    /// The check failed (the detail says how).
+    Failed(String),
+    /// Not run (the detail says why).
+    Skipped(String),
+}
+
+/// What was found beside the file: the log a writer keeps while it has the journal open.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LogCheck {
+    /// No log: the journal was closed cleanly.
+    Absent,
+    /// The log's records of the current cycle, checked and laid over the file.
+    Current {
+        /// Records laid over the file.
+        records: u64,
+        /// The log's length in bytes.
+        bytes: u64,
+    },
+    /// A log that does not belong to the file's current cycle (left by an earlier cycle or
+    /// by another journal): not damage; every reader and writer ignores it.
+    Ignored {
+        /// Why it is not this cycle's.
+        reason: String,
+    },
+}
+
+/// What `verify` found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct VerifyReport {
+    /// redb's page checksums.
+    pub integrity: Integrity,
+    /// Problems, naming table and key (at most [`MAX_FINDINGS`]).
+    pub findings: Vec<Finding>,
+    /// Problems found beyond [`MAX_FINDINGS`], not listed.
+    pub more_findings: u64,
+    /// Events checked.
+    pub events: u64,
+    /// Receipts checked.
+    pub receipts: u64,
+    /// Result payloads checked.
+    pub results: u64,
+    /// Scopes checked.
+    pub scopes: u64,
+    /// Index entries checked.
+    pub index_entries: u64,
+    /// Records that an earlier `repair` moved to the quarantine table.
+    pub quarantined: u64,
+    /// The log beside the file.
+    pub log: LogCheck,
+    /// Bytes after the journal's data, which are not part of it.
+    pub trailing_bytes: u64,
+}
+
+impl VerifyReport {
+    /// Whether nothing is wrong (a skipped page check is not a problem).
+    pub fn is_clean(&self) -> bool {
+        self.findings.is_empty() && !matches!(self.integrity, Integrity::Failed(_))
+    }
+
+    /// Every problem: the findings, those beyond the cap, and a failed page check.
+    pub fn problems(&self) -> u64 {
+        self.findings.len() as u64
+            + self.more_findings
+            + u64::from(matches!(self.integrity, Integrity::Failed(_)))
+    }
+}
+
+/// Findings, capped.
+pub(crate) struct Findings {
+    kept: Vec<Finding>,
+    more: u64,
+}
+
+impl Findings {
+    pub(crate) fn new() -> Findings {
+        Findings {
+            kept: Vec::new(),
+            more: 0,
+        }
+    }
+
+    pub(crate) fn push(&mut self, f: Finding) {
+        if self.kept.len() < MAX_FINDINGS {
+            self.kept.push(f);
+        } else {
+            self.more += 1;
+        }
+    }
+
+    fn add(&mut self, table: &str, key: impl ToString, problem: impl Into<String>) {
+        self.push(Finding::new(table, key, problem));
+    }
+}
+
+/// Verifies the journal at `path` without modifying it: redb's page
+/// checksums (when no writer has the file open), every record's CRC and decode, every index
+/// against the events, the log beside the file, and what follows the journal's data. Damage
+/// is reported as findings, not errors.
+///
+/// Memory is bounded: the tables are streamed and checked with point lookups (one entry per
+/// scope is held), findings are capped at [`MAX_FINDINGS`], and the page check runs on a
+/// scratch of at most [`INTEGRITY_SCRATCH_BYTES`] (or is skipped, saying why).
+///
+/// # Errors
+///
+/// As [`Inspector::open`] when the file cannot be opened at all (missing, not a regular file,
+/// not a journal, locked, a newer format).
+///
+/// # Example
+///
+/// ```
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("project.opj");
+/// drop(opjournal::Journal::open(&path)?);
+/// let report = opjournal::verify(&path)?;
+/// assert!(report.is_clean(), "{report:?}");
+/// # Ok::<(), opjournal::Error>(())
+/// ```
+pub fn verify(path: impl AsRef<Path>) -> Result<VerifyReport> {
+    verify_inspected(&Inspector::open(path)?, &mut |_, _| {})
+}
+
+/// Verifies the journal an [`Inspector`] has open, as [`verify`] does, calling `progress`
+/// with the events checked so far and their total.
+///
+/// # Errors
+///
+/// [`ErrorKind::Io`] when the file cannot be read (the message names the operation); damage
+/// is reported as findings.
+pub fn verify_inspected(
+    insp: &Inspector,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<VerifyReport> {
+    let integrity = match insp.access() {
+        Access::Live => Integrity::Skipped(
+            "a writer has the journal open; page checksums are checked when no writer has it open"
+                .into(),
+        ),
+        _ => integrity_in_place(insp),
+    };
+    let mut report = VerifyReport {
+        integrity,
+        findings: Vec::new(),
+        more_findings: 0,
+        events: 0,
+        receipts: 0,
+        results: 0,
+        scopes: 0,
+        index_entries: 0,
+        quarantined: 0,
+        log: LogCheck::Absent,
+        trailing_bytes: insp.trailing_bytes(),
+    };
+    let mut findings = Findings::new();
+    if report.trailing_bytes > 0 {
+        let e = insp.extent();
+        findings.add(
+            "(file)",
+            format!("bytes {}..{}", e.journal_len(), e.file_len),
+            format!(
+                "{} bytes follow the journal's data: they are not part of it (readers ignore \
+                 them), but a writer refuses the file until `opjournal repair` trims them",
+                report.trailing_bytes
+            ),
+        );
+    }
+    let r = guarded("records", || {
+        insp.with_snapshot_and_log(false, |tables, now, log| {
+            report.log = check_log(insp.path(), log, &mut findings)?;
+            check_tables(tables, now, &mut report, &mut findings, progress)
+        })
+    });
+    if let Err(e) = r {
+        if matches!(e.kind(), ErrorKind::Io) {
+            return Err(e);
+        }
+        findings.push(finding_of(&e, "(redb)", "(file)"));
+    }
+    report.findings = findings.kept;
+    report.more_findings = findings.more;
+    Ok(report)
+}
+
+/// A finding for an error met while reading: its table and key for a damaged record, or
+/// `table`/`key` for redb's own failure.
+fn finding_of(e: &Error, table: &str, key: &str) -> Finding {
+    match e.kind() {
+        ErrorKind::Corrupt {
+            table: t,
+            key: k,
+            detail,
+        } if !t.starts_with('(') => Finding::new(t, k, detail.clone()),
+        _ => Finding::new(table, key, corrupt_detail(e)),
+    }
+}
+
+fn check_tables<V: View>(
+    t: &V,
+    _now: Timestamp,
+    report: &mut VerifyReport,
+    findings: &mut Findings,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<()> {
+    report.quarantined =
+        pass("quarantine", findings, |_| t.count::<index::Quarantine>())?.unwrap_or_default();
+    let state = check_meta(t, findings);
+    let total = t.count::<index::Events>().unwrap_or_default();
+    let mut scopes: BTreeMap<String, ScopeState> = BTreeMap::new();
+    pass("events", findings, |findings| {
+        check_events(
+            t,
+            state.as_ref(),
+            &mut scopes,
+            report,
+            findings,
+            total,
+            progress,
+        )
+    })?;
+    pass("receipts", findings, |findings| {
+        check_receipts(t, report, findings)
+    })?;
+    pass("op_events", findings, |findings| {
+        check_op_events(t, report, findings)
+    })?;
+    pass("results", findings, |findings| {
+        check_results(t, report, findings)
+    })?;
+    pass("timers", findings, |findings| {
+        check_index::<index::Timers>(t, report, findings, |(k, due, op)| {
+            Some((
+                op.clone(),
+                IndexEntry::Timer(TimerKind::from_byte(*k)?, *due),
+            ))
+        })
+    })?;
+    pass("windows", findings, |findings| {
+        check_index::<index::Windows>(t, report, findings, |(s, deadline, op)| {
+            Some((op.clone(), IndexEntry::Window(s.clone(), *deadline)))
+        })
+    })?;
+    pass("scope_holds", findings, |findings| {
+        check_index::<index::Holds>(t, report, findings, |(scope, op)| {
+            Some((op.clone(), IndexEntry::Hold(scope.clone())))
+        })
+    })?;
+    pass("in_doubt", findings, |findings| {
+        check_index::<index::InDoubt>(t, report, findings, |op| {
+            Some((op.clone(), IndexEntry::InDoubt))
+        })
+    })?;
+    pass("scope_timers", findings, |findings| {
+        check_scope_timers(t, &scopes, report, findings)
+    })?;
+    pass("scopes", findings, |findings| {
+        check_scopes(t, &scopes, report, findings)
+    })?;
+    Ok(())
+}
+
+/// Runs one pass; an error that ends it (a damaged page, a redb panic) is a
+/// finding naming the table, and the next pass runs. An I/O error is not damage: it ends
+/// `verify` with that error.
+fn pass<T>(
+    table: &str,
+    findings: &mut Findings,
+    f: impl FnOnce(&mut Findings) -> Result<T>,
+) -> Result<Option<T>> {
+    match guarded(table, || f(findings)) {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if matches!(e.kind(), ErrorKind::Io | ErrorKind::Poisoned) => Err(e),
+        Err(e) => {
+            let finding = match e.kind() {
+                ErrorKind::Corrupt {
+                    table: t,
+                    key,
+                    detail,
+                } if !t.starts_with('(') => Finding::new(t, key, detail.clone()),
+                _ => Finding::new(
+                    table,
+                    "(table)",
+                    format!(
+                        "the table cannot be read to its end: {}",
+                        corrupt_detail(&e)
+                    ),
+                ),
+            };
+            findings.push(finding);
+            Ok(None)
+        }
+    }
+}
+
+pub(crate) fn corrupt_detail(e: &Error) -> String {
+    match e.kind() {
+        ErrorKind::Corrupt { detail, .. } => detail.clone(),
+        _ => e.to_string(),
+    }
+}
+
+pub(crate) fn describe(rec: &ReceiptRecord) -> String {
+    let state = match &rec.state {
+        ExecRecord::Running { lease_until } => format!("running until {lease_until}"),
+        ExecRecord::InDoubt { cause, .. } => format!("in doubt ({cause:?})"),
+        ExecRecord::Vacant { .. } => "released".into(),
+        ExecRecord::Done(d) => format!(
+            "{:?}, delivery {} x{}{}",
+            d.outcome,
+            d.delivery.state.name(),
+            d.delivery.count,
+            if d.retired_at.is_some() {
+                ", retired"
+            } else {
+                ""
+            }
+        ),
+    };
+    format!("attempt {} epoch {}, {state}", rec.attempt, rec.epoch)
+}

@@ -1,0 +1,160 @@
+//! Pass 2: every receipt, in id order, against the fold of its operation's events (read
+//! through `op_events` by point lookups): the stored receipt, the index entries the fold
+//! implies, and its result (inline or in `results`), which must match the length, CRC and
+//! asset count its completion recorded.
+
+use crate::error::Result;
+use crate::index::{self, IndexEntry, Layered, TableKey, View};
+use crate::machine;
+use crate::record::ExecRecord;
+
+use super::events::fold;
+use super::{Findings, VerifyReport, corrupt_detail, describe};
+
+fn index_key(op: &str, e: &IndexEntry) -> (&'static str, String) {
+    let op = op.to_string();
+    match e {
+        IndexEntry::Timer(kind, due) => ("timers", (*kind as u8, *due, op).show()),
+        IndexEntry::Window(s, d) => ("windows", (s.clone(), *d, op).show()),
+        IndexEntry::Hold(scope) => ("scope_holds", (scope.clone(), op).show()),
+        IndexEntry::InDoubt => ("in_doubt", op),
+    }
+}
+
+fn index_present<V: Layered>(t: &V, op: &str, e: &IndexEntry) -> Result<bool> {
+    let op = op.to_string();
+    Ok(match e {
+        IndexEntry::Timer(kind, due) => t.get::<index::Timers>(&(*kind as u8, *due, op))?,
+        IndexEntry::Window(s, d) => t.get::<index::Windows>(&(s.clone(), *d, op))?,
+        IndexEntry::Hold(scope) => t.get::<index::Holds>(&(scope.clone(), op))?,
+        IndexEntry::InDoubt => t.get::<index::InDoubt>(&op)?,
+    }
+    .is_some())
+}
+
+pub(super) fn check_receipts<V: View>(
+    t: &V,
+    report: &mut VerifyReport,
+    findings: &mut Findings,
+) -> Result<()> {
+    for entry in t.all::<index::Receipts>()? {
+        let (id, raw) = entry?;
+        report.receipts += 1;
+        let stored = match index::decode_receipt(&id, &raw) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                findings.add("receipts", &id, corrupt_detail(&e));
+                None
+            }
+        };
+        let folded = match fold(t, &id, u64::MAX)? {
+            Ok(Some(rec)) => rec,
+            Ok(None) => {
+                findings.add(
+                    "receipts",
+                    &id,
+                    "no event of the journal creates this receipt",
+                );
+                continue;
+            }
+            Err((seq, m)) => {
+                findings.add("events", seq, m);
+                continue;
+            }
+        };
+        if let Some(stored) = &stored
+            && *stored != folded
+        {
+            findings.add(
+                "receipts",
+                &id,
+                format!(
+                    "stored receipt ({}) differs from the fold of its events ({})",
+                    describe(stored),
+                    describe(&folded)
+                ),
+            );
+        }
+        for e in machine::index_entries(&folded) {
+            if !index_present(t, &id, &e)? {
+                let (table, key) = index_key(&id, &e);
+                findings.add(
+                    table,
+                    key,
+                    "missing index entry implied by the journal's events",
+                );
+            }
+        }
+        let kept = match &folded.state {
+            ExecRecord::Done(d) => d.result_seq.map(|seq| (d, seq)),
+            _ => None,
+        };
+        let tail = index::split_receipt_value(&raw).1;
+        // A result inline in the receipt's value (format 3) must be the one it keeps;
+        // decoded once, for this check and the comparison with the completion below.
+        let inline = match (tail, kept) {
+            (None, _) => None,
+            (Some(_), None) => {
+                findings.add(
+                    "receipts",
+                    &id,
+                    "a result is stored inline, but the receipt keeps none",
+                );
+                None
+            }
+            (Some(tail), Some((_, seq))) => match index::decode_inline_result(&id, seq, tail) {
+                Ok(r) => {
+                    report.results += 1;
+                    Some(r)
+                }
+                Err(e) => {
+                    findings.add("receipts", &id, corrupt_detail(&e));
+                    None
+                }
+            },
+        };
+        if let Some((d, seq)) = kept {
+            let stored_result = match tail {
+                Some(_) => inline.map(|r| (id.clone(), r.changed_assets, r.bytes)),
+                None => match t.get::<index::Results>(&seq)? {
+                    None => {
+                        findings.add(
+                            "results",
+                            seq,
+                            format!("missing: the result of `{id}` is not stored"),
+                        );
+                        None
+                    }
+                    // A damaged result is reported by the results pass.
+                    Some(raw) => index::decode_result(seq, &raw)
+                        .ok()
+                        .map(|(h, bytes)| (h.operation_id, h.changed_assets, bytes)),
+                },
+            };
+            if let Some((owner, changed_assets, bytes)) = stored_result
+                && owner == id
+                && (bytes.len() as u64 != d.result.len
+                    || crc32fast::hash(&bytes) != d.result.crc32
+                    || changed_assets.len() as u32 != d.result.assets)
+            {
+                let (table, key) = match tail {
+                    Some(_) => ("receipts", id.clone()),
+                    None => ("results", seq.to_string()),
+                };
+                findings.add(
+                    table,
+                    key,
+                    format!(
+                        "payload of `{id}` does not match its completion event ({} \
+                         bytes, crc {:08x}; expected {} bytes, crc {:08x})",
+                        bytes.len(),
+                        crc32fast::hash(&bytes),
+                        d.result.len,
+                        d.result.crc32
+                    ),
+                );
+            }
+        }
+    }
+    Ok(())
+}
