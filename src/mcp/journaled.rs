@@ -1,19 +1,27 @@
 //! [`Journaled`]: runs a tool call as a journal operation.
+//!
+//! [`Journaled::run`] is the loop: submit the operation, and for a fresh one run the
+//! effect and record its outcome, all on one blocking thread so that nothing between the
+//! claim and the record depends on the request still being there; a duplicate running
+//! here, or a scope another operation holds, is waited for (at most the configured wait).
+//! The call's inputs are in `call`, the answers it gives in `answers`.
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use rmcp::model::{CallToolResult, ContentBlock, JsonObject, MetaObject};
+use rmcp::model::{CallToolResult, ContentBlock};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
-use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::watch;
 
-use super::args::OpArgs;
-use super::{META_DELIVERY, META_OPERATION_ID, META_REPLAYED, META_RESULT_REVISION, META_STATUS};
+use super::answers::{
+    MAX_FAILURE, expired, failure_text, in_doubt, recorded_result, set_meta, status_name,
+    tool_error,
+};
+use super::call::{CallSession, Effect, EffectKind, ToolCall};
 use crate::{
     Admission, Claim, Error, ErrorKind, ExecutionStatus, Intent, Journal, Operation, Outcome,
     Receipt, Replay, Resolution,
@@ -32,63 +40,10 @@ const MAX_SESSIONS: usize = 4096;
 /// by default); the oldest beyond are left to the acknowledgement timeout.
 const MAX_PER_SESSION: usize = 256;
 
-/// The longest failure message recorded from a tool error's text.
-const MAX_FAILURE: usize = 1000;
-
 /// Locks a mutex; its data is a few maps updated in single statements, so a panic elsewhere
 /// never leaves it half-changed and a poisoned lock is taken as it is.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// What a journaled tool's effect produced, returned by the closure given to
-/// [`Journaled::run`].
-#[derive(Clone, Debug)]
-#[must_use]
-pub struct Effect {
-    kind: EffectKind,
-    result: CallToolResult,
-    revision: Option<u64>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum EffectKind {
-    Done,
-    NotApplied,
-}
-
-impl Effect {
-    /// The effect happened (or failed after it may have started, when `result.is_error` is
-    /// `Some(true)`): `result` is recorded as the operation's outcome (applied, or failed
-    /// with the text of its content as the message), and every later call with the same
-    /// operation id is answered with it, marked as a replay, without running the effect.
-    pub fn done(result: CallToolResult) -> Effect {
-        Effect {
-            kind: EffectKind::Done,
-            result,
-            revision: None,
-        }
-    }
-
-    /// Nothing changed: the call was refused before any effect (the arguments do not fit the
-    /// project, a precondition does not hold). The operation is released, so its id is
-    /// free again and a corrected call with the same id runs; `result` (usually a tool
-    /// error saying why) is answered once and not recorded.
-    pub fn not_applied(result: CallToolResult) -> Effect {
-        Effect {
-            kind: EffectKind::NotApplied,
-            result,
-            revision: None,
-        }
-    }
-
-    /// The scope revision the effect produced (for a tool with a scope: it must move the
-    /// scope forward). Without it an applied outcome is recorded at revision 0, which only a
-    /// tool without a scope may do.
-    pub fn at_revision(mut self, revision: u64) -> Effect {
-        self.revision = Some(revision);
-        self
-    }
 }
 
 /// Settles an operation found in doubt (its execution ended without an outcome: a crash,
@@ -112,196 +67,6 @@ pub(crate) enum Step {
 /// A fault-injection hook: `false` stops the operation dead where it stands, as if the
 /// process died (nothing more is recorded or answered).
 pub(crate) type StepHook = Arc<dyn Fn(Step, &str) -> bool + Send + Sync>;
-
-/// One journaled `tools/call`: the tool, its arguments (the intent), the operation id, and
-/// the scope and base revision where the tool declares them. Build it with
-/// [`ToolCall::new`] in the handler, then pass it to [`Journaled::run`].
-#[derive(Clone, Debug)]
-pub struct ToolCall {
-    tool: String,
-    operation_id: Option<String>,
-    problem: Option<String>,
-    args: Value,
-    scope: Option<String>,
-    base_revision: Option<u64>,
-    allow_stale_base: bool,
-    session: CallSession,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum CallSession {
-    /// A Streamable HTTP session (`Mcp-Session-Id`).
-    Http(String),
-    /// A Streamable HTTP request without a session (protocol 2026-07-28).
-    Stateless,
-    /// Another transport (stdio): one connection per server process.
-    Connection,
-}
-
-/// Reads the Streamable HTTP session of a request: `Some(None)` for an HTTP request without
-/// one, `None` for a request that did not come over HTTP.
-fn http_session(ctx: &RequestContext<RoleServer>) -> Option<Option<String>> {
-    let parts = ctx.extensions.get::<http::request::Parts>()?;
-    Some(
-        parts
-            .headers
-            .get("mcp-session-id")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string),
-    )
-}
-
-impl ToolCall {
-    /// A call of `tool` with `args` (as the handler received them), in the request `ctx`.
-    ///
-    /// The intent is `tool` with the RFC 8785 canonical JSON of `args.args` (the arguments
-    /// without `operation_id`; a `base_revision` argument, if the tool declares one, is a
-    /// precondition and not part of the intent, see [`ToolCall::scope`]). The operation id
-    /// is `args.operation_id`, or else the request's `_meta` entry
-    /// [`META_OPERATION_ID`](super::META_OPERATION_ID). A call without an id, with two
-    /// different ids, or whose arguments are not a JSON object is answered by
-    /// [`Journaled::run`] with a tool error, without running anything.
-    pub fn new<T: Serialize>(
-        tool: &str,
-        args: &OpArgs<T>,
-        ctx: &RequestContext<RoleServer>,
-    ) -> ToolCall {
-        match serde_json::to_value(&args.args) {
-            Ok(Value::Object(object)) => {
-                ToolCall::from_arguments(tool, args.operation_id.clone(), object, ctx)
-            }
-            Ok(other) => ToolCall::broken(
-                tool,
-                ctx,
-                format!("the arguments of `{tool}` must be a JSON object, not `{other}`"),
-            ),
-            Err(e) => ToolCall::broken(
-                tool,
-                ctx,
-                format!("the arguments of `{tool}` could not be read as JSON: {e}"),
-            ),
-        }
-    }
-
-    /// A call of `tool` with untyped arguments (for a hand-written `call_tool`):
-    /// `operation_id` is the argument of that name if present (remove it from `arguments`
-    /// or leave it: it is never part of the intent).
-    pub fn from_arguments(
-        tool: &str,
-        operation_id: Option<String>,
-        mut arguments: JsonObject,
-        ctx: &RequestContext<RoleServer>,
-    ) -> ToolCall {
-        let from_args = operation_id.or_else(|| match arguments.remove("operation_id") {
-            Some(Value::String(s)) => Some(s),
-            _ => None,
-        });
-        arguments.remove("operation_id");
-        let from_meta = ctx
-            .meta
-            .0
-            .0
-            .get(META_OPERATION_ID)
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        let mut problem = None;
-        let operation_id = match (from_args, from_meta) {
-            (Some(a), Some(m)) if a != m => {
-                problem = Some(format!(
-                    "the call carries two operation ids: `{a}` in its arguments and `{m}` in `_meta[\"{META_OPERATION_ID}\"]`; send one"
-                ));
-                None
-            }
-            (Some(a), _) => Some(a),
-            (None, Some(m)) => Some(m),
-            (None, None) => {
-                problem = Some(format!(
-                    "`{tool}` changes the project and needs an `operation_id`: choose a new one (a UUID) for this change, and reuse it if you call again for the same change"
-                ));
-                None
-            }
-        };
-        let base_revision = match arguments.remove("base_revision") {
-            Some(v) if v.is_null() => None,
-            Some(v) => match v.as_u64() {
-                Some(r) => Some(r),
-                None => {
-                    problem.get_or_insert(format!(
-                        "`base_revision` must be a non-negative integer (the revision you last read), not `{v}`"
-                    ));
-                    None
-                }
-            },
-            None => None,
-        };
-        ToolCall {
-            tool: tool.to_string(),
-            operation_id,
-            problem,
-            args: Value::Object(arguments),
-            scope: None,
-            base_revision,
-            allow_stale_base: false,
-            session: ToolCall::session_of(ctx),
-        }
-    }
-
-    fn broken(tool: &str, ctx: &RequestContext<RoleServer>, problem: String) -> ToolCall {
-        ToolCall {
-            tool: tool.to_string(),
-            operation_id: None,
-            problem: Some(problem),
-            args: Value::Null,
-            scope: None,
-            base_revision: None,
-            allow_stale_base: false,
-            session: ToolCall::session_of(ctx),
-        }
-    }
-
-    fn session_of(ctx: &RequestContext<RoleServer>) -> CallSession {
-        match http_session(ctx) {
-            Some(Some(id)) => CallSession::Http(id),
-            Some(None) => CallSession::Stateless,
-            None => CallSession::Connection,
-        }
-    }
-
-    /// The scope the tool mutates (revisions and the mutation lock are per scope). A
-    /// `base_revision` argument, when the tool declares one, is checked against it: a call
-    /// made on an older revision is refused with a tool error that says to read again.
-    pub fn scope(mut self, scope: impl Into<String>) -> ToolCall {
-        self.scope = Some(scope.into());
-        self
-    }
-
-    /// Sets the base revision (instead of, or over, a `base_revision` argument).
-    pub fn base_revision(mut self, revision: u64) -> ToolCall {
-        self.base_revision = Some(revision);
-        self
-    }
-
-    /// Accepts a base revision older than the scope's (the tool merges itself).
-    pub fn allow_stale_base(mut self) -> ToolCall {
-        self.allow_stale_base = true;
-        self
-    }
-
-    /// The operation id, if the call carries one.
-    pub fn operation_id(&self) -> Option<&str> {
-        self.operation_id.as_deref()
-    }
-
-    /// The tool's name.
-    pub fn tool(&self) -> &str {
-        &self.tool
-    }
-
-    /// The arguments that make the intent (without `operation_id` and `base_revision`).
-    pub fn arguments(&self) -> &Value {
-        &self.args
-    }
-}
 
 /// Makes tools journaled: each call is an operation of the journal, so a repeated call
 /// (same `operation_id`) is answered with the recorded result instead of running again.
@@ -908,103 +673,6 @@ fn acknowledge(journal: &Journal, session: &str, ids: &[String]) {
     }
 }
 
-fn status_name(status: ExecutionStatus) -> &'static str {
-    status.name()
-}
-
-/// The recorded result as a `CallToolResult`: the stored one, or, for an outcome recorded
-/// another way (`opjournal resolve`), one made from the receipt.
-fn recorded_result(receipt: &Receipt, bytes: &[u8]) -> CallToolResult {
-    if let Ok(result) = serde_json::from_slice::<CallToolResult>(bytes) {
-        return result;
-    }
-    let text = String::from_utf8_lossy(bytes).into_owned();
-    match (&receipt.failure, receipt.result_revision) {
-        (Some(message), _) => CallToolResult::error(vec![ContentBlock::text(message.clone())]),
-        (None, Some(rev)) if text.is_empty() => CallToolResult::success(vec![ContentBlock::text(
-            format!("applied at revision {rev}"),
-        )]),
-        _ => CallToolResult::success(vec![ContentBlock::text(text)]),
-    }
-}
-
-/// Adds the `dev.opjournal/` entries to a result's `_meta`.
-fn set_meta(
-    result: &mut CallToolResult,
-    id: &str,
-    status: &str,
-    replayed: Option<bool>,
-    delivery: Option<u32>,
-    revision: Option<u64>,
-) {
-    let meta = result.meta.get_or_insert_with(MetaObject::new);
-    meta.0.insert(META_OPERATION_ID.into(), id.into());
-    meta.0.insert(META_STATUS.into(), status.into());
-    if let Some(r) = replayed {
-        meta.0.insert(META_REPLAYED.into(), r.into());
-    }
-    if let Some(d) = delivery {
-        meta.0.insert(META_DELIVERY.into(), d.into());
-    }
-    if let Some(rev) = revision {
-        meta.0.insert(META_RESULT_REVISION.into(), rev.into());
-    }
-}
-
-/// A tool error (`is_error: true`) with `message` as its text and `status` in `_meta`.
-fn tool_error(message: impl Into<String>, status: &str, id: Option<&str>) -> CallToolResult {
-    let message = message.into();
-    let mut result = CallToolResult::error(vec![ContentBlock::text(message)]);
-    let meta = result.meta.get_or_insert_with(MetaObject::new);
-    meta.0.insert(META_STATUS.into(), status.into());
-    if let Some(id) = id {
-        meta.0.insert(META_OPERATION_ID.into(), id.into());
-    }
-    result
-}
-
-fn in_doubt(r: &Receipt) -> CallToolResult {
-    tool_error(
-        format!(
-            "operation `{}` is in doubt: the server stopped while making this change, and has not yet established whether it was made. Check the project (read it) before doing anything else; do not retry blindly, and do not call again with a new id",
-            r.operation_id
-        ),
-        "in_doubt",
-        Some(&r.operation_id),
-    )
-}
-
-fn expired(r: &Receipt) -> CallToolResult {
-    let outcome = match (r.applied, r.result_revision) {
-        (Some(true), Some(rev)) => format!("it was applied, at revision {rev}"),
-        (Some(true), None) => "it was applied".to_string(),
-        (Some(false), _) => format!(
-            "it failed ({})",
-            r.failure.as_deref().unwrap_or("no message kept")
-        ),
-        _ => "its outcome is not known".to_string(),
-    };
-    // Damage is not age: a result that a repair found lost is not said to have aged out.
-    let gone = match r.retire_cause {
-        Some(crate::RetireCause::Damage { repaired_at }) => format!(
-            "finished and its result was lost to damage (repair on {repaired_at}), so it is no longer kept"
-        ),
-        _ => "finished long ago and its result is no longer kept".to_string(),
-    };
-    let mut result = tool_error(
-        format!(
-            "operation `{}` {gone}: {outcome}. Refresh (read the project again); do not retry",
-            r.operation_id
-        ),
-        "expired",
-        Some(&r.operation_id),
-    );
-    if let (Some(meta), Some(rev)) = (result.meta.as_mut(), r.result_revision) {
-        meta.0.insert(META_RESULT_REVISION.into(), rev.into());
-    }
-    result
-}
-
 /// A refusal of `submit` as the answer, or a reason to wait.
 fn refused(id: &str, e: &Error) -> Round {
     let (message, status) = match e.kind() {
@@ -1041,21 +709,4 @@ fn refused(id: &str, e: &Error) -> Round {
         ),
     };
     Round::Answer(tool_error(message, status, Some(id)))
-}
-
-fn failure_text(result: &CallToolResult) -> String {
-    let texts: Vec<&str> = result
-        .content
-        .iter()
-        .filter_map(|c| match c {
-            ContentBlock::Text(t) => Some(t.text.as_str()),
-            _ => None,
-        })
-        .collect();
-    let text = if texts.is_empty() {
-        "the tool reported an error".to_string()
-    } else {
-        texts.join("\n")
-    };
-    crate::error::shorten(&text, MAX_FAILURE)
 }

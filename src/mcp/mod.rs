@@ -93,15 +93,18 @@
 //! # }
 //! ```
 
+mod answers;
 mod args;
+mod call;
 #[cfg(feature = "service")]
 pub mod editor;
 mod events;
 mod journaled;
 
 pub use args::{OPERATION_ID_DESCRIPTION, OpArgs};
+pub use call::{Effect, ToolCall};
 pub use events::{DEFAULT_MAX_STREAMS, JournalEventStore};
-pub use journaled::{DEFAULT_WAIT, Effect, Journaled, Resolver, ToolCall};
+pub use journaled::{DEFAULT_WAIT, Journaled, Resolver};
 #[cfg(feature = "service")]
 pub(crate) use journaled::{Step, StepHook};
 
