@@ -31,9 +31,11 @@ pub(crate) use tables::{
 };
 pub(crate) use values::{
     decode_event, decode_event_frame, decode_format, decode_inline_result, decode_meta,
-    decode_receipt, decode_receipt_frame, decode_result, decode_scope, encode_result,
-    split_receipt_value,
+    decode_receipt, decode_receipt_frame, decode_result, decode_scope, split_receipt_value,
 };
+// Only `crate::fuzzing` writes a result record outside a batch.
+#[cfg(feature = "internals")]
+pub(crate) use values::encode_result;
 pub(crate) use view::View;
 pub(crate) use write::{IndexEntry, WriteTables};
 
