@@ -1,0 +1,195 @@
+//! Phase 0: the log beside the file. Its records of the file's current cycle are laid over
+//! the file as recovery would lay them (up to a damaged or undecodable record), and the
+//! operations changed by the records recovery drops are named, so that the comparison can
+//! report them.
+
+use std::collections::BTreeSet;
+
+use crate::error::{Error, Result};
+use crate::index::{self, Memtable, Table, View};
+use crate::log::{self, FileLog};
+
+use super::RepairReport;
+use crate::check::source::Source;
+use crate::check::verify::Finding;
+
+/// Reads the log's records of the file's current cycle into the source (as recovery would:
+/// up to a damaged or undecodable record), and names the operations whose changes are in
+/// the records recovery drops.
+pub(super) fn absorb_log(src: &mut Source, report: &mut RepairReport) -> Result<BTreeSet<String>> {
+    let mut dropped_ops = BTreeSet::new();
+    let Some(log) = FileLog::open_read_only(&FileLog::path_for(&src.path)).map_err(|e| {
+        Error::io_while(
+            "open the journal's log",
+            "the repair stopped and nothing was changed",
+            e,
+        )
+    })?
+    else {
+        return Ok(dropped_ops);
+    };
+    let Ok(Some(cp)) = src.view(|v| v.checkpoint()) else {
+        // The file's checkpoint (which names the log's current cycle) cannot be read, so
+        // the log cannot be laid over the file: its records are not taken. They may hold
+        // the only trace of recent operations, so every operation they touch is named as
+        // dropped (the sweep in tests/corruption_sweep.rs found such operations vanishing
+        // from the report). The log's own first record tells which cycle to read.
+        let Some(cursor) = log::own_cursor(&log).map_err(|e| {
+            Error::io_while(
+                "read the journal's log",
+                "the repair stopped and nothing was changed",
+                e,
+            )
+        })?
+        else {
+            return Ok(dropped_ops);
+        };
+        let mut records = 0u64;
+        log::scan_storage(&log, cursor, |r| -> Result<()> {
+            let mut m = Memtable::default();
+            if m.apply_encoded(r.payload).is_ok() {
+                for op in index::Receipts::map(&m).keys() {
+                    dropped_ops.insert(op.clone());
+                }
+                for (op, _) in index::OpEvents::map(&m).keys() {
+                    dropped_ops.insert(op.clone());
+                }
+            }
+            records += 1;
+            Ok(())
+        })
+        .map_err(|e: Error| {
+            e.while_doing(
+                "read the journal's log",
+                "the repair stopped and nothing was changed",
+            )
+        })?;
+        if records > 0 {
+            report.log_records_dropped += records;
+            report.quarantined.push(Finding::new(
+                "log",
+                FileLog::path_for(&src.path).display().to_string(),
+                format!(
+                    "the journal's checkpoint could not be read, so the log's {records} \
+                     record(s) could not be laid over it and were not taken"
+                ),
+            ));
+        }
+        return Ok(dropped_ops);
+    };
+    let cursor = log::Cursor {
+        journal_id: cp.journal_id,
+        generation: cp.generation,
+        first_lsn: cp.next_lsn,
+    };
+    let io = |e: Error| {
+        e.while_doing(
+            "read the journal's log",
+            "the repair stopped and nothing was changed",
+        )
+    };
+    let mut mem = Memtable::default();
+    let mut bad: Option<(u64, String)> = None;
+    let mut records = 0u64;
+    log::scan_storage(&log, cursor, |r| -> Result<()> {
+        if bad.is_some() {
+            return Ok(());
+        }
+        let mut next = Memtable::default();
+        let applied = if r.kind == log::KIND_BATCH {
+            next.apply_encoded(r.payload)
+        } else {
+            Err(format!(
+                "record kind {} is not one this build writes",
+                r.kind
+            ))
+        };
+        match applied {
+            Ok(()) => {
+                mem.absorb(next);
+                records += 1;
+            }
+            Err(detail) => bad = Some((r.lsn, detail)),
+        }
+        Ok(())
+    })
+    .map_err(io)?;
+    src.mem = mem;
+    report.log_records = records;
+    let note_ops = |m: &Memtable, ops: &mut BTreeSet<String>| {
+        for op in index::Receipts::map(m).keys() {
+            ops.insert(op.clone());
+        }
+        for (op, _) in index::OpEvents::map(m).keys() {
+            ops.insert(op.clone());
+        }
+    };
+    let log_key = FileLog::path_for(&src.path).display().to_string();
+    let dropped = log::dropped(&log, cursor, |r| -> Result<()> {
+        crate::check::ops_of_log_record(r.payload, &mut dropped_ops);
+        Ok(())
+    })
+    .map_err(io)?;
+    if let Some((lsn, detail)) = bad {
+        // The records from this one on were not absorbed: a writer's open refuses them.
+        let after = log::scan_storage(&log, cursor, |r| -> Result<()> {
+            if r.lsn >= lsn {
+                let mut m = Memtable::default();
+                if m.apply_encoded(r.payload).is_ok() {
+                    note_ops(&m, &mut dropped_ops);
+                }
+            }
+            Ok(())
+        })
+        .map_err(io)?;
+        let n = after.records.saturating_sub(lsn - cursor.first_lsn);
+        report.log_records_dropped += n;
+        report.quarantined.push(Finding::new(
+            "log",
+            format!("record {lsn}"),
+            format!(
+                "its changes do not decode ({detail}): it and the {} record(s) after it were \
+                 not taken",
+                n.saturating_sub(1)
+            ),
+        ));
+    }
+    if dropped.header_damaged {
+        report.log_records_dropped += dropped.records;
+        report.quarantined.push(Finding::new(
+            "log",
+            log_key.clone(),
+            format!(
+                "the log's header is damaged: the {} record(s) after it were not taken",
+                dropped.records
+            ),
+        ));
+    }
+    if let Some((lsn, why)) = &dropped.damaged {
+        // The damaged record and the valid ones after it (a crash cannot leave a log so:
+        // they were synced, and their operations are named in the report).
+        report.log_records_dropped += dropped.records + 1;
+        report.quarantined.push(Finding::new(
+            "log",
+            format!("record {lsn}"),
+            format!(
+                "damaged: {why}; it{} {} not taken",
+                crate::check::verify::and_after(dropped.records),
+                if dropped.records == 0 { "was" } else { "were" }
+            ),
+        ));
+    }
+    if let Some(problem) = &dropped.length {
+        // What lay past the cut is gone: the operations it changed cannot be named, only
+        // where they were (as for a table range the engine cannot read).
+        report.unreadable.push(Finding::new(
+            "log",
+            format!("records from {}", cursor.first_lsn + records),
+            format!(
+                "{problem}: the operations those records changed cannot be named, and answer \
+                 as before their changes"
+            ),
+        ));
+    }
+    Ok(dropped_ops)
+}
