@@ -44,6 +44,9 @@ pub(crate) struct BatchWriter {
     /// Changes not yet written into the file.
     pending: Memtable,
     db: Option<Database>,
+    /// Whether the last write was durable and nothing changed since (then
+    /// [`BatchWriter::finish`] commits nothing more).
+    synced: bool,
     context: ErrorContext,
 }
 
@@ -65,6 +68,7 @@ impl BatchWriter {
             base: Some(base),
             pending: Memtable::default(),
             db: Some(db),
+            synced: false,
             context,
         })
     }
@@ -75,13 +79,18 @@ impl BatchWriter {
             .ok_or_else(|| Error::new(ErrorKind::Closed))
     }
 
+    /// Sets one entry in the pending batch (written with it).
+    pub(crate) fn set<T: Table>(&mut self, key: T::K, value: T::V) {
+        self.pending.set::<T>(key, Some(value));
+    }
+
     /// Puts one entry, then writes the batch if it has grown.
     ///
     /// # Errors
     ///
     /// As [`BatchWriter::flush`].
     pub(crate) fn put<T: Table>(&mut self, key: T::K, value: T::V) -> Result<()> {
-        self.pending.set::<T>(key, Some(value));
+        self.set::<T>(key, value);
         self.maybe_flush()
     }
 
@@ -107,10 +116,10 @@ impl BatchWriter {
     /// # Errors
     ///
     /// `f`'s, as it returned it.
-    pub(crate) fn batch<R>(
+    pub(crate) fn batch<R, E>(
         &mut self,
-        f: impl FnOnce(&mut WriteTables<'_>) -> Result<R>,
-    ) -> Result<R> {
+        f: impl FnOnce(&mut WriteTables<'_>) -> std::result::Result<R, E>,
+    ) -> std::result::Result<R, E> {
         let (r, changes) = {
             let mut t = WriteTables::over(self.base.as_ref(), Layers::new(&[&self.pending]));
             let r = f(&mut t)?;
@@ -159,20 +168,23 @@ impl BatchWriter {
         index::checkpoint(&txn, &self.pending).map_err(write)?;
         txn.commit().map_err(|e| context(e.into(), Step::Commit))?;
         self.pending = Memtable::default();
+        self.synced = durable;
         self.base = Some(Base::new(
             self.db()?.begin_read().map_err(|e| write(e.into()))?,
         ));
         Ok(())
     }
 
-    /// Writes what is pending durably and hands the database back (its read snapshot
-    /// dropped).
+    /// Writes what is pending durably (unless the last write was durable and nothing
+    /// changed since) and hands the database back, its read snapshot dropped.
     ///
     /// # Errors
     ///
     /// As [`BatchWriter::flush`].
     pub(crate) fn finish(mut self) -> Result<Database> {
-        self.flush(true)?;
+        if !(self.synced && self.pending.is_empty()) {
+            self.flush(true)?;
+        }
         self.base = None;
         self.db.take().ok_or_else(|| Error::new(ErrorKind::Closed))
     }

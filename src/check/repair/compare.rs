@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use crate::clock::Timestamp;
 use crate::error::Result;
-use crate::index::{self, Layered, Layers, View};
+use crate::index::{self, Layered, View};
 use crate::machine::{self, Ctx};
 use crate::record::{
     Event, EventKind, ExecRecord, IntentDigest, ReceiptRecord, RetireCause, RevisionCause,
@@ -26,25 +26,24 @@ impl<'s> Build<'s> {
         dropped_ops: &BTreeSet<String>,
     ) -> Result<Vec<Action>> {
         let mut actions = Vec::new();
-        // Every operation of the new file, in id order (a snapshot of what phase 1 built).
-        self.flush(false)?;
+        // Every operation of the new file, in id order (what phase 1 built, written out:
+        // nothing below writes until the actions are applied).
+        self.out.flush(false)?;
         let ids_of_new = |b: &Build<'_>, from: Option<&String>, n: usize| -> Result<Vec<String>> {
-            let snap = index::Snapshot {
-                base: Some(&b.base),
-                layers: Layers::default(),
-            };
-            let lo = match from {
-                Some(f) => std::ops::Bound::Excluded(f),
-                None => std::ops::Bound::Unbounded,
-            };
-            let mut out = Vec::new();
-            for entry in snap.range::<index::Receipts>(lo, std::ops::Bound::Unbounded)? {
-                out.push(entry?.0);
-                if out.len() >= n {
-                    break;
+            b.out.view(|snap| {
+                let lo = match from {
+                    Some(f) => std::ops::Bound::Excluded(f),
+                    None => std::ops::Bound::Unbounded,
+                };
+                let mut out = Vec::new();
+                for entry in snap.range::<index::Receipts>(lo, std::ops::Bound::Unbounded)? {
+                    out.push(entry?.0);
+                    if out.len() >= n {
+                        break;
+                    }
                 }
-            }
-            Ok(out)
+                Ok(out)
+            })
         };
         let mut checked: BTreeSet<String> = BTreeSet::new();
         let mut last: Option<String> = None;
@@ -66,14 +65,9 @@ impl<'s> Build<'s> {
         // journal's size: collecting every id took ~140 bytes per operation).
         let mut known: BTreeSet<String> = BTreeSet::new();
         {
-            let (src, base, pending) = (&mut *self.src, &self.base, &self.pending);
-            let missing = |op: &str| -> Result<bool> {
-                let snap = index::Snapshot {
-                    base: Some(base),
-                    layers: Layers::new(&[pending]),
-                };
-                Ok(snap.receipt(op)?.is_none())
-            };
+            let (src, out) = (&mut *self.src, &self.out);
+            let missing =
+                |op: &str| -> Result<bool> { Ok(out.view(|snap| snap.receipt(op))?.is_none()) };
             let g1 = src.read_table::<index::Receipts>(|k, _| {
                 if missing(&k)? {
                     known.insert(k);
@@ -161,13 +155,11 @@ impl<'s> Build<'s> {
     ) -> Result<Option<Action>> {
         let now = self.now;
         let after = self.new_receipt(id)?;
-        let new_seqs: BTreeSet<u64> = {
-            let snap = index::Snapshot {
-                base: Some(&self.base),
-                layers: Layers::new(&[&self.pending]),
-            };
-            snap.op_event_seqs(id)?.into_iter().collect()
-        };
+        let new_seqs: BTreeSet<u64> = self
+            .out
+            .view(|snap| snap.op_event_seqs(id))?
+            .into_iter()
+            .collect();
         let before = self.src.view(|v| v.receipt(id));
         let orig_seqs = self.src.view(|v| v.op_event_seqs(id));
         let before_result = match &before {
@@ -290,13 +282,7 @@ impl<'s> Build<'s> {
             && d.retired_at.is_none()
             && let Some(seq) = d.result_seq
         {
-            let has = {
-                let snap = index::Snapshot {
-                    base: Some(&self.base),
-                    layers: Layers::new(&[&self.pending]),
-                };
-                snap.result_stored(id, seq)?
-            };
+            let has = self.out.view(|snap| snap.result_stored(id, seq))?;
             if !has {
                 self.wanted.result_keys.insert(seq);
                 // Damage took the payload unless retention had already dropped it: the file
@@ -434,11 +420,7 @@ impl<'s> Build<'s> {
         })?;
         let mut out = Vec::new();
         for s in stored {
-            let snap = index::Snapshot {
-                base: Some(&self.base),
-                layers: Layers::new(&[&self.pending]),
-            };
-            let now_rev = snap.scope_revision(&s.scope)?;
+            let now_rev = self.out.view(|snap| snap.scope_revision(&s.scope))?;
             if now_rev < s.revision {
                 self.report.scopes.push(Finding::new(
                     "scopes",
@@ -498,7 +480,7 @@ impl<'s> Build<'s> {
                 Ok(())
             })?;
             self.state = state;
-            self.maybe_flush()?;
+            self.out.maybe_flush()?;
         }
         if !scopes.is_empty() {
             let cfg = self.cfg.clone();

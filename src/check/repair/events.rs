@@ -8,8 +8,8 @@ use std::collections::BTreeSet;
 
 use crate::clock::Timestamp;
 use crate::codec::{self, RecordKind};
-use crate::error::{ErrorKind, Result};
-use crate::index::{self, Layered, Layers, View, WriteTables};
+use crate::error::{Error, ErrorKind, Result};
+use crate::index::{self, Layered, View};
 use crate::machine;
 use crate::record::{Event, EventKind};
 
@@ -37,7 +37,7 @@ impl<'s> Build<'s> {
         for (_, v) in old_q {
             let n = self.quarantine_next;
             self.quarantine_next += 1;
-            self.pending.set::<index::Quarantine>(n, Some(v));
+            self.out.set::<index::Quarantine>(n, v);
         }
         let cands: Vec<Event> = self
             .candidates
@@ -258,32 +258,35 @@ impl<'s> Build<'s> {
         Ok(())
     }
 
+    /// Applies one event with the writer's own code; one that does not fit its operation's
+    /// history is quarantined, and none of its changes kept.
     pub(super) fn apply(&mut self, p: Pending) -> Result<()> {
+        /// Which step of applying an event failed.
+        enum Failed {
+            Store(Error),
+            Fold(Error),
+        }
         let ev = p.ev;
-        let r = {
-            let mut t = WriteTables::over(Some(&self.base), Layers::new(&[&self.pending]));
-            t.put_event(&ev)?;
-            match machine::apply(&mut t, &ev) {
-                Ok(()) => Ok(t.into_changes()),
-                Err(e) => Err(e),
-            }
-        };
+        let r = self.out.batch(|t| {
+            t.put_event(&ev).map_err(Failed::Store)?;
+            machine::apply(t, &ev).map_err(Failed::Fold)
+        });
         match r {
-            Ok(changes) => {
-                self.pending.absorb(changes);
+            Ok(()) => {
                 self.report.events_replayed += 1;
                 self.max_seq = self.max_seq.max(ev.seq);
                 self.max_at = self.max_at.max(ev.at);
-                self.maybe_flush()
+                self.out.maybe_flush()
             }
-            Err(e) if matches!(e.kind(), ErrorKind::Corrupt { .. }) => {
+            Err(Failed::Store(e)) => Err(e),
+            Err(Failed::Fold(e)) if matches!(e.kind(), ErrorKind::Corrupt { .. }) => {
                 if let Some(op) = &ev.operation_id {
                     self.damage(op).quarantined += 1;
                 }
                 self.quarantine("events", ev.seq.to_string(), corrupt_detail(&e), &p.raw);
                 Ok(())
             }
-            Err(e) => Err(write_err(e)),
+            Err(Failed::Fold(e)) => Err(write_err(e)),
         }
     }
 }

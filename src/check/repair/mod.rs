@@ -36,9 +36,10 @@
 //!    over the journal; the log (its records are in the new file) moves with the backup.
 //!
 //! Each phase is a file: [`log`] lays the log over the file, [`candidates`] gathers
-//! records from the raw bytes where redb cannot read, [`rebuild`] holds the new file and
-//! writes the meta records, [`events`] is phase 1, [`results`] phase 2, [`compare`]
-//! phase 3 (and the scopes), [`install`] phase 4.
+//! records from the raw bytes where redb cannot read, [`rebuild`] holds the new file
+//! (written through the batched writer that backup and import use) and writes the meta
+//! records, [`events`] is phase 1, [`results`] phase 2, [`compare`] phase 3 (and the
+//! scopes), [`install`] phase 4.
 //!
 //! Memory holds a batch (a few MiB), the storage engines' caches, one entry per damaged
 //! operation and the report, whatever the journal's size; records salvaged from raw bytes

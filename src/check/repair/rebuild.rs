@@ -4,13 +4,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use redb::{Database, ReadableDatabase};
+use redb::Database;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::codec::{self, FORMAT_VERSION, RecordKind};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::index::{self, Base, Layered, Layers, Memtable, Table, TableKey, View, WriteTables};
+use crate::index::{self, Layered, Table, TableKey, View, WriteTables};
 use crate::machine::Ctx;
 use crate::record::{CheckpointRecord, EventKind, FormatRecord, ReceiptRecord, StateRecord};
 
@@ -18,9 +18,7 @@ use super::RepairReport;
 use super::candidates::{Candidates, TableGaps};
 use crate::check::source::{Gap, Source};
 use crate::check::verify::{Finding, corrupt_detail};
-
-/// The most memory a batch of changes takes before it is written to the new file.
-const BATCH_BYTES: usize = 8 << 20;
+use crate::transfer::writer::{BatchWriter, Step};
 
 /// How a build ended.
 pub(super) enum Finished {
@@ -41,9 +39,8 @@ pub(super) struct OpDamage {
 
 /// The repaired journal being built.
 pub(super) struct Build<'s> {
-    pub(super) db: Database,
-    pub(super) base: Base,
-    pub(super) pending: Memtable,
+    /// The new file, written in batches of a few MiB (the writer backup and import use).
+    pub(super) out: BatchWriter,
     pub(super) src: &'s mut Source,
     pub(super) report: &'s mut RepairReport,
     pub(super) candidates: Option<&'s Candidates>,
@@ -70,6 +67,17 @@ pub(super) fn write_err(e: Error) -> Error {
     )
 }
 
+/// How the new file's errors read: writing it, or committing a batch to it.
+fn writer_err(e: Error, step: Step) -> Error {
+    match step {
+        Step::Write => write_err(e),
+        Step::Commit => e.while_doing(
+            "sync the repaired journal",
+            "the repair stopped and the journal is unchanged (the partial copy was removed)",
+        ),
+    }
+}
+
 impl<'s> Build<'s> {
     pub(super) fn new(
         db: Database,
@@ -84,12 +92,7 @@ impl<'s> Build<'s> {
         report.events_replayed = 0;
         report.orphan_results_removed = 0;
         report.salvaged = !src.readable();
-        {
-            let txn = db.begin_write().map_err(|e| write_err(e.into()))?;
-            index::create_tables(&txn).map_err(write_err)?;
-            txn.commit().map_err(|e| write_err(e.into()))?;
-        }
-        let base = Base::new(db.begin_read().map_err(|e| write_err(e.into()))?);
+        let out = BatchWriter::new(db, writer_err)?;
         let old_state = src
             .view(|v| v.state())
             .ok()
@@ -100,9 +103,7 @@ impl<'s> Build<'s> {
                 .map_or(Timestamp(0), |s| s.clock_high_water),
         );
         Ok(Build {
-            db,
-            base,
-            pending: Memtable::default(),
+            out,
             src,
             report,
             candidates,
@@ -122,43 +123,13 @@ impl<'s> Build<'s> {
         })
     }
 
-    /// Writes the batch into the new file (not yet durably) once it has grown.
-    pub(super) fn maybe_flush(&mut self) -> Result<()> {
-        if self.pending.bytes() >= BATCH_BYTES {
-            self.flush(false)?;
-        }
-        Ok(())
-    }
-
-    pub(super) fn flush(&mut self, durable: bool) -> Result<()> {
-        let mut txn = self.db.begin_write().map_err(|e| write_err(e.into()))?;
-        if !durable {
-            txn.set_durability(redb::Durability::None)
-                .map_err(|e| write_err(e.into()))?;
-        }
-        index::checkpoint(&txn, &self.pending).map_err(write_err)?;
-        txn.commit().map_err(|e| {
-            Error::from(e).while_doing(
-                "sync the repaired journal",
-                "the repair stopped and the journal is unchanged (the partial copy was removed)",
-            )
-        })?;
-        self.pending = Memtable::default();
-        self.base = Base::new(self.db.begin_read().map_err(|e| write_err(e.into()))?);
-        Ok(())
-    }
-
     /// Runs `f` on a batch over the new file's changes so far; its changes are kept if it
     /// returns `Ok`.
     pub(super) fn batch<R>(
         &mut self,
         f: impl FnOnce(&mut WriteTables<'_>) -> Result<R>,
     ) -> Result<R> {
-        let mut t = WriteTables::over(Some(&self.base), Layers::new(&[&self.pending]));
-        let r = f(&mut t)?;
-        let changes = t.into_changes();
-        self.pending.absorb(changes);
-        Ok(r)
+        self.out.batch(f)
     }
 
     pub(super) fn quarantine(&mut self, table: &str, key: String, problem: String, raw: &[u8]) {
@@ -169,8 +140,8 @@ impl<'s> Build<'s> {
         payload.extend_from_slice(raw);
         let n = self.quarantine_next;
         self.quarantine_next += 1;
-        self.pending
-            .set::<index::Quarantine>(n, Some(codec::frame(RecordKind::Quarantine, &payload)));
+        self.out
+            .set::<index::Quarantine>(n, codec::frame(RecordKind::Quarantine, &payload));
         self.report
             .quarantined
             .push(Finding::new(table, key, problem));
@@ -192,11 +163,7 @@ impl<'s> Build<'s> {
 
     /// The new file's receipt of `op`.
     pub(super) fn new_receipt(&self, op: &str) -> Result<Option<ReceiptRecord>> {
-        let snap = index::Snapshot {
-            base: Some(&self.base),
-            layers: Layers::new(&[&self.pending]),
-        };
-        snap.receipt(op)
+        self.out.view(|snap| snap.receipt(op))
     }
 
     /// Phases 3 and 4, then the meta records and a durable commit.
@@ -212,18 +179,15 @@ impl<'s> Build<'s> {
         let scope_actions = self.compare_scopes()?;
         self.apply_actions(actions, scope_actions)?;
         self.write_meta()?;
-        self.flush(true)?;
+        self.out.flush(true)?;
         self.report.receipts_rebuilt = self.count_new::<index::Receipts>()?;
         self.report.scopes_rebuilt = self.count_new::<index::Scopes>()?;
-        Ok(Finished::Done(self.db))
+        // Everything was written durably above: nothing more is committed.
+        Ok(Finished::Done(self.out.finish()?))
     }
 
     pub(super) fn count_new<T: Table>(&self) -> Result<u64> {
-        index::Snapshot {
-            base: Some(&self.base),
-            layers: Layers::default(),
-        }
-        .count::<T>()
+        self.out.view(|snap| snap.count::<T>())
     }
 
     /// Damaged values and unreadable ranges of the index tables (rebuilt from the events).

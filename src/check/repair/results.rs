@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use crate::error::Result;
-use crate::index::{self, Layered, Layers, View};
+use crate::index::{self, Layered, View};
 use crate::record::{ExecRecord, ReceiptRecord};
 
 use super::candidates::decode_result_frame;
@@ -90,16 +90,12 @@ impl<'s> Build<'s> {
             }
         }
         for (seq, raw) in cands {
-            let present = {
-                let snap = index::Snapshot {
-                    base: Some(&self.base),
-                    layers: Layers::new(&[&self.pending]),
-                };
-                match decode_result_frame(&raw) {
+            let present = self.out.view(|snap| -> Result<bool> {
+                Ok(match decode_result_frame(&raw) {
                     Ok((h, _)) => snap.result_stored(&h.operation_id, seq)?,
                     Err(_) => snap.get::<index::Results>(&seq)?.is_some(),
-                }
-            };
+                })
+            })?;
             if !present {
                 self.take_result(seq, &raw, Provenance::Raw)?;
             }
@@ -153,7 +149,7 @@ impl<'s> Build<'s> {
                 changed_assets: header.changed_assets,
             };
             self.batch(|t| t.put_result(seq, &op, &result))?;
-            self.maybe_flush()?;
+            self.out.maybe_flush()?;
         } else if from == Provenance::Tree {
             let live_but_different = rebuilt.as_ref().is_some_and(|r| {
                 matches!(&r.state, ExecRecord::Done(d) if d.result_seq == Some(seq) && d.retired_at.is_none())
