@@ -136,9 +136,9 @@ mod validate;
 pub use redb;
 
 pub use check::{
-    EngineAccess, Finding, INTEGRITY_SCRATCH_BYTES, IntactRecords, Integrity, LogCheck,
-    LostOperation, MAX_FINDINGS, RepairOptions, RepairReport, VerifyReport, intact_records, repair,
-    verify, verify_inspected,
+    EngineAccess, Finding, INTEGRITY_SCRATCH_BYTES, IndexChanges, IntactRecords, Integrity,
+    LogCheck, LostOperation, MAX_FINDINGS, RepairOptions, RepairReport, VerifyReport,
+    intact_records, repair, verify, verify_inspected,
 };
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use config::{

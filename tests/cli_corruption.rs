@@ -676,3 +676,94 @@ fn random_bytes_behind_an_intact_header_are_damage_beyond_salvage_and_never_a_pa
         assert!(err.contains("hint: "), "{cmd}: {err}");
     }
 }
+
+// ---- index entries ----
+
+const TIMERS: TableDefinition<(u8, u64, &str), ()> = TableDefinition::new("timers");
+
+/// Removes from the journal at `path` the first `timers` entry of `op` (written directly
+/// with redb, so the events and receipts stay intact), and returns its key.
+fn remove_timer_of(
+    path: &std::path::Path,
+    op: &str,
+) -> Result<(u8, u64, String), Box<dyn std::error::Error>> {
+    use redb::ReadableTable;
+    let db = redb::Database::open(path)?;
+    let txn = db.begin_write()?;
+    let key = {
+        let mut timers = txn.open_table(TIMERS)?;
+        let mut found = None;
+        for entry in timers.iter()? {
+            let (k, _) = entry?;
+            let (kind, due, owner) = k.value();
+            if owner == op {
+                found = Some((kind, due, owner.to_string()));
+                break;
+            }
+        }
+        let key = found.ok_or_else(|| format!("no timer of `{op}`"))?;
+        timers.remove((key.0, key.1, key.2.as_str()))?;
+        key
+    };
+    txn.commit()?;
+    Ok(key)
+}
+
+/// An index entry lost while every event and receipt is intact (the lease timer of a
+/// running operation): every operation still answers as before, but the rebuild restores
+/// the entry, so `repair --dry-run` exits 1 naming the table and counting the entry, as
+/// `verify` exits 1; on the clean journal, before and after the repair, it exits 0.
+#[test]
+fn a_dry_run_exits_1_naming_the_index_table_whose_lost_entry_the_rebuild_restores() -> TestResult {
+    let s = sample();
+    let p = path_str(&s.path);
+    let o = run(&["--json", "repair", "--dry-run", p]);
+    assert_eq!(code(&o), 0, "clean: {}{}", stdout(&o), stderr(&o));
+    let lines = json_lines(&o);
+    let (_, summary) = lines.last().ok_or("a summary")?;
+    assert_eq!(summary["index_entries_changed"], 0, "{summary}");
+
+    let key = remove_timer_of(&s.path, "op_run")?;
+    let o = run(&["verify", p]);
+    assert_eq!(
+        code(&o),
+        1,
+        "verify finds the missing timer: {}",
+        stdout(&o)
+    );
+    assert!(stdout(&o).contains("timers"), "{}", stdout(&o));
+    let before = s.bytes();
+
+    let o = run(&["--json", "repair", "--dry-run", p]);
+    assert_eq!(code(&o), 1, "{}{}", stdout(&o), stderr(&o));
+    let lines = json_lines(&o);
+    let (_, summary) = lines.last().ok_or("a summary")?;
+    assert_eq!(
+        summary["lost"], 0,
+        "no operation answers differently: {summary}"
+    );
+    assert_eq!(summary["index_entries_changed"], 1, "{summary}");
+    assert_eq!(
+        summary["index_changes"]["timers"],
+        serde_json::json!({"added": 1, "removed": 0, "changed": 0}),
+        "{summary}"
+    );
+    let o = run(&["repair", "--dry-run", p]);
+    assert_eq!(code(&o), 1, "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("index: 1 entry")
+            && out
+                .lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["timers", "1", "0", "0"]),
+        "the human report names the table: {out}"
+    );
+    assert!(s.bytes() == before, "a dry run writes nothing");
+
+    let o = run(&["repair", "--no-backup", p]);
+    assert_eq!(code(&o), 0, "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(code(&run(&["verify", p])), 0, "the timer {key:?} is back");
+    let o = run(&["repair", "--dry-run", p]);
+    assert_eq!(code(&o), 0, "repaired: {}{}", stdout(&o), stderr(&o));
+    Ok(())
+}

@@ -7,7 +7,7 @@ mod salvage;
 mod source;
 mod verify;
 
-pub use repair::{EngineAccess, LostOperation, RepairOptions, RepairReport, repair};
+pub use repair::{EngineAccess, IndexChanges, LostOperation, RepairOptions, RepairReport, repair};
 pub(crate) use salvage::scan_frames;
 pub use salvage::{IntactRecords, intact_records};
 pub use verify::{

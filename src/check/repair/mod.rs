@@ -39,7 +39,8 @@
 //! records from the raw bytes where redb cannot read, [`rebuild`] holds the new file
 //! (written through the batched writer that backup and import use) and writes the meta
 //! records, [`events`] is phase 1, [`results`] phase 2, [`compare`] phase 3 (and the
-//! scopes), [`install`] phase 4.
+//! scopes), [`indexes`] compares the rebuilt index tables with the file's, [`install`]
+//! phase 4.
 //!
 //! Memory holds a batch (a few MiB), the storage engines' caches, one entry per damaged
 //! operation and the report, whatever the journal's size; records salvaged from raw bytes
@@ -52,6 +53,7 @@
 mod candidates;
 mod compare;
 mod events;
+mod indexes;
 mod install;
 mod log;
 mod rebuild;
@@ -176,6 +178,32 @@ pub struct RepairReport {
     pub scopes_rebuilt: u64,
     /// Result payloads without a live receipt, not copied.
     pub orphan_results_removed: u64,
+    /// The index tables whose entries the rebuild changes (only those with a change), in
+    /// table order. Entries in [`RepairReport::unreadable`] ranges are not counted.
+    pub index_changes: Vec<IndexChanges>,
+}
+
+/// Entries of one index table of the file (`receipts`, `scopes`, `op_events`, `timers`,
+/// `scope_timers`, `windows`, `scope_holds`, `in_doubt`) that differ from the index the
+/// events give, which the repaired journal holds instead.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct IndexChanges {
+    /// The table.
+    pub table: String,
+    /// Entries the events imply that the file did not hold.
+    pub added: u64,
+    /// Entries the file held that the events do not imply.
+    pub removed: u64,
+    /// Entries under the same key whose value differs.
+    pub changed: u64,
+}
+
+impl IndexChanges {
+    /// Every entry changed: added, removed or changed.
+    pub fn entries(&self) -> u64 {
+        self.added + self.removed + self.changed
+    }
 }
 
 impl Default for RepairReport {
@@ -198,14 +226,24 @@ impl Default for RepairReport {
             receipts_rebuilt: 0,
             scopes_rebuilt: 0,
             orphan_results_removed: 0,
+            index_changes: Vec::new(),
         }
     }
 }
 
 impl RepairReport {
-    /// Whether repair found anything to repair (a dry run that finds something exits 1).
+    /// Index entries the rebuild changes, every table together.
+    pub fn index_entries_changed(&self) -> u64 {
+        self.index_changes.iter().map(IndexChanges::entries).sum()
+    }
+
+    /// Whether repair found anything to repair (a dry run that finds something exits 1):
+    /// damage, a salvage, or a change to the journal's tables (an index entry, an orphan
+    /// result), even when every operation answers as before.
     pub fn found_damage(&self) -> bool {
         !self.quarantined.is_empty()
+            || !self.index_changes.is_empty()
+            || self.orphan_results_removed > 0
             || !self.lost.is_empty()
             || !self.unreadable.is_empty()
             || !self.scopes.is_empty()

@@ -89,6 +89,7 @@ impl<'s> Build<'s> {
         report.lost.clear();
         report.unreadable.retain(|f| f.table == "log");
         report.scopes.clear();
+        report.index_changes.clear();
         report.events_replayed = 0;
         report.orphan_results_removed = 0;
         report.salvaged = !src.readable();
@@ -180,6 +181,7 @@ impl<'s> Build<'s> {
         self.apply_actions(actions, scope_actions)?;
         self.write_meta()?;
         self.out.flush(true)?;
+        self.compare_indexes()?;
         self.report.receipts_rebuilt = self.count_new::<index::Receipts>()?;
         self.report.scopes_rebuilt = self.count_new::<index::Scopes>()?;
         // Everything was written durably above: nothing more is committed.

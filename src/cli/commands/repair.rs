@@ -80,6 +80,17 @@ pub(super) fn run(args: &RepairArgs, out: &mut Out) -> Run {
         "receipts_rebuilt": report.receipts_rebuilt,
         "scopes_rebuilt": report.scopes_rebuilt,
         "orphan_results_removed": report.orphan_results_removed,
+        "index_entries_changed": report.index_entries_changed(),
+        "index_changes": report
+            .index_changes
+            .iter()
+            .map(|c| {
+                (
+                    c.table.clone(),
+                    json!({"added": c.added, "removed": c.removed, "changed": c.changed}),
+                )
+            })
+            .collect::<serde_json::Map<String, Value>>(),
     });
     if out.json() {
         for q in &report.quarantined {
@@ -217,6 +228,31 @@ fn human(out: &mut Out, args: &RepairArgs, report: &RepairReport) -> Result<(), 
             count(report.scopes.len() as u64, "scope", "scopes")
         ))?;
         findings_table(out, &report.scopes)?;
+    }
+    if !report.index_changes.is_empty() {
+        out.line("")?;
+        let n = report.index_entries_changed();
+        out.line(format!(
+            "index: {} {} from what the events give (rebuilt from them):",
+            count(n, "entry", "entries"),
+            if n == 1 { "differs" } else { "differ" }
+        ))?;
+        let mut table = Table::new(&[
+            ("TABLE", Align::Left),
+            ("ADDED", Align::Right),
+            ("REMOVED", Align::Right),
+            ("CHANGED", Align::Right),
+        ])
+        .indent(2);
+        for c in &report.index_changes {
+            table.push(vec![
+                clean(&c.table),
+                c.added.to_string(),
+                c.removed.to_string(),
+                c.changed.to_string(),
+            ]);
+        }
+        out.table(&table)?;
     }
     out.line("")?;
     if report.lost.is_empty() {
