@@ -43,10 +43,10 @@
 //! 100,000 receipts, and 11–14 µs instead of 8 µs per lookup with the tuned cache.
 
 use std::cell::Cell;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -151,7 +151,39 @@ pub enum Writers {
     /// savepoint) and commits once, one sync for the whole batch, then answers each
     /// requester. Reads stay on the requesters' own connections.
     GroupCommit,
+    /// The writer a careful engineer writes for group commit ([`WriterCfg`]): one thread
+    /// owns the writing connection and drains every queued request into one `BEGIN
+    /// IMMEDIATE` transaction, with no savepoints (every check of a request runs before its
+    /// first write, so a refused request wrote nothing), one `COMMIT` (one sync), then
+    /// answers each requester. Queued acknowledgements ride in the next synced commit.
+    Writer(WriterCfg),
 }
+
+/// The settings of [`Writers::Writer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriterCfg {
+    /// At most this many requests in one transaction (0: everything queued). A cap makes
+    /// smaller, more frequent commits, which can answer the first requesters sooner.
+    pub max_batch: usize,
+    /// Who copies the WAL back into the database file.
+    pub checkpoints: Checkpoints,
+}
+
+/// Who checkpoints the WAL (copies its pages into the database file, so that it can start
+/// over).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checkpoints {
+    /// SQLite's automatic checkpoint: the connection whose commit takes the WAL past 1,000
+    /// pages runs it, inside that commit (so the writer's requesters wait for it).
+    Auto,
+    /// A thread of its own on its own connection, `PRAGMA wal_checkpoint(PASSIVE)` every
+    /// [`BACKGROUND_CHECKPOINT_EVERY`] while the store commits; the writer's automatic
+    /// checkpoint is off. A passive checkpoint never blocks the writer.
+    Background,
+}
+
+/// How often [`Checkpoints::Background`] checkpoints while the store commits.
+pub const BACKGROUND_CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 
 /// When an acknowledgement is written. Either way it is lazily durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,6 +198,13 @@ pub enum Acks {
     /// by its lookups), and written inside the next durable transaction, whoever commits
     /// it. As opjournal does: no transaction of its own at all.
     NextCommit,
+    /// Queued as [`Acks::NextCommit`], validated without a read: the store remembers the
+    /// ids it completed whose acknowledgement it has not taken (inserted when their
+    /// `complete` commits, removed when acknowledged), and reads the receipt only for an
+    /// id it does not remember (completed before the store opened). The same answers as
+    /// [`Acks::NextCommit`]; what opjournal does with its own state in memory. (A
+    /// completed operation never acknowledged stays in the set until the store closes.)
+    Remembered,
 }
 
 /// The page cache and memory map of every connection.
@@ -201,6 +240,14 @@ pub struct SqlConfig {
     pub cache: Cache,
     /// Read transactions of lookups.
     pub reads: Reads,
+}
+
+impl SqlConfig {
+    /// Whether each request of a write transaction runs in its own savepoint: in every
+    /// arrangement but [`Writers::Writer`], which checks before it writes instead.
+    pub fn savepoints(&self) -> bool {
+        !matches!(self.writers, Writers::Writer(_))
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -399,6 +446,9 @@ struct Common {
     /// Commits made by this store so far: a held snapshot ([`Reads::HeldSnapshot`]) is
     /// current while this has not moved since it began.
     commits: AtomicU64,
+    /// [`Acks::Remembered`]: the ids this store completed (committed) whose
+    /// acknowledgement it has not taken yet. `None` in the other arrangements.
+    completed: Option<Mutex<HashSet<String>>>,
 }
 
 impl Common {
@@ -454,9 +504,26 @@ impl Common {
     }
 }
 
-/// Runs `f` in its own savepoint: a refused request rolls back to it and leaves the rest
-/// of the transaction alone. The outer error is a failure of the transaction itself.
-fn in_savepoint<T>(conn: &Connection, f: impl FnOnce() -> Result<T>) -> Result<Result<T>> {
+/// How one request runs inside a write transaction: the outer error is a failure of the
+/// transaction itself, the inner one the request's answer (a refusal).
+///
+/// With `savepoints`, in its own savepoint, rolled back to it when refused. Without, as the
+/// dedicated writer runs it: every check of a request runs before its first write, so a
+/// refused request changed nothing (SQLite's count of changed rows says so) and the
+/// transaction goes on; a request that failed after writing fails the whole transaction.
+fn run_request<T>(
+    conn: &Connection,
+    savepoints: bool,
+    f: impl FnOnce() -> Result<T>,
+) -> Result<Result<T>> {
+    if !savepoints {
+        let before = conn.total_changes();
+        return match f() {
+            Ok(v) => Ok(Ok(v)),
+            Err(e) if conn.total_changes() == before => Ok(Err(e)),
+            Err(e) => Err(format!("a request failed after writing: {e}").into()),
+        };
+    }
     exec(conn, "SAVEPOINT job")?;
     let out = f();
     if out.is_err() {
@@ -466,25 +533,35 @@ fn in_savepoint<T>(conn: &Connection, f: impl FnOnce() -> Result<T>) -> Result<R
     Ok(out)
 }
 
-/// One write transaction: the queued acknowledgements, then each job in its own
-/// savepoint, then one `COMMIT`. Every arrangement commits through here, with one job
-/// (a connection per thread, the mutex) or with everything queued (group commit). Returns
-/// each job's answer; an error is a failure of the whole transaction.
-fn commit_batch(conn: &Connection, common: &Common, jobs: &[Job]) -> Result<Vec<Result<Done>>> {
+/// One write transaction: the queued acknowledgements, then each job, then one `COMMIT`.
+/// Every arrangement commits through here, with one job (a connection per thread, the
+/// mutex) or with everything queued (group commit, the writer). Returns each job's answer;
+/// an error is a failure of the whole transaction.
+fn commit_batch(
+    conn: &Connection,
+    common: &Common,
+    savepoints: bool,
+    jobs: &[Job],
+) -> Result<Vec<Result<Done>>> {
     // Acknowledgements alone are lazily durable: committed without a sync, which the next
     // synced commit provides (see `Acks::OwnCommit`).
     let lazy = !jobs.iter().any(Job::durable);
     if lazy {
         exec(conn, "PRAGMA synchronous=OFF")?;
     }
-    let out = transaction(conn, common, jobs);
+    let out = transaction(conn, common, savepoints, jobs);
     if lazy {
         exec(conn, "PRAGMA synchronous=FULL")?;
     }
     out
 }
 
-fn transaction(conn: &Connection, common: &Common, jobs: &[Job]) -> Result<Vec<Result<Done>>> {
+fn transaction(
+    conn: &Connection,
+    common: &Common,
+    savepoints: bool,
+    jobs: &[Job],
+) -> Result<Vec<Result<Done>>> {
     exec(conn, "BEGIN IMMEDIATE")?;
     let body = || -> Result<(Vec<Result<Done>>, Option<u64>)> {
         // Queued acknowledgements first, so that the requests see them (the session
@@ -493,11 +570,11 @@ fn transaction(conn: &Connection, common: &Common, jobs: &[Job]) -> Result<Vec<R
         for (id, at) in &acks {
             // Validated when queued: one that fails now lost its operation to a purge in
             // the meantime, and is moot.
-            let _moot = in_savepoint(conn, || acknowledge_in(conn, id, *at))?;
+            let _moot = run_request(conn, savepoints, || acknowledge_in(conn, id, *at))?;
         }
         let answers = jobs
             .iter()
-            .map(|j| in_savepoint(conn, || j.run(conn)))
+            .map(|j| run_request(conn, savepoints, || j.run(conn)))
             .collect::<Result<Vec<_>>>()?;
         exec(conn, "COMMIT")?;
         Ok((answers, last))
@@ -505,6 +582,14 @@ fn transaction(conn: &Connection, common: &Common, jobs: &[Job]) -> Result<Vec<R
     match body() {
         Ok((answers, last)) => {
             common.committed(last);
+            if let Some(completed) = &common.completed {
+                let mut completed = lock(completed);
+                for (job, answer) in jobs.iter().zip(&answers) {
+                    if let (Work::Complete { claim, .. }, Ok(_)) = (&job.work, answer) {
+                        completed.insert(claim.op_id.clone());
+                    }
+                }
+            }
             Ok(answers)
         }
         Err(e) => {
@@ -524,21 +609,50 @@ struct Request {
     reply: mpsc::Sender<Result<Done>>,
 }
 
-/// The writer thread of [`Writers::GroupCommit`]; dropping this stops it.
+/// Tells the checkpointer thread to stop: set to `true`, then notified.
+type StopSignal = (Mutex<bool>, Condvar);
+
+/// How the writer thread batches: [`Writers::GroupCommit`] or [`Writers::Writer`].
+#[derive(Clone, Copy)]
+struct Batching {
+    savepoints: bool,
+    max_batch: usize,
+}
+
+/// The writer thread of [`Writers::GroupCommit`] and [`Writers::Writer`] (and the
+/// checkpointer of [`Checkpoints::Background`]); dropping this stops them.
 struct GroupWriter {
     requests: Option<mpsc::Sender<Request>>,
     thread: Option<JoinHandle<()>>,
+    checkpointer: Option<(Arc<StopSignal>, JoinHandle<()>)>,
 }
 
 impl GroupWriter {
-    fn spawn(conn: Connection, common: Arc<Common>) -> Result<GroupWriter> {
+    fn spawn(
+        conn: Connection,
+        common: Arc<Common>,
+        batching: Batching,
+        checkpointer: Option<Connection>,
+    ) -> Result<GroupWriter> {
         let (tx, rx) = mpsc::channel();
+        let checkpointer = match checkpointer {
+            Some(ck) => {
+                let stop = Arc::new((Mutex::new(false), Condvar::new()));
+                let (stop2, common2) = (stop.clone(), common.clone());
+                let h = std::thread::Builder::new()
+                    .name("sqlite-checkpointer".into())
+                    .spawn(move || background_checkpoints(&ck, &common2, &stop2))?;
+                Some((stop, h))
+            }
+            None => None,
+        };
         let thread = std::thread::Builder::new()
             .name("sqlite-writer".into())
-            .spawn(move || group_writer(&conn, &common, &rx))?;
+            .spawn(move || group_writer(&conn, &common, batching, &rx))?;
         Ok(GroupWriter {
             requests: Some(tx),
             thread: Some(thread),
+            checkpointer,
         })
     }
 }
@@ -550,18 +664,33 @@ impl Drop for GroupWriter {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        if let Some((stop, t)) = self.checkpointer.take() {
+            *lock(&stop.0) = true;
+            stop.1.notify_all();
+            let _ = t.join();
+        }
     }
 }
 
-fn group_writer(conn: &Connection, common: &Common, rx: &mpsc::Receiver<Request>) {
-    // Requests pile up while a batch syncs: the next batch takes all of them, so one sync
-    // serves every requester that arrived in the meantime.
+fn group_writer(
+    conn: &Connection,
+    common: &Common,
+    batching: Batching,
+    rx: &mpsc::Receiver<Request>,
+) {
+    let max = if batching.max_batch == 0 {
+        usize::MAX
+    } else {
+        batching.max_batch
+    };
+    // Requests pile up while a batch syncs: the next batch takes all of them (up to the
+    // cap), so one sync serves every requester that arrived in the meantime.
     while let Ok(first) = rx.recv() {
         let (jobs, replies): (Vec<Job>, Vec<_>) = std::iter::once(first)
-            .chain(rx.try_iter())
+            .chain(rx.try_iter().take(max - 1))
             .map(|r| (r.job, r.reply))
             .unzip();
-        match commit_batch(conn, common, &jobs) {
+        match commit_batch(conn, common, batching.savepoints, &jobs) {
             Ok(answers) => {
                 for (answer, reply) in answers.into_iter().zip(replies) {
                     // A requester that went away needs no answer.
@@ -581,7 +710,32 @@ fn group_writer(conn: &Connection, common: &Common, rx: &mpsc::Receiver<Request>
             now: now_ms(Duration::ZERO),
             work: Work::Flush,
         };
-        let _ = commit_batch(conn, common, std::slice::from_ref(&flush));
+        let _ = commit_batch(
+            conn,
+            common,
+            batching.savepoints,
+            std::slice::from_ref(&flush),
+        );
+    }
+}
+
+/// [`Checkpoints::Background`]: a passive checkpoint every
+/// [`BACKGROUND_CHECKPOINT_EVERY`] while the store commits, until told to stop.
+fn background_checkpoints(conn: &Connection, common: &Common, stop: &StopSignal) {
+    let mut seen = common.commits.load(Ordering::SeqCst);
+    let mut stopped = lock(&stop.0);
+    while !*stopped {
+        stopped = stop
+            .1
+            .wait_timeout(stopped, BACKGROUND_CHECKPOINT_EVERY)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+        let now = common.commits.load(Ordering::SeqCst);
+        if now != seen && !*stopped {
+            seen = now;
+            // A failure (the file busy) only leaves the WAL longer until the next one.
+            let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+        }
     }
 }
 
@@ -626,13 +780,35 @@ pub struct SqlStore {
 
 impl SqlStore {
     /// Opens (creating if missing) the journal at `path` and creates the schema; starts the
-    /// writer thread for [`Writers::GroupCommit`].
+    /// writer thread for [`Writers::GroupCommit`] and [`Writers::Writer`] (and the
+    /// checkpointer of [`Checkpoints::Background`]).
     pub fn open(path: &Path, cfg: SqlConfig) -> Result<SqlStore> {
         let conn = open_conn(path, cfg.cache)?;
         conn.execute_batch(SCHEMA)?;
-        let common = Arc::new(Common::default());
+        let common = Arc::new(Common {
+            completed: (cfg.acks == Acks::Remembered).then(Mutex::default),
+            ..Common::default()
+        });
+        let group = |max_batch: usize| Batching {
+            savepoints: cfg.savepoints(),
+            max_batch,
+        };
         let (spare, writer) = match cfg.writers {
-            Writers::GroupCommit => (None, Some(GroupWriter::spawn(conn, common.clone())?)),
+            Writers::GroupCommit => {
+                let w = GroupWriter::spawn(conn, common.clone(), group(0), None)?;
+                (None, Some(w))
+            }
+            Writers::Writer(w) => {
+                let checkpointer = match w.checkpoints {
+                    Checkpoints::Auto => None,
+                    Checkpoints::Background => {
+                        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+                        Some(open_conn(path, Cache::Default)?)
+                    }
+                };
+                let w = GroupWriter::spawn(conn, common.clone(), group(w.max_batch), checkpointer)?;
+                (None, Some(w))
+            }
             Writers::Connections | Writers::Mutex => (Some(conn), None),
         };
         Ok(SqlStore {
@@ -708,7 +884,20 @@ impl SqlJournal {
     pub fn acknowledge(&mut self, op_id: &str) -> Result<()> {
         match self.shared.cfg.acks {
             Acks::OwnCommit => self.write(Work::Acknowledge(op_id.to_string())).map(drop),
-            Acks::NextCommit => {
+            Acks::Remembered
+                if self
+                    .shared
+                    .common
+                    .completed
+                    .as_ref()
+                    .is_some_and(|c| lock(c).remove(op_id)) =>
+            {
+                if self.shared.common.queue_ack(op_id, self.now()) {
+                    self.flush()?;
+                }
+                Ok(())
+            }
+            Acks::NextCommit | Acks::Remembered => {
                 // Validated now, as opjournal does: an unknown id fails here, not in
                 // somebody else's commit later.
                 let now = self.now();
@@ -760,7 +949,7 @@ impl SqlJournal {
                 let _serialized = lock(&self.shared.common.write_lock);
                 self.commit_here(job)
             }
-            Writers::GroupCommit => {
+            Writers::GroupCommit | Writers::Writer(_) => {
                 let stopped = || Error::from("the group-commit writer stopped");
                 let writer = self
                     .shared
@@ -783,9 +972,15 @@ impl SqlJournal {
     fn commit_here(&self, job: Job) -> Result<Done> {
         // A write transaction cannot begin inside the held read transaction.
         self.end_snapshot()?;
-        commit_batch(&self.conn, &self.shared.common, std::slice::from_ref(&job))?
-            .pop()
-            .ok_or("no answer for the job")?
+        let savepoints = self.shared.cfg.savepoints();
+        commit_batch(
+            &self.conn,
+            &self.shared.common,
+            savepoints,
+            std::slice::from_ref(&job),
+        )?
+        .pop()
+        .ok_or("no answer for the job")?
     }
 
     /// Runs a read on this connection, in its own implicit transaction or, with
@@ -1163,13 +1358,27 @@ mod tests {
         }
     }
 
-    const ALL: [(Writers, Acks); 6] = [
+    const WRITER: Writers = Writers::Writer(WriterCfg {
+        max_batch: 0,
+        checkpoints: Checkpoints::Auto,
+    });
+    const WRITER_CAPPED_BG: Writers = Writers::Writer(WriterCfg {
+        max_batch: 2,
+        checkpoints: Checkpoints::Background,
+    });
+
+    const ALL: [(Writers, Acks); 11] = [
         (Writers::Connections, Acks::OwnCommit),
         (Writers::Connections, Acks::NextCommit),
         (Writers::Mutex, Acks::OwnCommit),
         (Writers::Mutex, Acks::NextCommit),
         (Writers::GroupCommit, Acks::OwnCommit),
         (Writers::GroupCommit, Acks::NextCommit),
+        (WRITER, Acks::NextCommit),
+        (WRITER, Acks::Remembered),
+        (WRITER_CAPPED_BG, Acks::NextCommit),
+        (WRITER_CAPPED_BG, Acks::Remembered),
+        (Writers::Mutex, Acks::Remembered),
     ];
 
     fn op(id: &str, scope: &str, base_rev: u64, hash: [u8; 32]) -> SqlOp {
@@ -1255,6 +1464,7 @@ mod tests {
         let answers = commit_batch(
             &conn,
             &common,
+            true,
             &[job("a", "s"), job("b", "s"), job("c", "t")],
         )
         .unwrap();
@@ -1304,13 +1514,15 @@ mod tests {
 
     #[test]
     fn group_commit_serves_many_threads() {
-        for acks in [Acks::OwnCommit, Acks::NextCommit] {
+        for (writers, acks) in [
+            (Writers::GroupCommit, Acks::OwnCommit),
+            (Writers::GroupCommit, Acks::NextCommit),
+            (WRITER, Acks::NextCommit),
+            (WRITER, Acks::Remembered),
+            (WRITER_CAPPED_BG, Acks::Remembered),
+        ] {
             let dir = tempfile::tempdir().unwrap();
-            let store = SqlStore::open(
-                &dir.path().join("j.sqlite"),
-                cfg(Writers::GroupCommit, acks),
-            )
-            .unwrap();
+            let store = SqlStore::open(&dir.path().join("j.sqlite"), cfg(writers, acks)).unwrap();
             std::thread::scope(|s| {
                 for t in 0..8 {
                     let store = &store;
@@ -1334,9 +1546,42 @@ mod tests {
                     applied: 160,
                     acknowledged: 160
                 },
-                "{acks:?}"
+                "{writers:?} {acks:?}"
             );
         }
+    }
+
+    #[test]
+    fn without_savepoints_a_refused_request_writes_nothing_and_the_batch_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.sqlite");
+        drop(SqlStore::open(&path, cfg(WRITER, Acks::NextCommit)).unwrap());
+        let conn = open_conn(&path, Cache::Default).unwrap();
+        let common = Common::default();
+        let now = now_ms(Duration::ZERO);
+        let submit = |id: &str, scope: &str, base: u64| Job {
+            now,
+            work: Work::Submit(op(id, scope, base, HASH)),
+        };
+        let answers = commit_batch(
+            &conn,
+            &common,
+            false,
+            &[
+                submit("a", "s", 0),
+                submit("b", "s", 0),
+                submit("a", "t", 0),
+                submit("c", "t", 0),
+            ],
+        )
+        .unwrap();
+        let ok: Vec<bool> = answers.iter().map(Result::is_ok).collect();
+        // `b` finds the scope held, the second `a` is a known id (answered, not written).
+        assert_eq!(ok, [true, false, true, true]);
+        let n: i64 = conn
+            .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 2);
     }
 
     #[test]
