@@ -743,6 +743,7 @@ fn editor_service(p: &Path) -> opjournal::service::Service {
 /// Whether `page` holds a receipt record followed by a result record (format 3 keeps a
 /// small result inline right after its receipt): the frames start `4f 4a 03 03` and
 /// `4f 4a 03 05`.
+#[cfg(feature = "service")]
 fn holds_receipts_with_inline_results(page: &[u8]) -> bool {
     let receipt = page.windows(4).position(|w| w == [0x4f, 0x4a, 0x03, 0x03]);
     receipt.is_some_and(|r| page[r..].windows(4).any(|w| w == [0x4f, 0x4a, 0x03, 0x05]))
