@@ -6,7 +6,8 @@
 //! range, and it refuses any page that does not lie inside its region. Every count here
 //! comes from the file, so the arithmetic is checked: a layout that overflows is `None`,
 //! and the checks leave such a file to redb (which refuses it itself). This follows
-//! redb's `layout.rs` and `page_manager.rs` (file format 3, redb 3 and 4).
+//! redb's `page_store/layout.rs` and `page_store/base.rs`, where its `PageNumber` is
+//! (file format 3, redb 3 and 4).
 
 /// The page size this build of the journal creates and redb 4 requires.
 pub(super) const PAGE_SIZE: u64 = 4096;

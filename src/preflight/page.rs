@@ -76,6 +76,7 @@ pub(super) fn leaf_end(page: &[u8], shape: Shape) -> Option<usize> {
     Some(last.1.1)
 }
 
+/// A byte range within a page: its start and end offsets.
 pub(super) type Span = (usize, usize);
 
 /// The key and value byte ranges of every pair of a leaf, all inside the page:
