@@ -383,17 +383,21 @@ fn repair_quarantines_an_event_recorded_out_of_time_order_so_verify_is_clean() {
 /// outside the guard; the close now runs under the guard (the fuzzer replays this input in
 /// release builds). And the stored type of its `events` table is damaged (`u28`): redb's
 /// `TableTypeMismatch` was an opaque `Storage` error, so `repair` gave up instead of
-/// salvaging; it is now `Corrupt`, and repair salvages the records.
+/// going on; it is now `Corrupt`, and repair completes.
 ///
-/// Since `repair` reads a damaged file in place (issue 13), it reads this one in place
-/// (asserted: no salvage, and no engine panic in this test profile, so the close-after-panic
-/// path is no longer reached by this input; issue 23) and the repaired journal verifies
-/// clean.
+/// The file never held an event (its state record says `next_seq = 1`; its raw bytes hold
+/// two intact meta frames and nothing else), so there is nothing to salvage and nothing to
+/// lose. Since `repair` reads a damaged file in place, it reads this one in place (no
+/// engine panic in this test profile, so the close-after-panic path is no longer reached
+/// by this input) and the repaired journal verifies clean.
 #[test]
 fn repair_survives_a_storage_engine_panic_while_closing_the_repaired_file() {
     let (_dir, path, _) = damaged_copy("repair-close-damaged-allocator-687d8ead");
+    let intact = opjournal::intact_records(&path).expect("the raw bytes are scanned");
+    assert_eq!(intact.events, 0, "{intact:?}");
     let report = assert_repairs_in_place(&path);
     assert!(!report.salvaged, "{report:?}");
+    assert!(report.lost.is_empty(), "{report:?}");
 }
 
 /// Found by the stable `open_file` property test on every seed journal, once the log
