@@ -86,6 +86,10 @@
 //! - `cli` (default): the `opjournal` command-line tool (inspect, verify, repair, compact,
 //!   backup, export and import).
 //!   Embedders use `default-features = false` to keep its dependencies out.
+//! - `service` (with `cli`): `opjournal::service`, the reference editor service over TCP
+//!   that `opjournal demo` and `opjournal serve` run, the model to copy.
+//! - `mcp` (with `cli`): `opjournal::mcp`, journaled tools for servers of the Model Context
+//!   Protocol on the official Rust SDK, rmcp (brings rmcp and tokio).
 //! - `tracing`: a span for each public [`Journal`] call (with its operation id) and an
 //!   event for each compaction pass (counts per clock), through the `tracing` crate.
 //! - `internals`: the record codec (`opjournal::codec`) and the fuzzing entry points
