@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 
 use redb::{ReadOnlyTable, ReadTransaction, ReadableTableMetadata};
 
+use super::store::{self, Store};
 use super::tables::{Memtable, Table, TableKey, TableValue};
 use crate::error::Result;
 
@@ -20,27 +21,50 @@ pub(crate) type Entries<'a, T> =
 type RedbTable<T> =
     ReadOnlyTable<<<T as Table>::K as TableKey>::Redb, <<T as Table>::V as TableValue>::Redb>;
 
-/// A redb read snapshot, with each table opened on first use (a lookup that needs two
-/// tables does not pay for opening twelve). A table the file lacks reads as empty.
-pub(crate) struct Base {
-    txn: ReadTransaction,
-    tables: [OnceLock<Option<Box<dyn Any + Send + Sync>>>; 16],
+/// What the layers lie over: a redb read snapshot, or a consistent read of another store
+/// (see [`Store`]).
+pub(crate) struct Base(BaseKind);
+
+enum BaseKind {
+    /// A redb read snapshot, with each table opened on first use (a lookup that needs two
+    /// tables does not pay for opening twelve). A table the file lacks reads as empty.
+    Redb {
+        txn: ReadTransaction,
+        tables: [OnceLock<Option<Box<dyn Any + Send + Sync>>>; 16],
+    },
+    Store(std::sync::Arc<dyn Store>),
 }
 
 impl Base {
     pub(crate) fn new(txn: ReadTransaction) -> Base {
-        Base {
+        Base(BaseKind::Redb {
             txn,
             tables: Default::default(),
+        })
+    }
+
+    /// A base read from `store`.
+    pub(crate) fn store(store: std::sync::Arc<dyn Store>) -> Base {
+        Base(BaseKind::Store(store))
+    }
+
+    /// The store under this base, if it is not redb.
+    pub(crate) fn as_store(&self) -> Option<&dyn Store> {
+        match &self.0 {
+            BaseKind::Store(s) => Some(s.as_ref()),
+            BaseKind::Redb { .. } => None,
         }
     }
 
     fn table<T: Table>(&self) -> Result<Option<&RedbTable<T>>> {
-        let cell = &self.tables[usize::from(T::ID)];
+        let BaseKind::Redb { txn, tables } = &self.0 else {
+            return Ok(None);
+        };
+        let cell = &tables[usize::from(T::ID)];
         if let Some(t) = cell.get() {
             return Ok(t.as_ref().and_then(|b| b.downcast_ref()));
         }
-        let opened: Option<Box<dyn Any + Send + Sync>> = match self.txn.open_table(T::def()) {
+        let opened: Option<Box<dyn Any + Send + Sync>> = match txn.open_table(T::def()) {
             Ok(t) => Some(Box::new(t)),
             Err(redb::TableError::TableDoesNotExist(_)) => None,
             Err(e) => return Err(e.into()),
@@ -51,6 +75,9 @@ impl Base {
 
     /// Whether the table holds `key` (without copying its value).
     pub(crate) fn contains<T: Table>(&self, key: &T::K) -> Result<bool> {
+        if let Some(s) = self.as_store() {
+            return Ok(store::get_raw::<T>(s, key)?.is_some());
+        }
         let Some(t) = self.table::<T>()? else {
             return Ok(false);
         };
@@ -58,6 +85,9 @@ impl Base {
     }
 
     pub(crate) fn get<T: Table>(&self, key: &T::K) -> Result<Option<T::V>> {
+        if let Some(s) = self.as_store() {
+            return store::get::<T>(s, key);
+        }
         let Some(t) = self.table::<T>()? else {
             return Ok(None);
         };
@@ -69,6 +99,9 @@ impl Base {
         lo: Bound<&T::K>,
         hi: Bound<&T::K>,
     ) -> Result<Entries<'s, T>> {
+        if let Some(s) = self.as_store() {
+            return Ok(store::range::<T>(s, lo, hi));
+        }
         let Some(t) = self.table::<T>()? else {
             return Ok(Box::new(std::iter::empty()));
         };
@@ -81,12 +114,15 @@ impl Base {
         })))
     }
 
-    /// Calls `f` with the bytes redb stores under `key`, without copying them.
+    /// Calls `f` with the bytes stored under `key`, without copying them out of redb.
     pub(crate) fn with_str<T: Table<K = String, V = Vec<u8>>, R>(
         &self,
         key: &str,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<Option<R>> {
+        if let Some(s) = self.as_store() {
+            return Ok(store::get_raw::<T>(s, &key.to_string())?.map(|v| f(&v)));
+        }
         let Some(t) = self.table::<T>()? else {
             return Ok(None);
         };
@@ -99,6 +135,9 @@ impl Base {
         key: u64,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<Option<R>> {
+        if let Some(s) = self.as_store() {
+            return Ok(store::get_raw::<T>(s, &key)?.map(|v| f(&v)));
+        }
         let Some(t) = self.table::<T>()? else {
             return Ok(None);
         };
@@ -106,6 +145,9 @@ impl Base {
     }
 
     pub(crate) fn len<T: Table>(&self) -> Result<u64> {
+        if let Some(s) = self.as_store() {
+            return s.count(T::ID);
+        }
         match self.table::<T>()? {
             Some(t) => Ok(t.len()?),
             None => Ok(0),

@@ -12,12 +12,14 @@
 //! - `values`: the stored values, decoded and checked against their keys;
 //! - `view`: the journal's reads on any layering ([`View`]);
 //! - `write`: a batch of changes ([`WriteTables`]);
-//! - `checkpoint`: the memtable written into redb ([`checkpoint`]).
+//! - `checkpoint`: the memtable written into redb ([`checkpoint`]);
+//! - `store`: the seam for stores other than redb (PostgreSQL): bytes in key order.
 //!
 //! The checks of redb's own file, before redb reads it, are not here: see `preflight`.
 
 mod checkpoint;
 mod layers;
+pub(crate) mod store;
 mod tables;
 mod values;
 mod view;

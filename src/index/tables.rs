@@ -20,6 +20,12 @@ pub(crate) trait TableKey: Ord + Clone + Send + Sync + fmt::Debug + 'static {
     fn decode(r: &mut Bytes<'_>) -> Option<Self>;
     /// How findings and messages show it.
     fn show(&self) -> String;
+    /// Writes the key so that byte order is key order (for stores that compare keys as
+    /// bytes): integers big-endian, strings with each 0x00 as 0x00 0xFF and ended by
+    /// 0x00 0x00, so a string sorts before every longer string it begins.
+    fn to_ordered(&self, out: &mut Vec<u8>);
+    /// Reads a key written by [`TableKey::to_ordered`]; `None` for bytes it did not write.
+    fn from_ordered(r: &mut Bytes<'_>) -> Option<Self>;
 }
 
 /// A value type: framed record bytes, or nothing (set-like index tables).
@@ -30,6 +36,10 @@ pub(crate) trait TableValue: Clone + Send + Sync + fmt::Debug + 'static {
     fn size(&self) -> usize;
     fn encode(&self, out: &mut Vec<u8>);
     fn decode(r: &mut Bytes<'_>) -> Option<Self>;
+    /// The value as a store of bytes keeps it (a record's bytes; nothing for `()`).
+    fn raw(&self) -> &[u8];
+    /// The value from the bytes [`TableValue::raw`] gave.
+    fn from_raw(b: &[u8]) -> Self;
 }
 
 /// One table of the journal.
@@ -91,6 +101,41 @@ impl<'a> Bytes<'a> {
     pub(crate) fn str(&mut self) -> Option<String> {
         std::str::from_utf8(self.bytes()?).ok().map(str::to_string)
     }
+
+    /// A big-endian u64 (see [`TableKey::to_ordered`]).
+    pub(crate) fn u64_be(&mut self) -> Option<u64> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Some(u64::from_be_bytes(a))
+    }
+
+    /// A string written by [`put_ordered_str`].
+    pub(crate) fn ordered_str(&mut self) -> Option<String> {
+        let mut out = Vec::new();
+        loop {
+            match self.u8()? {
+                0 => match self.u8()? {
+                    0 => break,
+                    0xFF => out.push(0),
+                    _ => return None,
+                },
+                b => out.push(b),
+            }
+        }
+        String::from_utf8(out).ok()
+    }
+}
+
+/// Writes `s` so that byte order is string order, also as the first element of a tuple:
+/// each 0x00 becomes 0x00 0xFF, and 0x00 0x00 ends it.
+pub(crate) fn put_ordered_str(out: &mut Vec<u8>, s: &str) {
+    for &b in s.as_bytes() {
+        out.push(b);
+        if b == 0 {
+            out.push(0xFF);
+        }
+    }
+    out.extend_from_slice(&[0, 0]);
 }
 
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
@@ -122,6 +167,12 @@ impl TableKey for String {
     fn show(&self) -> String {
         self.clone()
     }
+    fn to_ordered(&self, out: &mut Vec<u8>) {
+        put_ordered_str(out, self);
+    }
+    fn from_ordered(r: &mut Bytes<'_>) -> Option<Self> {
+        r.ordered_str()
+    }
 }
 
 impl TableKey for u64 {
@@ -143,6 +194,12 @@ impl TableKey for u64 {
     }
     fn show(&self) -> String {
         self.to_string()
+    }
+    fn to_ordered(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_be_bytes());
+    }
+    fn from_ordered(r: &mut Bytes<'_>) -> Option<Self> {
+        r.u64_be()
     }
 }
 
@@ -166,6 +223,13 @@ impl TableKey for (String, u64) {
     }
     fn show(&self) -> String {
         format!("{} @ {}", self.0, self.1)
+    }
+    fn to_ordered(&self, out: &mut Vec<u8>) {
+        put_ordered_str(out, &self.0);
+        out.extend_from_slice(&self.1.to_be_bytes());
+    }
+    fn from_ordered(r: &mut Bytes<'_>) -> Option<Self> {
+        Some((r.ordered_str()?, r.u64_be()?))
     }
 }
 
@@ -192,6 +256,14 @@ impl TableKey for (u8, u64, String) {
         let name = super::TimerKind::from_byte(self.0).map_or("?", super::TimerKind::name);
         format!("{name} {} {}", crate::clock::Timestamp(self.1), self.2)
     }
+    fn to_ordered(&self, out: &mut Vec<u8>) {
+        out.push(self.0);
+        out.extend_from_slice(&self.1.to_be_bytes());
+        put_ordered_str(out, &self.2);
+    }
+    fn from_ordered(r: &mut Bytes<'_>) -> Option<Self> {
+        Some((r.u8()?, r.u64_be()?, r.ordered_str()?))
+    }
 }
 
 impl TableKey for (u64, u64) {
@@ -214,6 +286,13 @@ impl TableKey for (u64, u64) {
     }
     fn show(&self) -> String {
         format!("{} event {}", crate::clock::Timestamp(self.0), self.1)
+    }
+    fn to_ordered(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.0.to_be_bytes());
+        out.extend_from_slice(&self.1.to_be_bytes());
+    }
+    fn from_ordered(r: &mut Bytes<'_>) -> Option<Self> {
+        Some((r.u64_be()?, r.u64_be()?))
     }
 }
 
@@ -239,6 +318,14 @@ impl TableKey for (String, u64, String) {
     fn show(&self) -> String {
         format!("{} {} {}", self.0, crate::clock::Timestamp(self.1), self.2)
     }
+    fn to_ordered(&self, out: &mut Vec<u8>) {
+        put_ordered_str(out, &self.0);
+        out.extend_from_slice(&self.1.to_be_bytes());
+        put_ordered_str(out, &self.2);
+    }
+    fn from_ordered(r: &mut Bytes<'_>) -> Option<Self> {
+        Some((r.ordered_str()?, r.u64_be()?, r.ordered_str()?))
+    }
 }
 
 impl TableKey for (String, String) {
@@ -262,6 +349,13 @@ impl TableKey for (String, String) {
     fn show(&self) -> String {
         format!("{} {}", self.0, self.1)
     }
+    fn to_ordered(&self, out: &mut Vec<u8>) {
+        put_ordered_str(out, &self.0);
+        put_ordered_str(out, &self.1);
+    }
+    fn from_ordered(r: &mut Bytes<'_>) -> Option<Self> {
+        Some((r.ordered_str()?, r.ordered_str()?))
+    }
 }
 
 impl TableValue for Vec<u8> {
@@ -281,6 +375,12 @@ impl TableValue for Vec<u8> {
     fn decode(r: &mut Bytes<'_>) -> Option<Self> {
         r.bytes().map(<[u8]>::to_vec)
     }
+    fn raw(&self) -> &[u8] {
+        self
+    }
+    fn from_raw(b: &[u8]) -> Self {
+        b.to_vec()
+    }
 }
 
 impl TableValue for () {
@@ -294,6 +394,10 @@ impl TableValue for () {
     fn decode(_: &mut Bytes<'_>) -> Option<Self> {
         Some(())
     }
+    fn raw(&self) -> &[u8] {
+        &[]
+    }
+    fn from_raw(_: &[u8]) -> Self {}
 }
 
 macro_rules! tables {
@@ -454,6 +558,21 @@ impl Memtable {
         each_table!(move_in);
     }
 
+    /// Calls `f` with every change as a store of bytes writes it: the table's number, the
+    /// key in byte order ([`TableKey::to_ordered`]), and the value's bytes (`None`: delete).
+    pub(crate) fn each_raw(&self, mut f: impl FnMut(u8, Vec<u8>, Option<&[u8]>)) {
+        macro_rules! raw {
+            ($t:ident) => {
+                for (k, v) in <$t as Table>::map(self) {
+                    let mut key = Vec::new();
+                    k.to_ordered(&mut key);
+                    f(<$t as Table>::ID, key, v.as_ref().map(TableValue::raw));
+                }
+            };
+        }
+        each_table!(raw);
+    }
+
     /// The changes as a log record's payload:
     ///
     /// ```text
@@ -520,5 +639,75 @@ impl Memtable {
             return Err("bytes follow the batch's last change".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ordered<K: TableKey>(k: &K) -> Vec<u8> {
+        let mut out = Vec::new();
+        k.to_ordered(&mut out);
+        out
+    }
+
+    fn round_trip<K: TableKey>(k: &K) {
+        let bytes = ordered(k);
+        let mut r = Bytes::new(&bytes);
+        assert_eq!(K::from_ordered(&mut r).as_ref(), Some(k), "{bytes:?}");
+        assert!(r.is_empty(), "{k:?} left bytes behind");
+    }
+
+    #[test]
+    fn ordered_keys_sort_as_bytes_exactly_as_the_keys_sort() {
+        let strings = [
+            "", "\0", "\0\0", "a", "a\0", "a\0b", "a\u{1}", "ab", "b", "é", "\u{ff}",
+        ];
+        let numbers = [0u64, 1, 255, 256, 0xFF00_0000_0000_0000, u64::MAX];
+        let mut pairs = Vec::new();
+        let mut triples = Vec::new();
+        let mut string_pairs = Vec::new();
+        for s in strings {
+            for n in numbers {
+                pairs.push((s.to_string(), n));
+                for t in strings {
+                    triples.push((s.to_string(), n, t.to_string()));
+                }
+            }
+            for t in strings {
+                string_pairs.push((s.to_string(), t.to_string()));
+            }
+        }
+        fn check<K: TableKey>(keys: &[K]) {
+            for a in keys {
+                round_trip(a);
+                for b in keys {
+                    assert_eq!(a.cmp(b), ordered(a).cmp(&ordered(b)), "{a:?} vs {b:?}");
+                }
+            }
+        }
+        check(&strings.map(String::from));
+        check(&numbers);
+        check(&pairs);
+        check(&triples);
+        check(&string_pairs);
+        let timers: Vec<(u8, u64, String)> = triples
+            .iter()
+            .map(|(s, n, _)| (u8::try_from(s.len() % 7).unwrap_or(0), *n, s.clone()))
+            .collect();
+        check(&timers);
+        let seqs: Vec<(u64, u64)> = numbers
+            .iter()
+            .flat_map(|a| numbers.map(|b| (*a, b)))
+            .collect();
+        check(&seqs);
+    }
+
+    #[test]
+    fn ordered_string_refuses_bytes_it_never_writes() {
+        for bad in [&[b'a'][..], &[0, 1], &[0xC3, 0, 0], &[0]] {
+            assert_eq!(String::from_ordered(&mut Bytes::new(bad)), None, "{bad:?}");
+        }
     }
 }

@@ -221,4 +221,17 @@ impl JournalBuilder {
         self.config.validate()?;
         Journal::open_backends_with(backend, log, label, self.config)
     }
+
+    /// Opens a new, empty journal in memory with these settings (see
+    /// [`Journal::in_memory`]): nothing is written anywhere, and the journal is gone when its
+    /// last handle is dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for a setting out of range.
+    pub fn open_in_memory(self) -> Result<Journal> {
+        let _span = crate::trace_span!(DEBUG, "open", path = ":memory:");
+        self.config.validate()?;
+        super::memory::open_in_memory(self.config)
+    }
 }

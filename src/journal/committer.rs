@@ -50,7 +50,7 @@ struct Queue {
 
 /// A queued call. `run` may be called more than once (a batch is retried without a job
 /// that hit a corrupt record), so jobs keep their inputs.
-trait Job: Send {
+pub(super) trait Job: Send {
     /// Compaction: batched alone, so foreground calls never wait behind its work.
     fn background(&self) -> bool;
     fn run(&mut self, ctx: &mut Ctx<'_, '_>) -> std::result::Result<(), RunFailure>;
@@ -59,7 +59,7 @@ trait Job: Send {
 }
 
 /// Why a job aborted its batch.
-enum RunFailure {
+pub(super) enum RunFailure {
     /// A corrupt record: only this job fails; the batch is retried without it.
     Isolated,
     /// Storage failure: the whole batch fails and the handle is poisoned.
@@ -277,64 +277,7 @@ impl Inner {
         let pending: Vec<LazyEntry> = read_lock(&self.lazy).entries.clone();
         let committed = read_lock(&self.committed);
         let mut t = WriteTables::over(committed.base.as_ref(), Layers::new(&[&committed.mem]));
-        let run = (|| -> std::result::Result<bool, (Option<usize>, Error)> {
-            let mut state = t.state().map_err(|e| (None, e))?;
-            // No event in the journal is later than the last committed batch's time.
-            let mut floor = state.clock_high_water;
-            state.clock_high_water = state.clock_high_water.max(now);
-            let mut ctx = Ctx {
-                t: &mut t,
-                now,
-                cfg: &self.cfg,
-                state: &mut state,
-                fired: Default::default(),
-            };
-            for entry in &pending {
-                // Recorded as of the call that made it (what its caller was told), kept in
-                // order after the events already in the journal.
-                let at = entry.at.max(floor).min(now);
-                floor = at;
-                machine::record_lazy(&mut ctx, &entry.id, &entry.kind, at)
-                    .map_err(|e| (None, e))?;
-            }
-            let mut ran = 0;
-            loop {
-                for (i, job) in jobs.iter_mut().enumerate().skip(ran) {
-                    match job.run(&mut ctx) {
-                        Ok(()) => {}
-                        Err(RunFailure::Isolated) => {
-                            return Err((Some(i), Error::new(ErrorKind::Storage)));
-                        }
-                        Err(RunFailure::Fatal(e)) => return Err((None, e)),
-                    }
-                }
-                ran = jobs.len();
-                // A compaction batch ends early when foreground calls queue up; they join
-                // its batch and share its commit instead of waiting for it.
-                if !jobs.first().is_some_and(|j| j.background()) {
-                    break;
-                }
-                let joining = {
-                    let mut q = lock(&self.committer.queue);
-                    if q.jobs.iter().any(|j| !j.background()) {
-                        next_batch(&mut q.jobs, &self.foreground_waiting)
-                    } else {
-                        Vec::new()
-                    }
-                };
-                if joining.is_empty() {
-                    break;
-                }
-                jobs.extend(joining);
-            }
-            let state = ctx.state.clone();
-            if !t.dirty {
-                // Nothing changed (refusals, answers, no-ops): no commit, no sync.
-                return Ok(false);
-            }
-            t.put_state(&state).map_err(|e| (None, e))?;
-            Ok(true)
-        })();
+        let run = self.run_jobs(&mut t, now, &pending, jobs);
         let changes = t.into_changes();
         drop(committed);
         match run {
@@ -353,16 +296,19 @@ impl Inner {
                 };
             }
         }
-        // The commit point: the batch is durable once its log record is synced.
-        // Timings are read by the `tracing` feature's events only.
+        // The commit point: the batch is durable once its log record is synced (in memory,
+        // once it is published below). Timings are read by the `tracing` feature's events only.
         let _started = std::time::Instant::now();
-        let logged = {
-            let mut log = lock(&self.log);
-            match log.as_mut() {
-                Some(log) => log
-                    .append(crate::log::KIND_BATCH, &changes.encode())
-                    .map_err(|e| Error::io_during("write or sync the journal's log", e)),
-                None => Err(Error::new(ErrorKind::Closed)),
+        let logged = match self.storage {
+            super::Storage::Memory => Ok(0),
+            _ => {
+                let mut log = lock(&self.log);
+                match log.as_mut() {
+                    Some(log) => log
+                        .append(crate::log::KIND_BATCH, &changes.encode())
+                        .map_err(|e| Error::io_during("write or sync the journal's log", e)),
+                    None => Err(Error::new(ErrorKind::Closed)),
+                }
             }
         };
         match logged {
@@ -402,8 +348,78 @@ impl Inner {
         }
     }
 
+    /// Runs the batch's jobs in `t` at `now`, after the pending lazy writes: whether
+    /// anything changed (the state record is then written too), or the index of a job that
+    /// hit a corrupt record (it fails alone) or an error that fails the batch.
+    pub(super) fn run_jobs(
+        &self,
+        t: &mut WriteTables<'_>,
+        now: crate::clock::Timestamp,
+        pending: &[LazyEntry],
+        jobs: &mut Vec<Box<dyn Job>>,
+    ) -> std::result::Result<bool, (Option<usize>, Error)> {
+        let mut state = t.state().map_err(|e| (None, e))?;
+        // No event in the journal is later than the last committed batch's time.
+        let mut floor = state.clock_high_water;
+        state.clock_high_water = state.clock_high_water.max(now);
+        let mut ctx = Ctx {
+            t,
+            now,
+            cfg: &self.cfg,
+            state: &mut state,
+            fired: Default::default(),
+        };
+        for entry in pending {
+            // Recorded as of the call that made it (what its caller was told), kept in
+            // order after the events already in the journal.
+            let at = entry.at.max(floor).min(now);
+            floor = at;
+            machine::record_lazy(&mut ctx, &entry.id, &entry.kind, at).map_err(|e| (None, e))?;
+        }
+        let mut ran = 0;
+        loop {
+            for (i, job) in jobs.iter_mut().enumerate().skip(ran) {
+                match job.run(&mut ctx) {
+                    Ok(()) => {}
+                    Err(RunFailure::Isolated) => {
+                        return Err((Some(i), Error::new(ErrorKind::Storage)));
+                    }
+                    Err(RunFailure::Fatal(e)) => return Err((None, e)),
+                }
+            }
+            ran = jobs.len();
+            // A compaction batch ends early when foreground calls queue up; they join
+            // its batch and share its commit instead of waiting for it.
+            if !jobs.first().is_some_and(|j| j.background()) {
+                break;
+            }
+            let joining = {
+                let mut q = lock(&self.committer.queue);
+                if q.jobs.iter().any(|j| !j.background()) {
+                    next_batch(&mut q.jobs, &self.foreground_waiting)
+                } else {
+                    Vec::new()
+                }
+            };
+            if joining.is_empty() {
+                break;
+            }
+            jobs.extend(joining);
+        }
+        let state = ctx.state.clone();
+        if !t.dirty {
+            // Nothing changed (refusals, answers, no-ops): no commit, no sync.
+            return Ok(false);
+        }
+        t.put_state(&state).map_err(|e| (None, e))?;
+        Ok(true)
+    }
+
     /// Whether the log or the memtable has outgrown `factor` times the checkpoint size.
     pub(crate) fn checkpoint_due(&self, factor: u64) -> bool {
+        if !matches!(self.storage, super::Storage::File) {
+            return false;
+        }
         let limit = self.cfg.checkpoint_bytes.saturating_mul(factor);
         let used = lock(&self.log).as_ref().map_or(0, crate::log::Writer::used);
         used >= limit || read_lock(&self.committed).mem.bytes() as u64 >= limit
@@ -414,6 +430,10 @@ impl Inner {
     /// the handle is poisoned: the log still holds everything, and reopening replays it.
     pub(crate) fn checkpoint(&self) -> Result<()> {
         self.check_writable()?;
+        if !matches!(self.storage, super::Storage::File) {
+            // Only a file journal has a log to write into its index.
+            return Ok(());
+        }
         let r = self.checkpoint_inner();
         if r.is_err() {
             self.poisoned.store(true, Ordering::SeqCst);

@@ -4,6 +4,7 @@ mod builder;
 pub(crate) mod cache;
 mod committer;
 pub(crate) mod compactor;
+mod memory;
 pub(crate) mod open;
 mod reads;
 
@@ -76,8 +77,18 @@ impl Clone for Journal {
     }
 }
 
+/// Where a journal keeps its tables.
+pub(crate) enum Storage {
+    /// A redb file, with its log while open: `db` and `log` are set.
+    File,
+    /// In memory only (tests, fuzzers): the memtable is everything; no `db`, no `log`.
+    Memory,
+}
+
 pub(crate) struct Inner {
-    /// `None` only while `Inner` is dropped (see its `Drop`).
+    pub(crate) storage: Storage,
+    /// `None` only while `Inner` is dropped (see its `Drop`), and for storage other than a
+    /// file.
     db: Option<Database>,
     pub(crate) cfg: Config,
     path: PathBuf,
@@ -273,7 +284,31 @@ impl Journal {
         JournalBuilder::new().open(path)
     }
 
-    /// The journal file's path.
+    /// Opens a new, empty journal that lives in memory only, with every default: the same
+    /// calls, answers and clocks as a file journal, nothing durable (it is gone when its
+    /// last handle is dropped). For tests and fuzzers of code that embeds the journal.
+    ///
+    /// # Errors
+    ///
+    /// As [`JournalBuilder::open_in_memory`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use opjournal::{Admission, Intent, Journal, Operation, Outcome};
+    ///
+    /// let journal = Journal::in_memory()?;
+    /// let op = Operation::new("op_1", Intent::from_json("scene.add", &serde_json::json!({}))?);
+    /// let Admission::Fresh(claim) = journal.submit(op.clone())? else { unreachable!() };
+    /// journal.complete(&claim, Outcome::applied(1, b"ok".to_vec()))?;
+    /// assert!(matches!(journal.submit(op)?, Admission::Replay(_)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn in_memory() -> Result<Journal> {
+        JournalBuilder::new().open_in_memory()
+    }
+
+    /// The journal file's path (`:memory:` for a journal in memory).
     pub fn path(&self) -> &Path {
         &self.inner.path
     }
@@ -682,7 +717,7 @@ impl Journal {
     /// Shrinks the file: redb moves live pages down and truncates the free
     /// space that purges left behind (redb's `Database::compact`, run until it has nothing
     /// more to do). [`Journal::compact`] fires timers but never shrinks the file. Returns the
-    /// file size in bytes before and after (0 for a custom backend).
+    /// file size in bytes before and after (0 for a journal that is not a file).
     ///
     /// It needs the handle to itself (`&mut self`, and no running background compactor),
     /// and with [`Sharing::LiveReaders`](crate::Sharing::LiveReaders) no read transaction open in another process (such
@@ -708,6 +743,9 @@ impl Journal {
     pub fn reclaim_space(&mut self) -> Result<(u64, u64)> {
         let _span = crate::trace_span!(DEBUG, "reclaim_space");
         self.flush()?;
+        if !matches!(self.inner.storage, Storage::File) {
+            return Ok((0, 0));
+        }
         let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
         let before = size(&self.inner.path);
         let path = self.inner.path.display().to_string();
@@ -799,11 +837,16 @@ impl Journal {
             // they change nothing. The memtable is bounded by the checkpoint size.
             let (base, mem) = {
                 let committed = reads::read_lock(&self.inner.committed);
-                let base = index::Base::new(self.inner.db()?.begin_read()?);
+                let base = match (&self.inner.storage, &self.inner.db) {
+                    (Storage::File, Some(db)) => Some(index::Base::new(db.begin_read()?)),
+                    (Storage::File, None) => return Err(Error::new(ErrorKind::Closed)),
+                    // In memory, the memtable is everything.
+                    (Storage::Memory, _) => None,
+                };
                 (base, committed.mem.clone())
             };
             let snap = index::Snapshot {
-                base: Some(&base),
+                base: base.as_ref(),
                 layers: index::Layers::new(&[&mem]),
             };
             let mut report = crate::transfer::backup_snapshot(&snap, dest)?;

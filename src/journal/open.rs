@@ -180,6 +180,7 @@ impl Journal {
         let cache_bytes = cfg.replay_cache_bytes;
         let journal = Journal {
             inner: Arc::new(Inner {
+                storage: super::Storage::File,
                 db: Some(db),
                 cfg,
                 path: path.to_path_buf(),
