@@ -11,7 +11,10 @@
 //!   [`ops_vs_model`]), with the seeds they start from ([`seeds`]), the allocation meter
 //!   ([`alloc_meter`]) and the panic policy ([`panics`]): `fuzz/` runs them under
 //!   libFuzzer and `tests/fuzz_properties.rs` under proptest, so both check the same
-//!   claims.
+//!   claims;
+//! - [`pg`]: private PostgreSQL servers for the `postgres` backend's tests (stopped with
+//!   `-m immediate` and started again), and a TCP proxy that cuts connections like a
+//!   network partition.
 #![allow(clippy::unwrap_used)]
 
 pub mod alloc_meter;
@@ -24,4 +27,6 @@ pub mod model;
 pub mod open_file;
 pub mod ops_vs_model;
 pub mod panics;
+#[cfg(unix)]
+pub mod pg;
 pub mod seeds;
