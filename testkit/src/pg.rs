@@ -626,7 +626,7 @@ struct ProxyShared {
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
-/// How often a pump looks at the cut and closing flags.
+/// How often a connection waiting out a cut looks at the cut and closing flags.
 const PUMP_TICK: Duration = Duration::from_millis(5);
 
 impl TcpProxy {
@@ -765,7 +765,6 @@ fn connection(client: TcpStream, shared: &Arc<ProxyShared>) {
     let sockets = (|| {
         for s in [&client, &server] {
             s.set_nodelay(true)?;
-            s.set_read_timeout(Some(PUMP_TICK))?;
         }
         Ok::<_, io::Error>((
             client.try_clone()?,
@@ -795,7 +794,9 @@ fn connection(client: TcpStream, shared: &Arc<ProxyShared>) {
     lock(&shared.connections).remove(&id);
 }
 
-/// Copies `from` to `to` until end of stream or an error, holding still while cut.
+/// Copies `from` to `to` until end of stream or an error, holding still while cut. The
+/// read blocks (no polling while idle): bytes it returns after a cut began are held until
+/// the cut heals, and `Drop` ends it by shutting the sockets down.
 fn pump(mut from: TcpStream, mut to: TcpStream, shared: &ProxyShared) {
     let mut buf = vec![0u8; 64 * 1024];
     let wait_while_cut = || {
