@@ -104,6 +104,9 @@ pub(crate) struct Config {
     pub cache_bytes: usize,
     pub page_check_bytes: u64,
     pub clock: Arc<dyn Clock>,
+    /// Whether the embedder set the clock: a journal in a database server then uses it
+    /// (tests), else the server's time.
+    pub custom_clock: bool,
 }
 
 impl Default for Config {
@@ -125,6 +128,7 @@ impl Default for Config {
             cache_bytes: DEFAULT_CACHE_BYTES,
             page_check_bytes: DEFAULT_PAGE_CHECK_BYTES,
             clock: Arc::new(SystemClock),
+            custom_clock: false,
         }
     }
 }

@@ -185,6 +185,21 @@ pub enum ErrorKind {
     Closed,
     /// A redb error that is none of the above.
     Storage,
+    /// The database could not be reached, or dropped the transaction (a serialization
+    /// failure, a deadlock, a timeout, a lost connection, a server shutting down): a
+    /// journal kept in a database server, not a file. Retry after a backoff.
+    ///
+    /// When `outcome_unknown` is false the transaction did not commit and nothing was
+    /// written. When it is true the connection was lost while the commit was in flight:
+    /// the change may or may not be committed, so resubmit with the same operation id,
+    /// which answers from the journal either way.
+    Unavailable {
+        /// What failed and where: the call, the journal and the database, and the reason
+        /// (with its SQLSTATE when the server gave one).
+        detail: String,
+        /// Whether the commit may have happened (the connection was lost during it).
+        outcome_unknown: bool,
+    },
     /// A journal dump given to [`import_dump`](crate::import_dump) that cannot be loaded
     /// (nothing is written): a line that is not a dump record, a record that contradicts
     /// the ones before it, a newer format, or a dump that ends early. Check that the dump
@@ -258,6 +273,8 @@ impl Error {
     /// - [`ErrorKind::WindowFull`]: once the session acknowledges a result, or the oldest
     ///   acknowledgement expires (at `frees_at`);
     /// - [`ErrorKind::Locked`]: once the other handle closes the journal;
+    /// - [`ErrorKind::Unavailable`]: once the database is reachable again or the
+    ///   conflicting transaction has finished (resubmit with the same operation id);
     /// - [`ErrorKind::Storage`] when redb reports a transaction in progress
     ///   or the database already open (such as
     ///   [`Journal::reclaim_space`](crate::Journal::reclaim_space) beside a reader).
@@ -290,7 +307,8 @@ impl Error {
         match self.kind() {
             ErrorKind::ScopeBusy { .. }
             | ErrorKind::WindowFull { .. }
-            | ErrorKind::Locked { .. } => true,
+            | ErrorKind::Locked { .. }
+            | ErrorKind::Unavailable { .. } => true,
             ErrorKind::Storage => self
                 .inner
                 .source
@@ -560,6 +578,23 @@ impl fmt::Display for Error {
             },
             ErrorKind::Closed => write!(f, "the journal is closed"),
             ErrorKind::Storage => write!(f, "storage engine error"),
+            ErrorKind::Unavailable {
+                detail,
+                outcome_unknown: false,
+            } => write!(
+                f,
+                "the database is unavailable: {detail}; the transaction did not commit and \
+                 nothing was written: retry after a backoff (the same operation id is safe)"
+            ),
+            ErrorKind::Unavailable {
+                detail,
+                outcome_unknown: true,
+            } => write!(
+                f,
+                "the database is unavailable: {detail}; the connection was lost while the \
+                 commit was in flight, so the change may or may not be committed: resubmit \
+                 with the same operation id, which answers from the journal either way"
+            ),
             ErrorKind::InvalidDump { line, detail } => {
                 write!(f, "line {line} of the dump: {detail}; nothing was imported")
             }
@@ -802,6 +837,13 @@ mod tests {
             ),
             (Error::from(redb::Error::TransactionInProgress), true),
             (
+                Error::new(ErrorKind::Unavailable {
+                    detail: "could not commit".into(),
+                    outcome_unknown: true,
+                }),
+                true,
+            ),
+            (
                 Error::with_source(ErrorKind::Storage, redb::Error::ValueTooLarge(1)),
                 false,
             ),
@@ -829,6 +871,7 @@ mod tests {
                 | ErrorKind::Io
                 | ErrorKind::Closed
                 | ErrorKind::Storage
+                | ErrorKind::Unavailable { .. }
                 | ErrorKind::InvalidDump { .. } => {}
             }
         }
@@ -836,13 +879,13 @@ mod tests {
     }
 
     #[test]
-    fn exactly_scope_busy_window_full_locked_and_engine_contention_are_retryable() {
+    fn exactly_scope_busy_window_full_locked_unavailable_and_engine_contention_are_retryable() {
         let kinds = every_kind();
         let distinct: std::collections::BTreeSet<String> = kinds
             .iter()
             .map(|(e, _)| format!("{:?}", std::mem::discriminant(e.kind())))
             .collect();
-        assert_eq!(distinct.len(), 21, "every kind is listed");
+        assert_eq!(distinct.len(), 22, "every kind is listed");
         for (err, retryable) in kinds {
             assert_eq!(err.is_retryable(), retryable, "{err:?}");
         }

@@ -124,6 +124,8 @@ mod machine;
 #[cfg(feature = "mcp")]
 pub mod mcp;
 mod panics;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod preflight;
 mod record;
 #[cfg(feature = "service")]

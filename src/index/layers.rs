@@ -23,20 +23,24 @@ type RedbTable<T> =
 
 /// What the layers lie over: a redb read snapshot, or a consistent read of another store
 /// (see [`Store`]).
-pub(crate) struct Base(BaseKind);
+pub(crate) struct Base<'s>(BaseKind<'s>);
 
-enum BaseKind {
+// One per snapshot; the redb variant is the common one, and boxing it would add an
+// allocation to every read.
+#[allow(clippy::large_enum_variant)]
+enum BaseKind<'s> {
     /// A redb read snapshot, with each table opened on first use (a lookup that needs two
     /// tables does not pay for opening twelve). A table the file lacks reads as empty.
     Redb {
         txn: ReadTransaction,
         tables: [OnceLock<Option<Box<dyn Any + Send + Sync>>>; 16],
     },
-    Store(std::sync::Arc<dyn Store>),
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Store(std::sync::Arc<dyn Store + 's>),
 }
 
-impl Base {
-    pub(crate) fn new(txn: ReadTransaction) -> Base {
+impl<'b> Base<'b> {
+    pub(crate) fn new(txn: ReadTransaction) -> Base<'b> {
         Base(BaseKind::Redb {
             txn,
             tables: Default::default(),
@@ -44,12 +48,13 @@ impl Base {
     }
 
     /// A base read from `store`.
-    pub(crate) fn store(store: std::sync::Arc<dyn Store>) -> Base {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn store(store: std::sync::Arc<dyn Store + 'b>) -> Base<'b> {
         Base(BaseKind::Store(store))
     }
 
     /// The store under this base, if it is not redb.
-    pub(crate) fn as_store(&self) -> Option<&dyn Store> {
+    pub(crate) fn as_store(&self) -> Option<&(dyn Store + 'b)> {
         match &self.0 {
             BaseKind::Store(s) => Some(s.as_ref()),
             BaseKind::Redb { .. } => None,
@@ -170,7 +175,7 @@ fn nonempty<K: Ord>(lo: Bound<&K>, hi: Bound<&K>) -> bool {
 /// journal (receipts, timers, windows...) are built on these two in `View`.
 pub(crate) trait Layered {
     /// The redb snapshot under the layers, if any.
-    fn base(&self) -> Option<&Base>;
+    fn base(&self) -> Option<&Base<'_>>;
     /// Calls `f` with each layer over the base, top first.
     fn layers(&self) -> Layers<'_>;
 
@@ -310,12 +315,12 @@ impl<'a> Layers<'a> {
 
 /// A snapshot: a redb read transaction with memtables over it.
 pub(crate) struct Snapshot<'a> {
-    pub base: Option<&'a Base>,
+    pub base: Option<&'a Base<'a>>,
     pub layers: Layers<'a>,
 }
 
 impl Layered for Snapshot<'_> {
-    fn base(&self) -> Option<&Base> {
+    fn base(&self) -> Option<&Base<'_>> {
         self.base
     }
     fn layers(&self) -> Layers<'_> {

@@ -61,7 +61,7 @@ fn decode_key<T: Table>(bytes: &[u8]) -> Result<T::K> {
         Some(k) if r.is_empty() => Ok(k),
         _ => Err(Error::corrupt(
             T::NAME,
-            &format!("{bytes:02x?}"),
+            format!("{bytes:02x?}"),
             "the store holds a key this build does not write",
         )),
     }

@@ -37,6 +37,7 @@ pub(crate) trait TableValue: Clone + Send + Sync + fmt::Debug + 'static {
     fn encode(&self, out: &mut Vec<u8>);
     fn decode(r: &mut Bytes<'_>) -> Option<Self>;
     /// The value as a store of bytes keeps it (a record's bytes; nothing for `()`).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn raw(&self) -> &[u8];
     /// The value from the bytes [`TableValue::raw`] gave.
     fn from_raw(b: &[u8]) -> Self;
@@ -527,7 +528,7 @@ impl Memtable {
     /// tombstone without asking `base` (a lookup per deletion, most of a purge's cost: its
     /// events, result and receipt are always in `base`). When `base` cannot be read, the
     /// tombstone stays, which is always correct.
-    pub(crate) fn absorb_over(&mut self, top: Memtable, base: Option<&super::layers::Base>) {
+    pub(crate) fn absorb_over(&mut self, top: Memtable, base: Option<&super::layers::Base<'_>>) {
         let mut top = top;
         macro_rules! move_in {
             ($t:ident) => {
@@ -560,6 +561,7 @@ impl Memtable {
 
     /// Calls `f` with every change as a store of bytes writes it: the table's number, the
     /// key in byte order ([`TableKey::to_ordered`]), and the value's bytes (`None`: delete).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn each_raw(&self, mut f: impl FnMut(u8, Vec<u8>, Option<&[u8]>)) {
         macro_rules! raw {
             ($t:ident) => {

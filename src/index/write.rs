@@ -35,7 +35,7 @@ pub(crate) enum IndexEntry {
 /// changes first. Nothing reaches the log or redb until the committer takes the changes
 /// ([`WriteTables::into_changes`]); a batch that fails is dropped with everything in it.
 pub(crate) struct WriteTables<'a> {
-    base: Option<&'a Base>,
+    base: Option<&'a Base<'a>>,
     below: Layers<'a>,
     own: Memtable,
     /// Whether anything was written: a batch that wrote nothing is not committed.
@@ -43,7 +43,7 @@ pub(crate) struct WriteTables<'a> {
 }
 
 impl Layered for WriteTables<'_> {
-    fn base(&self) -> Option<&Base> {
+    fn base(&self) -> Option<&Base<'_>> {
         self.base
     }
     fn layers(&self) -> Layers<'_> {
@@ -53,7 +53,7 @@ impl Layered for WriteTables<'_> {
 
 impl<'a> WriteTables<'a> {
     /// An empty batch over `base` and `below`.
-    pub(crate) fn over(base: Option<&'a Base>, below: Layers<'a>) -> WriteTables<'a> {
+    pub(crate) fn over(base: Option<&'a Base<'a>>, below: Layers<'a>) -> WriteTables<'a> {
         WriteTables {
             base,
             below,

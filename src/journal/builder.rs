@@ -164,8 +164,10 @@ impl JournalBuilder {
     }
 
     /// The clock (default [`SystemClock`](crate::SystemClock)). Use [`ManualClock`](crate::ManualClock) in tests.
+    /// A journal in PostgreSQL uses the database server's time unless a clock is set here.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.config.clock = Arc::new(clock);
+        self.config.custom_clock = true;
         self
     }
 
@@ -233,5 +235,27 @@ impl JournalBuilder {
         let _span = crate::trace_span!(DEBUG, "open", path = ":memory:");
         self.config.validate()?;
         super::memory::open_in_memory(self.config)
+    }
+
+    /// Opens the journal `name` in the PostgreSQL database at `url` (a URL such as
+    /// `postgresql://user@host:5432/db`, or libpq's `key=value` pairs), creating the
+    /// schema and the journal if missing (feature `postgres`). Handles in any number of
+    /// processes, on any number of machines, share the journal: each call is one
+    /// transaction under the journal's writer lock, so every guarantee holds across
+    /// processes. Time is the database server's, unless [`JournalBuilder::clock`] set one.
+    /// Opening marks nothing in doubt (other processes may be running their operations):
+    /// a `Running` operation whose process died becomes `InDoubt` when its lease expires.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) when the database cannot
+    /// be reached (retry); [`ErrorKind::UnsupportedFormat`](crate::ErrorKind::UnsupportedFormat)
+    /// for a schema or journal written by a newer build; [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput)
+    /// for a setting out of range or a bad URL or name.
+    #[cfg(feature = "postgres")]
+    pub fn open_postgres(self, url: &str, name: &str) -> Result<Journal> {
+        let _span = crate::trace_span!(DEBUG, "open", path = %name);
+        self.config.validate()?;
+        super::remote::open_postgres(url, name, self.config)
     }
 }

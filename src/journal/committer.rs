@@ -56,6 +56,34 @@ pub(super) trait Job: Send {
     fn run(&mut self, ctx: &mut Ctx<'_, '_>) -> std::result::Result<(), RunFailure>;
     fn finish(&mut self, commit: std::result::Result<(), &Error>);
     fn fail(&mut self, err: Error);
+    /// Whether the batch should not wait for a writer lock another process holds (a
+    /// background compaction pass leaves the work to that process or its next pass).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    fn skip_if_locked(&self) -> bool {
+        false
+    }
+    /// The batch did not run: another process held the writer lock.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    fn skip(&mut self) {
+        self.fail(skipped());
+    }
+}
+
+/// What a batch that yielded the writer lock to another process answers (see
+/// [`Job::skip_if_locked`]).
+pub(super) const SKIPPED: &str = "another process holds the journal's writer lock";
+
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+fn skipped() -> Error {
+    Error::new(ErrorKind::Unavailable {
+        detail: SKIPPED.to_string(),
+        outcome_unknown: false,
+    })
+}
+
+/// Whether `e` says a batch yielded the writer lock to another process.
+pub(super) fn is_skipped(e: &Error) -> bool {
+    matches!(e.kind(), ErrorKind::Unavailable { detail, .. } if detail == SKIPPED)
 }
 
 /// Why a job aborted its batch.
@@ -70,6 +98,8 @@ type Slot<T> = Arc<Mutex<Option<Result<T>>>>;
 
 struct TypedJob<T, F> {
     background: bool,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    yield_if_locked: bool,
     f: F,
     result: Option<Result<T>>,
     slot: Slot<T>,
@@ -93,6 +123,10 @@ where
 {
     fn background(&self) -> bool {
         self.background
+    }
+
+    fn skip_if_locked(&self) -> bool {
+        self.yield_if_locked
     }
 
     fn run(&mut self, ctx: &mut Ctx<'_, '_>) -> std::result::Result<(), RunFailure> {
@@ -177,7 +211,7 @@ impl Inner {
         T: Send + 'static,
         F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send + 'static,
     {
-        self.enqueue(false, f)
+        self.enqueue(false, false, f)
     }
 
     /// Runs a compaction batch `f` in a batch of its own: foreground calls are never
@@ -187,10 +221,22 @@ impl Inner {
         T: Send + 'static,
         F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send + 'static,
     {
-        self.enqueue(true, f)
+        self.enqueue(true, false, f)
     }
 
-    fn enqueue<T, F>(&self, background: bool, f: F) -> Result<T>
+    /// As [`Inner::write_background`], but a journal shared with other processes does not
+    /// wait for a writer lock another process holds: the batch then fails with an error
+    /// [`is_skipped`] recognizes, and the background compactor leaves the work to the next
+    /// pass (or to the process that holds the lock).
+    pub(crate) fn write_background_yielding<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send + 'static,
+    {
+        self.enqueue(true, true, f)
+    }
+
+    fn enqueue<T, F>(&self, background: bool, yield_if_locked: bool, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send + 'static,
@@ -199,6 +245,7 @@ impl Inner {
         let slot: Slot<T> = Arc::new(Mutex::new(None));
         let job = TypedJob {
             background,
+            yield_if_locked,
             f,
             result: None,
             slot: slot.clone(),
@@ -262,6 +309,10 @@ impl Inner {
     }
 
     fn try_batch(&self, jobs: &mut Vec<Box<dyn Job>>) -> BatchOutcome {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return self.try_batch_pg(pg, jobs);
+        }
         let fail_all = |jobs: &mut Vec<Box<dyn Job>>, e: Error, poison: bool| {
             if poison {
                 self.poisoned.store(true, Ordering::SeqCst);
@@ -359,6 +410,9 @@ impl Inner {
         jobs: &mut Vec<Box<dyn Job>>,
     ) -> std::result::Result<bool, (Option<usize>, Error)> {
         let mut state = t.state().map_err(|e| (None, e))?;
+        // Time never runs backwards: not below the last committed batch's (another
+        // process's, for a journal in a database server).
+        let now = now.max(state.clock_high_water);
         // No event in the journal is later than the last committed batch's time.
         let mut floor = state.clock_high_water;
         state.clock_high_water = state.clock_high_water.max(now);
@@ -548,7 +602,7 @@ impl Inner {
     }
 
     /// Drops the first `n` pending entries: a batch committed them.
-    fn lazy_committed(&self, n: usize) {
+    pub(super) fn lazy_committed(&self, n: usize) {
         if n == 0 {
             return;
         }
@@ -561,7 +615,7 @@ impl Inner {
     }
 }
 
-enum BatchOutcome {
+pub(super) enum BatchOutcome {
     Done,
     Retry(usize),
 }

@@ -95,6 +95,14 @@ fn anything_due(inner: &Inner) -> Result<bool> {
 }
 
 pub(crate) fn run(inner: &Inner) -> Result<CompactionReport> {
+    run_pass(inner, false)
+}
+
+/// A compaction pass. With `yielding`, a journal shared with other processes does not wait
+/// for a writer lock another process holds: the pass ends there (that process, or the
+/// next pass, goes on), so that compactors in N processes take turns instead of queueing.
+/// No transition fires twice either way: each batch reads what is due under the lock.
+fn run_pass(inner: &Inner, yielding: bool) -> Result<CompactionReport> {
     let start = Instant::now();
     let mut report = CompactionReport::default();
     inner.check_writable()?;
@@ -106,12 +114,21 @@ pub(crate) fn run(inner: &Inner) -> Result<CompactionReport> {
         loop {
             let waiting = inner.foreground_waiting.clone();
             let from = resume.clone();
-            let (more, fired, next) = inner.write_background(move |ctx| {
+            let batch = move |ctx: &mut machine::Ctx<'_, '_>| {
                 let before = ctx.fired;
                 let yield_now = || waiting.load(std::sync::atomic::Ordering::SeqCst) > 0;
                 let (more, next) = machine::compact_batch(ctx, limit, &from, &yield_now)?;
                 Ok((more, delta(ctx.fired, before), next))
-            })?;
+            };
+            let done = if yielding {
+                inner.write_background_yielding(batch)
+            } else {
+                inner.write_background(batch)
+            };
+            let (more, fired, next) = match done {
+                Err(e) if super::committer::is_skipped(&e) => break,
+                other => other?,
+            };
             resume = next;
             report.batches += 1;
             report.add(&fired);
@@ -281,7 +298,7 @@ impl CompactorHandle {
 }
 
 fn pass(inner: &Arc<Inner>) -> Result<()> {
-    run(inner).map(drop)
+    run_pass(inner, true).map(drop)
 }
 
 impl Drop for CompactorHandle {

@@ -7,6 +7,8 @@ pub(crate) mod compactor;
 mod memory;
 pub(crate) mod open;
 mod reads;
+#[cfg(feature = "postgres")]
+mod remote;
 
 pub use builder::JournalBuilder;
 pub use compactor::{CompactionReport, CompactorHandle};
@@ -83,6 +85,10 @@ pub(crate) enum Storage {
     File,
     /// In memory only (tests, fuzzers): the memtable is everything; no `db`, no `log`.
     Memory,
+    /// In a PostgreSQL database shared with other processes: read on every call, no
+    /// `db`, no `log`, an empty memtable.
+    #[cfg(feature = "postgres")]
+    Postgres(Box<crate::postgres::Pg>),
 }
 
 pub(crate) struct Inner {
@@ -842,6 +848,11 @@ impl Journal {
                     (Storage::File, None) => return Err(Error::new(ErrorKind::Closed)),
                     // In memory, the memtable is everything.
                     (Storage::Memory, _) => None,
+                    // One snapshot of the database: the copy is of one moment.
+                    #[cfg(feature = "postgres")]
+                    (Storage::Postgres(pg), _) => {
+                        Some(index::Base::store(std::sync::Arc::new(pg.read()?.0)))
+                    }
                 };
                 (base, committed.mem.clone())
             };

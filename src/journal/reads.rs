@@ -22,7 +22,7 @@ use super::committer::lock;
 /// read lock while they read, so they see one commit or the next, never half of one.
 pub(crate) struct Committed {
     /// `None` only while redb compacts its file (it needs no read transaction open).
-    pub(crate) base: Option<Base>,
+    pub(crate) base: Option<Base<'static>>,
     pub(crate) mem: Memtable,
 }
 
@@ -52,6 +52,10 @@ impl Inner {
             .filter(|e| id.is_none_or(|id| e.id == id))
             .cloned()
             .collect();
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return self.read_pg(pg, pending, f);
+        }
         let committed = read_lock(&self.committed);
         let view = ReadView {
             tables: committed.snapshot(),
@@ -64,11 +68,9 @@ impl Inner {
     /// reads at once, and committed with the next batch.
     pub(crate) fn lazy_write(&self, id: &str, kind: machine::LazyKind) -> Result<Receipt> {
         self.check_writable()?;
-        let now = self.now();
         let mut lazy = write_lock(&self.lazy);
-        let rec = {
-            let committed = read_lock(&self.committed);
-            let rec = machine::known_or_unknown(&committed.snapshot(), id, now)?;
+        let (rec, now) = {
+            let (rec, now) = self.stored_receipt(id)?;
             let pending: Vec<(Timestamp, EventKind)> = lazy
                 .entries
                 .iter()
@@ -77,11 +79,13 @@ impl Inner {
                 .collect();
             // The clocks apply to the pending writes too: a last delivery still pending
             // may have spent the retry budget by now, as reads show.
-            machine::effective(machine::overlay(rec, &pending), now).ok_or_else(|| {
-                Error::new(ErrorKind::UnknownOperation {
-                    operation_id: id.to_string(),
-                })
-            })?
+            let rec =
+                machine::effective(machine::overlay(rec, &pending), now).ok_or_else(|| {
+                    Error::new(ErrorKind::UnknownOperation {
+                        operation_id: id.to_string(),
+                    })
+                })?;
+            (rec, now)
         };
         let after = match machine::lazy_event(&rec, kind, now, &self.cfg)? {
             None => rec,
@@ -110,6 +114,25 @@ impl Inner {
             self.flush()?;
         }
         machine::view(&after).ok_or_else(|| Error::corrupt("receipts", id, "vacant after a check"))
+    }
+}
+
+impl Inner {
+    /// The committed receipt of `id` (an unknown id is an error) and the time to judge it
+    /// by.
+    fn stored_receipt(&self, id: &str) -> Result<(ReceiptRecord, Timestamp)> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return self.read_pg(pg, Vec::new(), |snap, now| {
+                Ok((machine::known_or_unknown(&snap.tables, id, now)?, now))
+            });
+        }
+        let now = self.now();
+        let committed = read_lock(&self.committed);
+        Ok((
+            machine::known_or_unknown(&committed.snapshot(), id, now)?,
+            now,
+        ))
     }
 }
 

@@ -40,7 +40,7 @@ pub(crate) fn as_is(e: Error, _: Step) -> Error {
 pub(crate) struct BatchWriter {
     /// A read snapshot of what was written so far (dropped before each write, and before
     /// `db`). `None` only while a batch is being written, or after that failed.
-    base: Option<Base>,
+    base: Option<Base<'static>>,
     /// Changes not yet written into the file.
     pending: Memtable,
     db: Option<Database>,
