@@ -606,8 +606,9 @@ fn percent_encode(text: &str) -> String {
 /// and can cut every connection like a network partition.
 ///
 /// While cut, no byte moves in either direction and new connections are accepted but not
-/// dialed through: every socket stays open, so both sides see silence (their timeouts and
-/// keepalives fire, as in a partition), not a reset. Bytes read before the cut are
+/// dialed through: every socket stays open, so both sides see silence, not a reset. The
+/// server's timeouts fire as in a partition; the client's TCP keepalives do not (this
+/// proxy's kernel answers them), so only a client-side deadline ends a call. Bytes read before the cut are
 /// delivered; bytes sent during it are held and delivered after [`TcpProxy::heal`], as TCP
 /// retransmits them after a partition heals. Dropping the proxy closes every connection.
 pub struct TcpProxy {

@@ -121,7 +121,9 @@ pub(super) fn refusal(id: Option<String>, e: &ServiceError) -> Reply {
         ErrorKind::NotOwner { .. } => "not_owner",
         ErrorKind::InvalidInput { .. } => "bad_request",
         ErrorKind::UnknownOperation { .. } | ErrorKind::InvalidState { .. } => "bad_request",
-        ErrorKind::Io | ErrorKind::Poisoned | ErrorKind::Closed => "unavailable",
+        ErrorKind::Io | ErrorKind::Poisoned | ErrorKind::Closed | ErrorKind::Unavailable { .. } => {
+            "unavailable"
+        }
         _ => "internal",
     };
     Reply::Error {
