@@ -50,9 +50,16 @@ pub(crate) fn open_postgres(url: &str, name: &str, mut cfg: Config) -> Result<Jo
             .persisted_high_water
             .store(0, Ordering::SeqCst);
     }
-    let format = journal
+    let (format, state) = journal.inner.read_with(None, |snap, _| {
+        Ok((snap.tables.format()?, snap.tables.state()?))
+    })?;
+    // Time never runs backwards across opens: not below the journal's high-water mark.
+    let mark = state.clock_high_water.0;
+    journal.inner.high_water.fetch_max(mark, Ordering::SeqCst);
+    journal
         .inner
-        .read_with(None, |snap, _| snap.tables.format())?;
+        .persisted_high_water
+        .fetch_max(mark, Ordering::SeqCst);
     match format {
         Some(f) if f.format_version == u32::from(crate::codec::FORMAT_VERSION) => Ok(journal),
         Some(f) => Err(Error::new(ErrorKind::UnsupportedFormat {
