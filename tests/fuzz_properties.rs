@@ -328,14 +328,16 @@ fn session_inputs(count: usize, len: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
-#[test]
-fn random_sessions_match_the_model_and_reach_every_kind_of_outcome() {
+/// Runs the fixed sessions of [`session_inputs`] on `backend` (whatever their first byte
+/// picks) and sums their figures.
+fn model_sweep(backend: ops_vs_model::Backend) -> ops_vs_model::Figures {
     panics::install(false);
     let mut total = ops_vs_model::Figures::default();
     for data in session_inputs(40, 768) {
-        let input = ops_vs_model::Input::from_bytes(&data);
+        let mut input = ops_vs_model::Input::from_bytes(&data);
+        input.backend = backend;
         let f = panics::dump_on_panic("ops_vs_model", &data, || {
-            ops_vs_model::run(&input).unwrap_or_else(|e| panic!("ops_vs_model: {e}"))
+            ops_vs_model::run(&input).unwrap_or_else(|e| panic!("ops_vs_model on {backend:?}: {e}"))
         });
         total.calls += f.calls;
         total.refusals += f.refusals;
@@ -345,8 +347,15 @@ fn random_sessions_match_the_model_and_reach_every_kind_of_outcome() {
         total.reopens += f.reopens;
         total.replays += f.replays;
         total.verified += f.verified;
+        total.comparisons += f.comparisons;
     }
-    eprintln!("ops_vs_model sweep: {total:?}");
+    eprintln!("ops_vs_model sweep on {backend:?}: {total:?}");
+    total
+}
+
+#[test]
+fn random_sessions_match_the_model_and_reach_every_kind_of_outcome() {
+    let total = model_sweep(ops_vs_model::Backend::FaultDisk);
     // The sweep proves it reached each path it claims to check.
     assert!(total.calls > 500, "{total:?}");
     assert!(total.refusals > 0, "no predicted refusal: {total:?}");
@@ -364,6 +373,31 @@ fn random_sessions_match_the_model_and_reach_every_kind_of_outcome() {
     // One input in four ends with a clean close and `verify` (and any crash in the middle
     // of a redb write is verified).
     assert!(total.verified > 0, "no image verified: {total:?}");
+}
+
+/// The same sessions on a journal in memory: every answer is the model's, and where an
+/// input reopens, crashes or arms a fault the whole state is compared with the model
+/// instead (nothing to lose, nothing to recover), as at the end of every session.
+#[test]
+fn model_sessions_hold_on_the_memory_backend() {
+    let total = model_sweep(ops_vs_model::Backend::Memory);
+    assert!(total.calls > 500, "{total:?}");
+    assert!(total.refusals > 0, "no predicted refusal: {total:?}");
+    assert!(total.applications > 0, "no effect applied: {total:?}");
+    assert!(total.replays > 0, "no replay: {total:?}");
+    // Each session's end, and each of its reopen, crash and fault steps.
+    assert!(total.comparisons > 40 * 2, "too few comparisons: {total:?}");
+    // No disk: no call fails, nothing is reopened or verified.
+    assert_eq!(
+        (
+            total.failures,
+            total.poisoned_refusals,
+            total.reopens,
+            total.verified
+        ),
+        (0, 0, 0, 0),
+        "{total:?}"
+    );
 }
 
 proptest! {

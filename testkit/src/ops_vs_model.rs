@@ -46,6 +46,14 @@
 //! the model) on every input. The stable tests run every committed input with
 //! `verify_end` on ([`check_every_claim`]).
 //!
+//! The same sessions also run on a journal in memory (`JournalBuilder::open_in_memory`,
+//! [`Backend::Memory`]), which has no disk: there a fault is never armed, and a clean
+//! close, a crash or a power cut is a step that compares every observable state with the
+//! model instead (nothing is lost, nothing to recover), so the answers of the journal in
+//! memory are held to the same model several times faster. The fuzzer picks the backend
+//! from bits of the input's first byte that the setup does not read ([`Input::backend`]);
+//! the stable tests' committed inputs run on both ([`check_every_claim`]).
+//!
 //! The model and the disk are shared with the reliability tests; this file includes them
 //! through the crate root (`crate::model`, `crate::fault_backend`).
 
@@ -73,6 +81,17 @@ pub const MAX_REOPENS: usize = 6;
 const IDS: [&str; 6] = ["op-0", "op-1", "op-2", "op-3", "op-4", "op-5"];
 const SCOPES: [&str; 2] = ["scene/a", "scene/b"];
 const SESSIONS: [&str; 2] = ["tab-1", "tab-2"];
+
+/// Where the session's journal keeps its tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The redb file and its log on the fault-injecting disk in memory: faults, crashes,
+    /// power cuts and reopens as the input says.
+    FaultDisk,
+    /// A journal in memory (`JournalBuilder::open_in_memory`): nothing durable, no disk to
+    /// fault; an input's reopens and crashes compare every observable state with the model.
+    Memory,
+}
 
 /// The journal's configuration, chosen by the input.
 #[derive(Arbitrary, Debug, Clone)]
@@ -240,6 +259,10 @@ pub enum Op {
 /// One fuzz input.
 #[derive(Debug, Clone)]
 pub struct Input {
+    /// The backend: [`Backend::Memory`] when bits 1 and 2 of the first byte are both set
+    /// (one input in four; [`Setup::hold_until_ack`] reads only bit 0 of that byte), else
+    /// [`Backend::FaultDisk`].
+    pub backend: Backend,
     /// The journal's configuration.
     pub setup: Setup,
     /// The session.
@@ -271,7 +294,12 @@ impl Input {
             }
         }
         let verify_end = (setup.window / 4).is_multiple_of(VERIFY_END_ONE_IN);
+        let backend = match data.first() {
+            Some(b) if b & 0b110 == 0b110 => Backend::Memory,
+            _ => Backend::FaultDisk,
+        };
         Input {
+            backend,
             setup,
             ops,
             verify_end,
@@ -298,6 +326,9 @@ pub struct Figures {
     pub verified: u64,
     /// Replays answered.
     pub replays: u64,
+    /// Comparisons of every observable state with the model (the input's, and on the
+    /// memory backend each reopen or crash step).
+    pub comparisons: u64,
 }
 
 /// The editor's and the harness's state.
@@ -306,7 +337,8 @@ struct Session {
     clock: ManualClock,
     model: Model,
     recovery: Recovery,
-    disk: FaultDisk,
+    /// The disk the journal's files are on; `None` for a journal in memory.
+    disk: Option<FaultDisk>,
     journal: Option<Journal>,
     poisoned: bool,
     fault_armed: bool,
@@ -374,7 +406,7 @@ fn trigger(f: Fault) -> Trigger {
 }
 
 impl Session {
-    fn new(setup: &Setup) -> Result<Session, String> {
+    fn new(setup: &Setup, backend: Backend) -> Result<Session, String> {
         let mut cfg = ModelConfig::small();
         cfg.scope_lock = if setup.hold_until_ack {
             ScopeLock::HoldUntilAck
@@ -391,8 +423,15 @@ impl Session {
         // way; the commit path is the same).
         cfg.sharing = Sharing::LiveReaders;
         let clock = ManualClock::new(Timestamp::from_millis(T0));
-        let disk = FaultDisk::from_image(pristine()?);
-        let journal = open(&cfg, &clock, &disk).map_err(|e| format!("open: {e}"))?;
+        let (disk, journal) = match backend {
+            Backend::FaultDisk => {
+                let disk = FaultDisk::from_image(pristine()?);
+                let journal = open(&cfg, &clock, &disk);
+                (Some(disk), journal)
+            }
+            Backend::Memory => (None, cfg.builder(&clock).open_in_memory()),
+        };
+        let journal = journal.map_err(|e| format!("open: {e}"))?;
         let model = Model::new(cfg.clone(), clock.clone());
         let recovery = Recovery::new(&model);
         Ok(Session {
@@ -421,7 +460,7 @@ impl Session {
     /// dead process does neither, and building them took about a third of an input.
     /// (`resume_unwind` does not call the panic hook: no finding is reported.)
     fn abandon(&mut self) {
-        debug_assert!(self.disk.is_dead(), "abandon before the disk is cut");
+        debug_assert!(self.disk_is_dead(), "abandon before the disk is cut");
         let Some(j) = self.journal.take() else {
             return;
         };
@@ -438,6 +477,25 @@ impl Session {
 
     fn note(&mut self, line: String) {
         self.log.push(line);
+    }
+
+    /// Whether an armed fault fired on the disk (never, in memory).
+    fn disk_fired(&self) -> bool {
+        self.disk.as_ref().is_some_and(FaultDisk::fired)
+    }
+
+    /// Whether the power is off (never, in memory).
+    fn disk_is_dead(&self) -> bool {
+        self.disk.as_ref().is_some_and(FaultDisk::is_dead)
+    }
+
+    /// Compares every observable state of the journal with the model.
+    fn compare(&mut self, what: &str) -> Result<(), String> {
+        self.figures.comparisons += 1;
+        let j = self.journal.take().ok_or("no journal open")?;
+        let r = self.model.check_against(&j);
+        self.journal = Some(j);
+        r.map_err(|e| self.fail(format!("{what}: {e}")))
     }
 
     fn fail(&self, msg: String) -> String {
@@ -493,11 +551,17 @@ impl Session {
 
     /// One input step. `Err` is a violated claim.
     fn step(&mut self, op: &Op) -> Result<(), String> {
-        if self.disk.is_dead() {
+        if self.disk_is_dead() {
             // The power is off: nothing else can happen before the reboot.
             return self.reopen(End::PowerCut(CutPolicy::Random), 0);
         }
         match op {
+            Op::Reopen | Op::Crash { .. } | Op::ArmFault(_) if self.disk.is_none() => {
+                // In memory there is nothing to fault, and nothing a restart would recover:
+                // the journal must equal the model here, as it must after a reopen.
+                self.note(format!("{op:?} on the memory backend: compare"));
+                return self.compare(&format!("in memory, at {op:?}"));
+            }
             Op::Reopen => return self.reopen(End::Clean, 0),
             Op::Crash {
                 power,
@@ -533,8 +597,10 @@ impl Session {
             Op::ArmFault(f) => {
                 let t = trigger(*f);
                 self.note(format!("ARM {t:?}"));
-                self.disk.arm(t);
-                self.fault_armed = true;
+                if let Some(disk) = &self.disk {
+                    disk.arm(t);
+                    self.fault_armed = true;
+                }
                 return Ok(());
             }
             Op::ApplyEffect { pick: p } => {
@@ -664,12 +730,7 @@ impl Session {
             Op::Compact => Call::Compact,
             Op::Flush => Call::Flush,
             Op::Lookup { id } => Call::Lookup(IDS[usize::from(*id) % IDS.len()].into()),
-            Op::CheckAll => {
-                let j = self.journal.take().ok_or("no journal open")?;
-                let r = self.model.check_against(&j);
-                self.journal = Some(j);
-                return r.map_err(|e| self.fail(format!("full comparison: {e}")));
-            }
+            Op::CheckAll => return self.compare("full comparison"),
             Op::Reopen
             | Op::Crash { .. }
             | Op::ClockForward { .. }
@@ -793,7 +854,7 @@ impl Session {
     fn call(&mut self, call: Call) -> Result<(), String> {
         self.figures.calls += 1;
         let desc = format!("{call:?}");
-        let fired_before = self.disk.fired();
+        let fired_before = self.disk_fired();
         let j = self.journal.take().ok_or("no journal open")?;
         let r = self.model.step(&j, &call);
         self.journal = Some(j);
@@ -801,7 +862,7 @@ impl Session {
             self.note(format!("{desc} -> MISMATCH"));
             self.fail(diff)
         })?;
-        let fired = !fired_before && self.disk.fired();
+        let fired = !fired_before && self.disk_fired();
         match r {
             StepResult::Failed { error, after } => {
                 self.note(format!("{desc} -> FAILED {error:?}"));
@@ -838,10 +899,10 @@ impl Session {
                     // checkpoint) leaves the call durable and poisons the handle; a fault on
                     // the log must fail the call.
                     let poisoned = self.journal()?.is_poisoned();
-                    if self.disk.fired_on() != Some(DiskFile::Db) || !poisoned {
+                    let on = self.disk.as_ref().and_then(FaultDisk::fired_on);
+                    if on != Some(DiskFile::Db) || !poisoned {
                         return Err(self.fail(format!(
-                            "a fault fired on the {:?} file during {desc}, which answered as if nothing happened (poisoned: {poisoned})",
-                            self.disk.fired_on()
+                            "a fault fired on the {on:?} file during {desc}, which answered as if nothing happened (poisoned: {poisoned})"
                         )));
                     }
                     self.note(format!("{desc}: a checkpoint after it failed; poisoned"));
@@ -938,25 +999,29 @@ impl Session {
     /// Ends the journal's life as `end` says, verifies the file, reopens it, and checks it
     /// against every state the crash may have left.
     fn reopen(&mut self, end: End, seed: u64) -> Result<(), String> {
-        if self.figures.reopens >= MAX_REOPENS as u64 && !self.disk.is_dead() {
+        if self.figures.reopens >= MAX_REOPENS as u64 && !self.disk_is_dead() {
             return Ok(());
         }
         self.reopen_now(end, seed)
     }
 
     fn reopen_now(&mut self, end: End, seed: u64) -> Result<(), String> {
+        let disk = self
+            .disk
+            .clone()
+            .ok_or("a reopen of a journal that is not on a disk")?;
         self.figures.reopens += 1;
         // Never retry an fsync on a handle that saw an I/O error.
-        let stats = self.disk.stats();
-        if stats.syncs_after_fault > 0 && !self.disk.is_dead() {
+        let stats = disk.stats();
+        if stats.syncs_after_fault > 0 && !disk.is_dead() {
             return Err(self.fail(format!(
                 "the handle attempted {} sync(s) after a fault",
                 stats.syncs_after_fault
             )));
         }
         let end = match end {
-            End::Clean if self.disk.fired() => End::ProcessCrash,
-            End::CleanThenCut(p) if self.disk.fired() => End::PowerCut(p),
+            End::Clean if disk.fired() => End::ProcessCrash,
+            End::CleanThenCut(p) if disk.fired() => End::PowerCut(p),
             e => e,
         };
         self.note(format!("END {end:?}"));
@@ -964,7 +1029,7 @@ impl Session {
         // left in a state only `verify` judges (redb's own recovery, the indexes): the
         // image is verified then, and at the end of the input; after the other ends the
         // comparison with the model below is the check.
-        let redb_torn = end != End::Clean && self.disk.pending_ops_of(DiskFile::Db) > 0;
+        let redb_torn = end != End::Clean && disk.pending_ops_of(DiskFile::Db) > 0;
         let mut rng = seed | 1;
         // xorshift64: any 64-bit generator will do.
         let mut next = move || {
@@ -978,39 +1043,38 @@ impl Session {
                 // Closing checkpoints and removes the log (a fault armed may fire now).
                 self.journal = None;
                 match end {
-                    _ if self.disk.is_dead() => {
-                        self.disk.power_cut_image(CutPolicy::Random, &mut next)
-                    }
+                    _ if disk.is_dead() => disk.power_cut_image(CutPolicy::Random, &mut next),
                     End::CleanThenCut(policy) => {
-                        self.disk.cut();
-                        self.disk.power_cut_image(policy, &mut next)
+                        disk.cut();
+                        disk.power_cut_image(policy, &mut next)
                     }
-                    _ => self.disk.live_image(),
+                    _ => disk.live_image(),
                 }
             }
             End::ProcessCrash => {
-                let image = self.disk.live_image();
-                self.disk.cut();
+                let image = disk.live_image();
+                disk.cut();
                 self.abandon();
                 image
             }
             End::PowerCut(policy) => {
-                self.disk.cut();
+                disk.cut();
                 self.abandon();
-                self.disk.power_cut_image(policy, &mut next)
+                disk.power_cut_image(policy, &mut next)
             }
         };
         if redb_torn {
             verify_image(&image).map_err(|e| self.fail(format!("after {end:?}: {e}")))?;
             self.figures.verified += 1;
         }
-        self.disk = FaultDisk::from_image(image);
+        let disk = FaultDisk::from_image(image);
+        self.disk = Some(disk.clone());
         self.fault_armed = false;
         self.model.before_reopen();
         if opjournal::Clock::now(&self.clock).as_millis() < self.failed_at {
             self.clock.set(Timestamp::from_millis(self.failed_at));
         }
-        let j = open(&self.cfg, &self.clock, &self.disk)
+        let j = open(&self.cfg, &self.clock, &disk)
             .map_err(|e| self.fail(format!("reopen after {end:?} failed: {e}")))?;
         let (model, lost) = self.recovery.recover(&j).map_err(|e| {
             self.fail(format!(
@@ -1091,34 +1155,43 @@ fn pristine() -> Result<DiskImage, String> {
 ///
 /// The violation, with the configuration and the last steps.
 pub fn run(input: &Input) -> Result<Figures, String> {
-    let mut s = Session::new(&input.setup)?;
+    let mut s = Session::new(&input.setup, input.backend)?;
     for op in &input.ops {
         s.step(op)?;
     }
+    let Some(disk) = s.disk.clone() else {
+        // In memory: compare everything, and (one input in four) close, which must succeed.
+        s.compare("final comparison")?;
+        if input.verify_end {
+            let j = s.journal.take().ok_or("no journal open")?;
+            j.close()
+                .map_err(|e| s.fail(format!("closing the journal in memory: {e}")))?;
+        }
+        return Ok(s.figures);
+    };
     // The end of the session: recover from a fault still pending, compare everything, and
     // (one input in four) close cleanly and verify the files.
-    if s.poisoned || s.disk.fired() || s.disk.is_dead() {
-        let end = if s.disk.is_dead() {
+    if s.poisoned || disk.fired() || disk.is_dead() {
+        let end = if disk.is_dead() {
             End::PowerCut(CutPolicy::Random)
         } else {
             End::ProcessCrash
         };
         s.reopen_now(end, 7)?;
     }
-    let j = s.journal.take().ok_or("no journal open")?;
-    let r = s.model.check_against(&j);
-    s.journal = Some(j);
-    r.map_err(|e| s.fail(format!("final comparison: {e}")))?;
+    s.compare("final comparison")?;
+    // After a reopen the session's journal is on a new disk.
+    let disk = s.disk.clone().ok_or("no disk")?;
     if !input.verify_end {
         // The process ends without closing: nothing more is written, and no image is left
         // to judge.
-        s.disk.cut();
+        disk.cut();
         s.abandon();
         return Ok(s.figures);
     }
-    s.disk.heal();
+    disk.heal();
     s.journal = None;
-    verify_image(&s.disk.live_image()).map_err(|e| s.fail(format!("final image: {e}")))?;
+    verify_image(&disk.live_image()).map_err(|e| s.fail(format!("final image: {e}")))?;
     s.figures.verified += 1;
     Ok(s.figures)
 }
@@ -1132,8 +1205,10 @@ pub fn check(data: &[u8]) {
     check_input(&Input::from_bytes(data));
 }
 
-/// As [`check`], with the sampled end on: every input ends with a clean close and
-/// `verify` (for the stable tests' committed inputs).
+/// As [`check`], with the sampled end on (every input ends with a clean close and
+/// `verify`), on both backends: the fault-injecting disk (where the committed inputs were
+/// found, whatever their first byte says) and memory. For the stable tests' committed
+/// inputs.
 ///
 /// # Panics
 ///
@@ -1141,7 +1216,10 @@ pub fn check(data: &[u8]) {
 pub fn check_every_claim(data: &[u8]) {
     let mut input = Input::from_bytes(data);
     input.verify_end = true;
-    check_input(&input);
+    for backend in [Backend::FaultDisk, Backend::Memory] {
+        input.backend = backend;
+        check_input(&input);
+    }
 }
 
 fn check_input(input: &Input) {

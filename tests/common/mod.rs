@@ -2,6 +2,8 @@
 //! and a fake editor that counts how often each effect is applied.
 #![allow(dead_code)]
 
+pub mod backends;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
