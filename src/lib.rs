@@ -90,6 +90,10 @@
 //!   that `opjournal demo` and `opjournal serve` run, the model to copy.
 //! - `mcp` (with `cli`): `opjournal::mcp`, journaled tools for servers of the Model Context
 //!   Protocol on the official Rust SDK, rmcp (brings rmcp and tokio).
+//! - `postgres`: a journal in PostgreSQL, shared by several processes on several machines
+//!   (`JournalBuilder::open_postgres`, `Journal::execute_in` for the effect and the receipt
+//!   in one transaction; brings the blocking `postgres` client). A journal in memory
+//!   ([`Journal::in_memory`]) needs no feature.
 //! - `tracing`: a span for each public [`Journal`] call (with its operation id) and an
 //!   event for each compaction pass (counts per clock), through the `tracing` crate.
 //! - `internals`: the record codec (`opjournal::codec`) and the fuzzing entry points
