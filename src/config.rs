@@ -107,6 +107,10 @@ pub(crate) struct Config {
     /// Whether the embedder set the clock: a journal in a database server then uses it
     /// (tests), else the server's time.
     pub custom_clock: bool,
+    /// A journal in PostgreSQL: the server's statement, lock and idle-in-transaction
+    /// timeouts, and (plus a margin) the client's limit on the server's silence in a call.
+    #[cfg(feature = "postgres")]
+    pub database_timeout: Duration,
 }
 
 impl Default for Config {
@@ -129,14 +133,16 @@ impl Default for Config {
             page_check_bytes: DEFAULT_PAGE_CHECK_BYTES,
             clock: Arc::new(SystemClock),
             custom_clock: false,
+            #[cfg(feature = "postgres")]
+            database_timeout: Duration::from_secs(30),
         }
     }
 }
 
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
-            .field("lease", &self.lease)
+        let mut d = f.debug_struct("Config");
+        d.field("lease", &self.lease)
             .field("retry", &self.retry)
             .field("ack_timeout", &self.ack_timeout)
             .field("result_retention", &self.result_retention)
@@ -150,8 +156,10 @@ impl std::fmt::Debug for Config {
             .field("page_check_bytes", &self.page_check_bytes)
             .field("quick_repair", &self.quick_repair)
             .field("checkpoint_bytes", &self.checkpoint_bytes)
-            .field("replay_cache_bytes", &self.replay_cache_bytes)
-            .finish_non_exhaustive()
+            .field("replay_cache_bytes", &self.replay_cache_bytes);
+        #[cfg(feature = "postgres")]
+        d.field("database_timeout", &self.database_timeout);
+        d.finish_non_exhaustive()
     }
 }
 
@@ -172,6 +180,18 @@ impl Config {
         positive("ack timeout", self.ack_timeout)?;
         positive("result retention", self.result_retention)?;
         positive("audit retention", self.audit_retention)?;
+        #[cfg(feature = "postgres")]
+        {
+            positive("database timeout", self.database_timeout)?;
+            // The server takes its timeouts as an int of milliseconds.
+            if self.database_timeout.as_millis() > i32::MAX as u128 {
+                return Err(Error::invalid(
+                    "database timeout",
+                    &format!("{:?}", self.database_timeout),
+                    "PostgreSQL's timeouts go up to 2147483647 ms (about 24 days)",
+                ));
+            }
+        }
         positive("initial backoff", self.retry.initial_backoff)?;
         if self.retry.max_backoff < self.retry.initial_backoff {
             return Err(Error::invalid(

@@ -237,6 +237,31 @@ impl JournalBuilder {
         super::memory::open_in_memory(self.config)
     }
 
+    /// A journal in PostgreSQL ([`JournalBuilder::open_postgres`], feature `postgres`):
+    /// how long the database may take over one step of a call (default 30 s). The server
+    /// cancels a statement running longer (`statement_timeout`), stops a lock wait this
+    /// long (`lock_timeout`, the journal's writer lock included) and ends a session idle
+    /// this long inside a transaction (`idle_in_transaction_session_timeout`, so that a
+    /// process that stalls while holding the writer lock frees it). The client bounds
+    /// each call too: when the server stays silent for this long plus a tenth of it (at
+    /// least 1 s) while a call waits for its answer (a network partition), the call fails
+    /// with [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) instead of waiting
+    /// for the operating system to give up on the connection.
+    ///
+    /// A longer timeout lets calls wait longer behind another process's transaction; a
+    /// shorter one notices a partition sooner.
+    ///
+    /// # Errors
+    ///
+    /// [`JournalBuilder::open_postgres`] answers
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for a timeout under
+    /// 1 ms or over 2,147,483,647 ms (PostgreSQL's limit).
+    #[cfg(feature = "postgres")]
+    pub fn database_timeout(mut self, timeout: Duration) -> Self {
+        self.config.database_timeout = timeout;
+        self
+    }
+
     /// Opens the journal `name` in the PostgreSQL database at `url` (a URL such as
     /// `postgresql://user@host:5432/db`, or libpq's `key=value` pairs), creating the
     /// schema and the journal if missing (feature `postgres`). Handles in any number of

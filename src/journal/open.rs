@@ -15,7 +15,7 @@ use crate::index::{self, Base, Layers, Memtable, View, WriteTables};
 use crate::log::{self, Cursor, FileLog, LogStorage};
 use crate::machine::{self, Ctx};
 use crate::preflight::file::{check_format, check_redb_magic, open_error};
-use crate::record::{CheckpointRecord, EventKind, FormatRecord, StateRecord};
+use crate::record::{CheckpointRecord, EventKind, FormatRecord};
 
 use super::committer::Committer;
 use super::reads::{Committed, LazyBuffer};
@@ -408,58 +408,45 @@ pub(crate) fn prepare(db: &Database, path: &Path, cfg: &Config) -> Result<()> {
     }
     let now = cfg.clock.now();
     let txn = db.begin_write()?;
-    let changes = {
-        let base = Base::new(db.begin_read()?);
-        let mut t = WriteTables::over(Some(&base), Layers::default());
-        match format {
-            None => {
-                t.put_format(&FormatRecord {
-                    format_version: u32::from(FORMAT_VERSION),
-                    created_at: now,
-                    created_by: format!("opjournal {}", env!("CARGO_PKG_VERSION")),
-                    upgraded: None,
-                })?;
-                t.put_state(&StateRecord {
-                    clock_high_water: now,
-                    next_seq: 1,
-                })?;
-            }
-            Some(old) => {
-                let mut state = t.state()?;
-                let at = state.clock_high_water.max(now);
-                state.clock_high_water = at;
-                let mut ctx = Ctx {
-                    t: &mut t,
-                    now: at,
-                    cfg,
-                    state: &mut state,
-                    fired: Default::default(),
-                };
-                ctx.append(
-                    None,
-                    EventKind::FormatUpgraded {
-                        from: old.format_version,
-                        to: u32::from(FORMAT_VERSION),
-                    },
-                )?;
-                let state = ctx.state.clone();
-                t.put_state(&state)?;
-                t.put_format(&FormatRecord {
-                    format_version: u32::from(FORMAT_VERSION),
-                    upgraded: Some(crate::record::Upgrade {
-                        from: old.format_version,
-                        at,
-                    }),
-                    ..old
-                })?;
-            }
+    let changes = match format {
+        None => super::memory::new_journal_records(cfg)?,
+        Some(old) => {
+            let base = Base::new(db.begin_read()?);
+            let mut t = WriteTables::over(Some(&base), Layers::default());
+            let mut state = t.state()?;
+            let at = state.clock_high_water.max(now);
+            state.clock_high_water = at;
+            let mut ctx = Ctx {
+                t: &mut t,
+                now: at,
+                cfg,
+                state: &mut state,
+                fired: Default::default(),
+            };
+            ctx.append(
+                None,
+                EventKind::FormatUpgraded {
+                    from: old.format_version,
+                    to: u32::from(FORMAT_VERSION),
+                },
+            )?;
+            let state = ctx.state.clone();
+            t.put_state(&state)?;
+            t.put_format(&FormatRecord {
+                format_version: u32::from(FORMAT_VERSION),
+                upgraded: Some(crate::record::Upgrade {
+                    from: old.format_version,
+                    at,
+                }),
+                ..old
+            })?;
+            t.put_checkpoint(&CheckpointRecord {
+                journal_id: log::new_journal_id(),
+                generation: 1,
+                next_lsn: 1,
+            })?;
+            t.into_changes()
         }
-        t.put_checkpoint(&CheckpointRecord {
-            journal_id: log::new_journal_id(),
-            generation: 1,
-            next_lsn: 1,
-        })?;
-        t.into_changes()
     };
     index::checkpoint(&txn, &changes)?;
     // Every table exists from the start, so readers never meet a missing one.

@@ -30,7 +30,7 @@ const CONFLICT_RETRIES: u32 = 8;
 
 /// Opens (or creates) the journal `name` in the database at `url`.
 pub(crate) fn open_postgres(url: &str, name: &str, mut cfg: Config) -> Result<Journal> {
-    let pg = Pg::connect(PgConfig::new(url, name))?;
+    let pg = Pg::connect(PgConfig::new(url, name).timeouts(cfg.database_timeout))?;
     pg.initialize(&super::memory::new_journal_records(&cfg)?)?;
     // Another process may change any receipt: answers are never cached here.
     cfg.replay_cache_bytes = 0;

@@ -74,6 +74,26 @@ pub(super) fn connection_lost(e: &postgres::Error) -> bool {
     }
 }
 
+/// Whether `e` is the connection timing out: the client's deadline on a silent server
+/// (see `deadline.rs`), or the kernel giving up on the socket (`tcp_user_timeout`,
+/// keepalives). The server could not be reached for that long: trying another connection
+/// at once would most likely wait as long again.
+pub(super) fn timed_out(e: &postgres::Error) -> bool {
+    io_kind(e) == Some(std::io::ErrorKind::TimedOut)
+}
+
+/// The kind of the first I/O error in `e`'s chain.
+fn io_kind(e: &postgres::Error) -> Option<std::io::ErrorKind> {
+    let mut source = e.source();
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        source = s.source();
+    }
+    None
+}
+
 /// Whether a cause in `e`'s chain is an I/O error (the socket failed or the server could
 /// not be reached).
 fn io_cause(e: &postgres::Error) -> bool {
@@ -122,6 +142,11 @@ fn sort(e: postgres::Error, during: &'static str, place: &str, at_commit: bool) 
     let reason = match &code {
         Some(code) => retryable_reason(code).map(|r| format!("{r} (SQLSTATE {})", code.code())),
         None if e.is_closed() => Some("the connection was closed".to_string()),
+        None if timed_out(&e) => Some(
+            "the server did not answer in time (the connection timed out: a network \
+             partition, or a server that stopped responding)"
+                .to_string(),
+        ),
         None if io_cause(&e) => Some("the connection failed or could not be opened".to_string()),
         None => None,
     };

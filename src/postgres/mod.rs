@@ -18,8 +18,12 @@
 //! changes one per kind (upserts, deletes), COMMIT and the end of a read one each.
 //!
 //! Only SQL that CockroachDB and YugabyteDB accept as well (`ON CONFLICT`, `FOR UPDATE`,
-//! `SKIP LOCKED`, arrays); no advisory locks, no sequences, no PL/pgSQL. No TLS yet
-//! (`NoTls`).
+//! `SKIP LOCKED`, arrays); no advisory locks, no sequences, no PL/pgSQL. No TLS yet.
+//!
+//! Every call on a pooled connection is bounded on the client too (`deadline.rs`): a
+//! server silent for longer than the server-side timeouts plus a margin while a call
+//! waits for its answer (a network partition, a proxy that holds the bytes) fails the call
+//! with [`ErrorKind::Unavailable`] and drops the connection.
 // Nothing outside this module calls it until the group committer's integration does:
 // remove this then.
 
@@ -27,6 +31,7 @@
 /// takes, re-exported so that an embedder uses the same version as the journal.
 pub use ::postgres::{Client, Config, NoTls, Transaction};
 
+mod deadline;
 mod errors;
 mod pool;
 mod schema;
@@ -50,8 +55,10 @@ use pool::Pool;
 ///
 /// Defaults ([`PgConfig::new`]): a pool of 8 connections, a connect timeout of 5 s,
 /// `statement_timeout`, `idle_in_transaction_session_timeout` and `lock_timeout` of 30 s
-/// each, TCP keepalives on (first probe after 10 s idle). A zero timeout turns that
-/// timeout off.
+/// each ([`PgConfig::timeouts`]), TCP keepalives on (first probe after 10 s idle), and a
+/// client-side limit on the server's silence during a call of the longest of those
+/// timeouts plus a margin ([`call_limit`]). A zero server timeout turns that timeout
+/// off.
 #[derive(Clone)]
 pub(crate) struct PgConfig {
     /// The connection string: a URL (`postgresql://user@host:5432/db`) or `key=value`
@@ -72,6 +79,9 @@ pub(crate) struct PgConfig {
     /// The server stops a lock wait this long (SQLSTATE 55P03): the writer lock, and the
     /// rows' locks.
     pub(crate) lock_timeout: Duration,
+    /// How long the server may stay silent while a call waits for its answer before the
+    /// call fails (and `tcp_user_timeout`, for data the server never acknowledges).
+    pub(crate) call_limit: Duration,
     /// Idle time before the first TCP keepalive probe (then every half of it, 3 probes),
     /// so that a peer that vanished is noticed on an idle connection.
     pub(crate) keepalive_idle: Duration,
@@ -88,9 +98,29 @@ impl PgConfig {
             statement_timeout: Duration::from_secs(30),
             idle_in_transaction_timeout: Duration::from_secs(30),
             lock_timeout: Duration::from_secs(30),
+            call_limit: call_limit(Duration::from_secs(30)),
             keepalive_idle: Duration::from_secs(10),
         }
     }
+
+    /// Sets `statement_timeout`, `lock_timeout` and `idle_in_transaction_session_timeout`
+    /// to `timeout`, and the client's limit on the server's silence during a call to
+    /// [`call_limit`]`(timeout)`.
+    pub(crate) fn timeouts(mut self, timeout: Duration) -> PgConfig {
+        self.statement_timeout = timeout;
+        self.lock_timeout = timeout;
+        self.idle_in_transaction_timeout = timeout;
+        self.call_limit = call_limit(timeout);
+        self
+    }
+}
+
+/// The client's limit on the server's silence during a call when the server's own
+/// timeouts are `timeout`: `timeout` plus a tenth of it, at least 1 s, so that a lock wait
+/// or a statement the server is still allowed to run is never cut by the client first
+/// (the server answers its own timeout with an error, which is not silence).
+pub(crate) fn call_limit(timeout: Duration) -> Duration {
+    timeout.saturating_add((timeout / 10).max(Duration::from_secs(1)))
 }
 
 /// Shows the settings without the password the URL may hold.
@@ -107,6 +137,7 @@ impl fmt::Debug for PgConfig {
                 &self.idle_in_transaction_timeout,
             )
             .field("lock_timeout", &self.lock_timeout)
+            .field("call_limit", &self.call_limit)
             .field("keepalive_idle", &self.keepalive_idle)
             .finish()
     }
@@ -168,7 +199,8 @@ impl Pg {
             .keepalives(true)
             .keepalives_idle(idle)
             .keepalives_interval((idle / 2).max(Duration::from_secs(1)))
-            .keepalives_retries(3);
+            .keepalives_retries(3)
+            .tcp_user_timeout(cfg.call_limit);
         if config.get_application_name().is_none() {
             config.application_name("opjournal");
         }
@@ -185,12 +217,15 @@ impl Pg {
         // be busy: a lock wait or a statement, after connecting.
         let wait = cfg.connect_timeout + cfg.statement_timeout.max(cfg.lock_timeout);
         let shared = Arc::new(Shared {
-            pool: Pool::new(config, settings, cfg.pool_size, wait, place),
+            pool: Pool::new(config, settings, cfg.pool_size, wait, cfg.call_limit, place),
             literal: literal(&cfg.journal),
             journal: cfg.journal,
         });
         let mut conn = shared.pool.take()?;
-        match schema::prepare(&mut conn, &shared.literal, shared.pool.place()) {
+        let armed = conn.arm();
+        let prepared = schema::prepare(&mut conn, &shared.literal, shared.pool.place());
+        drop(armed);
+        match prepared {
             Ok(()) => shared.pool.give(conn),
             Err(e) => {
                 shared.pool.discard(conn);

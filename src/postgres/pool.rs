@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::{NoTls, SimpleQueryMessage};
 
-use super::errors::{classify, connection_lost};
+use super::deadline::{Disarm, Silence, Watched};
+use super::errors::{classify, connection_lost, timed_out};
 use super::sql::Prepared;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -29,9 +30,20 @@ pub(super) struct Conn {
     reused: bool,
     /// When its last statement ended.
     pub(super) last_used: Instant,
+    /// Bounds how long its socket may stay silent during a call.
+    silence: Silence,
+    /// That bound.
+    limit: Duration,
 }
 
 impl Conn {
+    /// Bounds the silence of the connection during the call that follows, until the guard
+    /// drops: past the limit the call fails with an I/O error (timed out) and the
+    /// connection is lost. Every blocking call on a pooled connection runs armed.
+    pub(super) fn arm(&self) -> Disarm {
+        self.silence.arm(self.limit)
+    }
+
     /// Whether the session is still open, as far as can be told without a round trip.
     /// The blocking client reads the socket only during a call, so this lets it read what
     /// the server sent meanwhile (the FATAL of a terminated session, its end of stream),
@@ -61,6 +73,10 @@ struct State {
 pub(super) struct Pool {
     /// How to connect (timeouts, keepalives and application name set).
     config: postgres::Config,
+    /// Whether connections are watched for silence ([`Watched::applies_to`]).
+    watched: bool,
+    /// The longest silence of the server while a call waits for it.
+    limit: Duration,
     /// The `SET` statements every new session runs.
     settings: String,
     /// Most connections at once.
@@ -76,16 +92,25 @@ pub(super) struct Pool {
 
 impl Pool {
     /// A pool that opens at most `size` (at least 1) connections with `config`, each
-    /// running `settings` first; a caller waits at most `wait` for a free one.
+    /// running `settings` first; a caller waits at most `wait` for a free one. A call
+    /// fails once the server stayed silent for `limit` while it waited for an answer
+    /// (when the connection can be watched: [`Watched::applies_to`]).
     pub(super) fn new(
-        config: postgres::Config,
+        mut config: postgres::Config,
         settings: String,
         size: usize,
         wait: Duration,
+        limit: Duration,
         place: String,
     ) -> Pool {
+        let watched = Watched::applies_to(&config);
+        if watched {
+            Watched::prepare(&mut config);
+        }
         Pool {
             config,
+            watched,
+            limit,
             settings,
             size: size.max(1),
             wait,
@@ -161,18 +186,26 @@ impl Pool {
     /// Opens a session and runs the settings.
     fn open(&self) -> Result<Conn> {
         let during = "connect to the database";
-        let mut client = self
-            .config
-            .connect(NoTls)
-            .map_err(|e| classify(e, during, &self.place))?;
+        let silence = Silence::default();
+        // The TCP connect has its own timeout; the start-up exchange is a call.
+        let armed = silence.arm(self.limit);
+        let connected = if self.watched {
+            self.config.connect(Watched(silence.clone()))
+        } else {
+            self.config.connect(NoTls)
+        };
+        let mut client = connected.map_err(|e| classify(e, during, &self.place))?;
         client
             .batch_execute(&self.settings)
             .map_err(|e| classify(e, "set up a new session", &self.place))?;
+        drop(armed);
         Ok(Conn {
             client,
             prepared: Prepared::default(),
             reused: false,
             last_used: Instant::now(),
+            silence,
+            limit: self.limit,
         })
     }
 
@@ -204,7 +237,10 @@ impl Pool {
     /// Ends `conn`'s transaction with ROLLBACK and puts it back, or drops it if that
     /// fails: a connection goes back only outside a transaction.
     pub(super) fn roll_back(&self, mut conn: Conn) {
-        match conn.client.batch_execute("ROLLBACK") {
+        let armed = conn.arm();
+        let done = conn.client.batch_execute("ROLLBACK");
+        drop(armed);
+        match done {
             Ok(()) => self.give(conn),
             Err(_) => self.discard(conn),
         }
@@ -227,12 +263,17 @@ impl Pool {
         // Each retry drops one dead idle connection; the pool holds at most `size`.
         for _ in 0..=self.size {
             let mut conn = self.take()?;
+            let armed = conn.arm();
             let answered = conn.client.simple_query(sql);
+            drop(armed);
             conn.last_used = Instant::now();
             match answered {
                 Ok(answers) => return Ok((conn, answers)),
                 Err(e) if connection_lost(&e) => {
-                    let retry = conn.reused;
+                    // A connection that died while idle answers at once; one that timed
+                    // out says that the server cannot be reached now, and another would
+                    // wait as long again.
+                    let retry = conn.reused && !timed_out(&e);
                     self.discard(conn);
                     if !retry {
                         return Err(classify(e, during, &self.place));

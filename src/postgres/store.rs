@@ -167,7 +167,9 @@ impl Txn {
         let Some(conn) = guard.as_mut() else {
             return Err(self.ended(during));
         };
+        let armed = conn.arm();
         let done = f(conn, &self.shared.journal);
+        drop(armed);
         conn.last_used = Instant::now();
         match done {
             Ok(v) => Ok(v),
@@ -231,7 +233,10 @@ impl Txn {
                 outcome_unknown: false,
             }));
         }
-        match conn.client.batch_execute("COMMIT") {
+        let armed = conn.arm();
+        let committed = conn.client.batch_execute("COMMIT");
+        drop(armed);
+        match committed {
             Ok(()) => {
                 self.shared.pool.give(conn);
                 Ok(())
