@@ -1,7 +1,10 @@
-//! The access layer against a real server: set `OPJOURNAL_PG_TEST_URL` to a connection
-//! string (`postgresql://postgres@127.0.0.1:55432/postgres`, trust authentication, a role
-//! that may create schemas and terminate its own sessions); without it every test prints
-//! one line and passes.
+//! The access layer against a real server: the one named by `OPJOURNAL_PG_TEST_URL` (a
+//! connection string such as `postgresql://postgres@127.0.0.1:55432/postgres`, trust
+//! authentication, a role that may create schemas and terminate its own sessions), else a
+//! private one the tests start themselves (`opjournal_testkit::pg::PgCluster`, shared by
+//! the tests that run at the same time and stopped when the last of them ends). Without
+//! PostgreSQL installed every test prints one line and passes, unless
+//! `OPJOURNAL_PG_REQUIRED=1` (CI) makes that a failure.
 //!
 //! Each test works in a schema of its own (`search_path` set through the URL's `options`),
 //! dropped at its end, so the tests run in parallel against one database and a test of
@@ -10,10 +13,11 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use opjournal_testkit::pg::PgCluster;
 use postgres::NoTls;
 
 use super::errors::classify;
@@ -26,20 +30,45 @@ use crate::index::{Events, Meta, Table};
 /// The variable naming the test server.
 const URL_ENV: &str = "OPJOURNAL_PG_TEST_URL";
 
+/// The private server of the tests running now: started by the first, stopped when the
+/// last one drops it (a server left running by a static would outlive the test process).
+fn shared_cluster() -> Option<Arc<PgCluster>> {
+    static SHARED: Mutex<Weak<PgCluster>> = Mutex::new(Weak::new());
+    let mut slot = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(cluster) = slot.upgrade() {
+        return Some(cluster);
+    }
+    let cluster = Arc::new(PgCluster::start_or_skip()?);
+    *slot = Arc::downgrade(&cluster);
+    Some(cluster)
+}
+
 /// A schema of its own on the test server, dropped when the test ends.
 struct Db {
     /// The server's URL, with `search_path` set to the schema.
     url: String,
     base: String,
     schema: String,
+    /// The private server, when `OPJOURNAL_PG_TEST_URL` is not set (dropped after the
+    /// schema).
+    _cluster: Option<Arc<PgCluster>>,
 }
 
 impl Db {
-    /// A fresh schema, or `None` (after a note) when no test server is set.
+    /// A fresh schema, or `None` (after a note) when there is no server.
     fn new(test: &str) -> Option<Db> {
-        let Some(base) = std::env::var(URL_ENV).ok().filter(|u| !u.trim().is_empty()) else {
-            eprintln!("{test}: skipped: set {URL_ENV} to a PostgreSQL server's URL to run it");
-            return None;
+        let (base, cluster) = match std::env::var(URL_ENV).ok().filter(|u| !u.trim().is_empty()) {
+            Some(url) => (url, None),
+            None => {
+                let Some(cluster) = shared_cluster() else {
+                    eprintln!(
+                        "{test}: skipped: no PostgreSQL (set {URL_ENV} to a server's URL, or \
+                         install one)"
+                    );
+                    return None;
+                };
+                (cluster.url(), Some(cluster))
+            }
         };
         static N: AtomicU32 = AtomicU32::new(0);
         let schema = format!(
@@ -61,7 +90,12 @@ impl Db {
         } else {
             format!("{base} options='-c search_path={schema}'")
         };
-        Some(Db { url, base, schema })
+        Some(Db {
+            url,
+            base,
+            schema,
+            _cluster: cluster,
+        })
     }
 
     fn cfg(&self, journal: &str) -> PgConfig {
