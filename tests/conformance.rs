@@ -1200,6 +1200,14 @@ conformance! {
             "{s:?}"
         );
         assert_eq!(s.in_doubt, 2, "the running one's lease ran out too: {s:?}");
+        // Sizes are of files: a journal in memory or in a database has none, even when a
+        // file carries its display name.
+        match fx.backend() {
+            Backend::File => assert!(s.file_bytes > 0, "{s:?}"),
+            Backend::Memory | Backend::Postgres => {
+                assert_eq!((s.file_bytes, s.log_bytes), (0, 0), "{s:?}")
+            }
+        }
         Ok(())
     }
 

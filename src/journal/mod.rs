@@ -807,7 +807,16 @@ impl Journal {
                 // Pending deliveries and acknowledgements count as they will be committed.
                 crate::machine::stats::collect(&snap.tables, now, |rec| snap.overlaid(rec, now))
             })?;
-            let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+            // A journal in memory or in a database has no files of its own: a file that
+            // happens to carry its display name is not it.
+            let on_file = matches!(self.inner.storage, Storage::File);
+            let size = |p: &Path| {
+                if on_file {
+                    std::fs::metadata(p).map_or(0, |m| m.len())
+                } else {
+                    0
+                }
+            };
             stats.file_bytes = size(&self.inner.path);
             let (bytes, entries, hits, misses) = lock(&self.inner.cache).figures();
             stats.replay_cache = crate::machine::stats::ReplayCacheStats {
