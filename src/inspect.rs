@@ -20,6 +20,11 @@
 //! method turns such a panic into
 //! [`ErrorKind::Corrupt`] (in builds that unwind on panic), so a damaged file never brings
 //! down the tool that inspects it.
+//!
+//! With the feature `postgres`, [`Inspector::open_postgres`] inspects a journal in
+//! PostgreSQL the same way (`inspect/postgres.rs`): every method reads one `REPEATABLE
+//! READ, READ ONLY` snapshot of the database, beside any writers, and nothing is created
+//! or written ([`Access::Database`]).
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -42,6 +47,9 @@ use crate::types::{OpResult, Receipt};
 /// closed cleanly is read in place (its writes are kept in memory, never in the file).
 pub const RECOVERY_SCRATCH_BYTES: u64 = 64 << 20;
 
+#[cfg(feature = "postgres")]
+mod postgres;
+
 /// How an [`Inspector`] reached the file.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -53,6 +61,10 @@ pub enum Access {
     /// The file was not closed cleanly: redb recovered it in memory, and the
     /// file is read in place, unchanged. Writers are excluded while the inspector lives.
     Recovered,
+    /// The journal is in a database ([`Inspector::open_postgres`], feature `postgres`):
+    /// each read is one snapshot of it, taken beside any writers, which are never waited
+    /// for or excluded.
+    Database,
 }
 
 impl Access {
@@ -63,6 +75,9 @@ impl Access {
             Access::Live => "a writer has the journal open; showing its latest commit",
             Access::Recovered => {
                 "the journal was not closed cleanly; it was recovered in memory and read in place (the file is unchanged until a writer opens it)"
+            }
+            Access::Database => {
+                "the journal is in a database; each read is one snapshot of it, beside any writers"
             }
         }
     }
@@ -106,9 +121,19 @@ impl Drop for Handle {
     }
 }
 
-/// A read-only view of a journal file, for tools such as the `opjournal` CLI.
+/// Where an [`Inspector`] reads the journal.
+enum Source {
+    /// A journal file, through redb.
+    File(Handle),
+    /// A journal in PostgreSQL, one snapshot per read (the pool only reads).
+    #[cfg(feature = "postgres")]
+    Postgres(crate::postgres::Pg),
+}
+
+/// A read-only view of a journal file (or, with the feature `postgres`, of a journal in
+/// PostgreSQL), for tools such as the `opjournal` CLI.
 pub struct Inspector {
-    pub(crate) handle: Handle,
+    source: Source,
     path: PathBuf,
     access: Access,
     extent: Extent,
@@ -322,7 +347,7 @@ impl Inspector {
             Err(e) => return Err(not_openable(path, e)),
         };
         let inspector = Inspector {
-            handle,
+            source: Source::File(handle),
             path: path.to_path_buf(),
             access,
             extent,
@@ -333,7 +358,10 @@ impl Inspector {
     }
 
     fn check_journal(&self) -> Result<()> {
-        let txn = self.handle.begin_read()?;
+        let Some(handle) = self.file() else {
+            return Ok(());
+        };
+        let txn = handle.begin_read()?;
         let names: Vec<String> = {
             use redb::TableHandle;
             txn.list_tables()?.map(|h| h.name().to_string()).collect()
@@ -366,7 +394,17 @@ impl Inspector {
         Ok(())
     }
 
-    /// The file inspected.
+    /// redb's handle on the file; `None` for a journal in a database.
+    fn file(&self) -> Option<&Handle> {
+        match &self.source {
+            Source::File(handle) => Some(handle),
+            #[cfg(feature = "postgres")]
+            Source::Postgres(_) => None,
+        }
+    }
+
+    /// The file inspected; for a journal in a database, a label naming the journal and
+    /// the database (``postgres:journal `orders` in database `app` at db1:5432``).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -406,11 +444,18 @@ impl Inspector {
         strict: bool,
         f: impl FnOnce(&index::Snapshot<'_>, Timestamp, &LogRead) -> Result<R>,
     ) -> Result<R> {
+        let handle = match &self.source {
+            Source::File(handle) => handle,
+            #[cfg(feature = "postgres")]
+            Source::Postgres(pg) => {
+                return postgres::with_snapshot(pg, |snap, now| f(snap, now, &LogRead::Absent));
+            }
+        };
         let log_path = FileLog::path_for(&self.path);
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let base = Base::new(self.handle.begin_read()?);
+            let base = Base::new(handle.begin_read()?);
             let first = index::Snapshot {
                 base: Some(&base),
                 layers: Layers::default(),
@@ -469,7 +514,7 @@ impl Inspector {
                 })?;
                 // A checkpoint since the snapshot began may have started the log over (its
                 // records are in redb now, past this snapshot): read both again.
-                let latest = Base::new(self.handle.begin_read()?);
+                let latest = Base::new(handle.begin_read()?);
                 let moved = index::Snapshot {
                     base: Some(&latest),
                     layers: Layers::default(),
@@ -498,8 +543,8 @@ impl Inspector {
         }
     }
 
-    /// The time clocks are judged by: the system clock, never below the journal's
-    /// high-water mark.
+    /// The time clocks are judged by: the system clock (the database server's, for a
+    /// journal in a database), never below the journal's high-water mark.
     ///
     /// # Errors
     ///
@@ -508,7 +553,8 @@ impl Inspector {
         guarded("now", || self.with_snapshot(|_, now| Ok(now)))
     }
 
-    /// Counts by status and delivery state, and file facts.
+    /// Counts by status and delivery state, and file facts (`file_bytes` and `log_bytes`
+    /// are 0 for a journal in a database).
     ///
     /// # Errors
     ///
@@ -516,9 +562,11 @@ impl Inspector {
     pub fn stats(&self) -> Result<Stats> {
         guarded("stats", || {
             let mut s = self.with_snapshot(|t, now| stats::collect(t, now, Some))?;
-            let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
-            s.file_bytes = size(&self.path);
-            s.log_bytes = size(&FileLog::path_for(&self.path));
+            if self.file().is_some() {
+                let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+                s.file_bytes = size(&self.path);
+                s.log_bytes = size(&FileLog::path_for(&self.path));
+            }
             Ok(s)
         })
     }

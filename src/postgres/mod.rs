@@ -151,6 +151,8 @@ pub(super) struct Shared {
     /// The journal's name as a SQL string literal, for the simple queries that take the
     /// lock (which carry no parameters).
     literal: String,
+    /// The database, for messages: ``database `app` at db1:5432``.
+    database: String,
 }
 
 /// A pool of blocking `postgres::Client`s for one journal in one database. Cheap to clone
@@ -182,6 +184,38 @@ impl Pg {
     /// - [`ErrorKind::Storage`] for what the server refused otherwise (authentication, a
     ///   missing database, permissions), with its error as the source.
     pub(crate) fn connect(cfg: PgConfig) -> Result<Pg> {
+        let shared = Pg::pool(cfg, "")?;
+        Pg::first_connection(&shared, |conn, shared| {
+            schema::prepare(conn, &shared.literal, shared.pool.place())
+        })?;
+        Ok(Pg { shared })
+    }
+
+    /// Connects to an existing journal for reading only: nothing is created, registered
+    /// or written. Every session of the pool runs with `default_transaction_read_only`
+    /// on, so a write sent by mistake fails on the server. Checks that the schema exists
+    /// at this build's version and that the journal is registered.
+    ///
+    /// # Errors
+    ///
+    /// - [`ErrorKind::NotAJournal`](crate::ErrorKind::NotAJournal) (its `path` the
+    ///   journal's name) when the database holds no opjournal schema, or no journal of
+    ///   that name: the message names the database and the journals it holds;
+    /// - [`ErrorKind::UnsupportedFormat`](crate::ErrorKind::UnsupportedFormat) when the
+    ///   schema is newer than this build's ([`SCHEMA_VERSION`]), or older (a writer of
+    ///   this build migrates it when it opens the journal);
+    /// - as [`Pg::connect`] for the connection string, the name, and the server.
+    pub(crate) fn connect_read_only(cfg: PgConfig) -> Result<Pg> {
+        let shared = Pg::pool(cfg, "; SET default_transaction_read_only = on")?;
+        Pg::first_connection(&shared, |conn, shared| {
+            schema::check_existing(conn, &shared.journal, &shared.database, shared.pool.place())
+        })?;
+        Ok(Pg { shared })
+    }
+
+    /// The pool for `cfg` (no connection opened yet); `extra` is appended to the
+    /// settings every new session runs.
+    fn pool(cfg: PgConfig, extra: &str) -> Result<Arc<Shared>> {
         check_journal_name(&cfg.journal)?;
         let mut config = cfg.url.parse::<postgres::Config>().map_err(|e| {
             Error::invalid(
@@ -204,11 +238,12 @@ impl Pg {
         if config.get_application_name().is_none() {
             config.application_name("opjournal");
         }
-        let place = format!("journal `{}` in {}", cfg.journal, database(&config));
+        let db = database(&config);
+        let place = format!("journal `{}` in {db}", cfg.journal);
         let settings = format!(
             "SET statement_timeout = '{}ms'; \
              SET idle_in_transaction_session_timeout = '{}ms'; \
-             SET lock_timeout = '{}ms'",
+             SET lock_timeout = '{}ms'{extra}",
             cfg.statement_timeout.as_millis(),
             cfg.idle_in_transaction_timeout.as_millis(),
             cfg.lock_timeout.as_millis(),
@@ -216,23 +251,34 @@ impl Pg {
         // A caller waits for a pooled connection as long as a leased one may legitimately
         // be busy: a lock wait or a statement, after connecting.
         let wait = cfg.connect_timeout + cfg.statement_timeout.max(cfg.lock_timeout);
-        let shared = Arc::new(Shared {
+        Ok(Arc::new(Shared {
             pool: Pool::new(config, settings, cfg.pool_size, wait, cfg.call_limit, place),
             literal: literal(&cfg.journal),
             journal: cfg.journal,
-        });
+            database: db,
+        }))
+    }
+
+    /// Opens the pool's first connection and runs `check` on it (outside a transaction),
+    /// putting the connection back if it passes and dropping it if not.
+    fn first_connection(
+        shared: &Arc<Shared>,
+        check: impl FnOnce(&mut pool::Conn, &Shared) -> Result<()>,
+    ) -> Result<()> {
         let mut conn = shared.pool.take()?;
         let armed = conn.arm();
-        let prepared = schema::prepare(&mut conn, &shared.literal, shared.pool.place());
+        let checked = check(&mut conn, shared);
         drop(armed);
-        match prepared {
-            Ok(()) => shared.pool.give(conn),
+        match checked {
+            Ok(()) => {
+                shared.pool.give(conn);
+                Ok(())
+            }
             Err(e) => {
                 shared.pool.discard(conn);
-                return Err(e);
+                Err(e)
             }
         }
-        Ok(Pg { shared })
     }
 
     /// Writes `initial` (a new journal's first records: format, state, checkpoint) iff the

@@ -81,6 +81,80 @@ pub(super) fn prepare(conn: &mut Conn, literal: &str, place: &str) -> Result<()>
         .map_err(|e| classify(e, "register the journal", place))
 }
 
+/// The most journal names an error about a missing journal lists.
+const NAMES_LISTED: i64 = 20;
+
+/// Checks, without creating or writing anything, that the schema exists at
+/// [`SCHEMA_VERSION`] and that `journal` is registered: what
+/// [`Pg::connect_read_only`](super::Pg::connect_read_only) does on its first connection.
+///
+/// `db` names the database (``database `app` at db1:5432``), `place` the journal in it.
+pub(super) fn check_existing(conn: &mut Conn, journal: &str, db: &str, place: &str) -> Result<()> {
+    let Some(version) = version(conn, place)? else {
+        return Err(Error::new(ErrorKind::NotAJournal {
+            path: journal.into(),
+            detail: format!(
+                "{db} holds no opjournal schema (no journal was ever created there; \
+                 journals present: none); check the URL's database, or create the journal \
+                 by opening it with the library (`JournalBuilder::open_postgres`), which \
+                 creates the schema"
+            ),
+        }));
+    };
+    if version != SCHEMA_VERSION {
+        return Err(Error::new(ErrorKind::UnsupportedFormat {
+            found: u32::try_from(version).unwrap_or(0),
+            supported: SCHEMA_VERSION as u32,
+        }));
+    }
+    let during = "look the journal up";
+    let found = conn
+        .client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM opjournal_journals WHERE name = $1)",
+            &[&journal],
+        )
+        .and_then(|r| r.try_get::<_, bool>(0))
+        .map_err(|e| classify(e, during, place))?;
+    if found {
+        return Ok(());
+    }
+    let rows = conn
+        .client
+        .query(
+            "SELECT name, count(*) OVER () FROM opjournal_journals ORDER BY name LIMIT $1",
+            &[&NAMES_LISTED],
+        )
+        .map_err(|e| classify(e, "list the journals", place))?;
+    let mut total = 0i64;
+    let mut names = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let name: String = row
+            .try_get(0)
+            .map_err(|e| classify(e, "list the journals", place))?;
+        total = row
+            .try_get(1)
+            .map_err(|e| classify(e, "list the journals", place))?;
+        names.push(format!("`{name}`"));
+    }
+    let listed = i64::try_from(names.len()).unwrap_or(i64::MAX);
+    let present = if names.is_empty() {
+        "none".to_string()
+    } else if listed < total {
+        format!("{} and {} more", names.join(", "), total - listed)
+    } else {
+        names.join(", ")
+    };
+    Err(Error::new(ErrorKind::NotAJournal {
+        path: journal.into(),
+        detail: format!(
+            "{db} has no journal named `{journal}` (journals present: {present}); check the \
+             name, or create the journal by opening it with the library \
+             (`JournalBuilder::open_postgres`)"
+        ),
+    }))
+}
+
 /// The schema's version, after creating the schema if it is missing.
 fn ensure(conn: &mut Conn, place: &str) -> Result<i32> {
     for attempt in 0..ATTEMPTS {

@@ -75,9 +75,20 @@ impl Inspector {
     ///
     /// # Errors
     ///
-    /// As [`backup`].
+    /// As [`backup`]; [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for a
+    /// journal in a database ([`Access::Database`]): move it into a file through
+    /// [`Inspector::export_dump`] and [`import_dump`](crate::import_dump).
     pub fn backup(&self, dest: impl AsRef<Path>) -> Result<BackupReport> {
         let dest = dest.as_ref();
+        if self.access() == Access::Database {
+            return Err(crate::error::Error::invalid(
+                "journal",
+                &self.path().display().to_string(),
+                "backup copies a journal file; a journal in a database moves into a file \
+                 through `Inspector::export_dump` and `import_dump` (`opjournal export \
+                 --postgres URL NAME --dump | opjournal import - FILE`)",
+            ));
+        }
         crate::preflight::guarded("backup", || {
             let mut log_records = 0;
             let mut report = self.with_snapshot_and_log(true, |snap, _, read| {

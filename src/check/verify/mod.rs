@@ -222,10 +222,15 @@ pub fn verify(path: impl AsRef<Path>) -> Result<VerifyReport> {
 /// Verifies the journal an [`Inspector`] has open, as [`verify`] does, calling `progress`
 /// with the events checked so far and their total.
 ///
+/// For a journal in a database ([`Inspector::open_postgres`], feature `postgres`) the
+/// records and every index are checked as for a file, from one snapshot; there are no file
+/// pages, log or trailing bytes to check ([`Integrity::Skipped`], [`LogCheck::Absent`]).
+///
 /// # Errors
 ///
-/// [`ErrorKind::Io`] when the file cannot be read (the message names the operation); damage
-/// is reported as findings.
+/// [`ErrorKind::Io`] when the file cannot be read (the message names the operation);
+/// [`ErrorKind::Unavailable`] when the database cannot be read to the end; damage is
+/// reported as findings.
 pub fn verify_inspected(
     insp: &Inspector,
     progress: &mut dyn FnMut(u64, u64),
@@ -233,6 +238,12 @@ pub fn verify_inspected(
     let integrity = match insp.access() {
         Access::Live => Integrity::Skipped(
             "a writer has the journal open; page checksums are checked when no writer has it open"
+                .into(),
+        ),
+        // The database keeps its own pages; the records' own checks all run below.
+        Access::Database => Integrity::Skipped(
+            "the journal is in a database: there are no journal file pages to check (every \
+             record's CRC and decode, and every index, are still checked)"
                 .into(),
         ),
         _ => integrity_in_place(insp),
@@ -270,7 +281,7 @@ pub fn verify_inspected(
         })
     });
     if let Err(e) = r {
-        if matches!(e.kind(), ErrorKind::Io) {
+        if ends_verify(&e) {
             return Err(e);
         }
         findings.push(finding_of(&e, "(redb)", "(file)"));
@@ -278,6 +289,13 @@ pub fn verify_inspected(
     report.findings = findings.kept;
     report.more_findings = findings.more;
     Ok(report)
+}
+
+/// Whether an error met while reading is not damage but the reading failing (an I/O
+/// error; a database that became unreachable or dropped the snapshot): it ends `verify`
+/// with that error rather than being reported as a finding.
+fn ends_verify(e: &Error) -> bool {
+    matches!(e.kind(), ErrorKind::Io | ErrorKind::Unavailable { .. })
 }
 
 /// A finding for an error met while reading: its table and key for a damaged record, or
@@ -367,7 +385,7 @@ fn pass<T>(
 ) -> Result<Option<T>> {
     match guarded(table, || f(findings)) {
         Ok(v) => Ok(Some(v)),
-        Err(e) if matches!(e.kind(), ErrorKind::Io | ErrorKind::Poisoned) => Err(e),
+        Err(e) if ends_verify(&e) || matches!(e.kind(), ErrorKind::Poisoned) => Err(e),
         Err(e) => {
             let finding = match e.kind() {
                 ErrorKind::Corrupt {
