@@ -212,6 +212,63 @@ pub(crate) fn explain(err: &Error, path: &Path, mode: Mode) -> CliError {
     }
 }
 
+/// Turns a library error about the journal `name` in a PostgreSQL database (`--postgres`)
+/// into a message with a hint. The library's messages name the journal and the database;
+/// the URL itself is never printed (it may hold a password).
+pub(crate) fn explain_database(err: &Error, name: &str) -> CliError {
+    match err.kind() {
+        ErrorKind::NotAJournal { detail, .. } => {
+            CliError::new(format!("no journal `{name}` to read: {detail}")).hint(
+                "read-only commands never create a journal or the schema: pass the name of one \
+                 of the journals present, or check --postgres",
+            )
+        }
+        ErrorKind::UnsupportedFormat { found, supported } => {
+            let what = if *supported == u32::from(opjournal::FORMAT_VERSION) {
+                "the journal's format"
+            } else {
+                "the database's opjournal schema"
+            };
+            CliError::new(format!(
+                "{what} (journal `{name}`) is version {found}, but this opjournal {} reads \
+                 version {supported}",
+                env!("CARGO_PKG_VERSION")
+            ))
+            .hint(if found > supported {
+                "it was written by a newer opjournal: use that release's CLI to inspect it"
+            } else {
+                "open the journal once with this release's library to migrate it"
+            })
+        }
+        ErrorKind::Unavailable { detail, .. } => {
+            CliError::new(format!("cannot read journal `{name}`: {detail}")).hint(
+                "check that the server is running and reachable at the URL's host and port; \
+                 nothing was written, so running the command again is safe",
+            )
+        }
+        ErrorKind::Storage => {
+            CliError::new(format!("the database refused reading journal `{name}`"))
+                .causes_of(err)
+                .hint(
+                    "check the URL's user, password and database, and that the user may read the \
+             opjournal_ tables",
+                )
+        }
+        ErrorKind::InvalidInput { .. } => CliError::new(err.to_string()).hint(
+            "write --postgres as `postgresql://user@host:5432/database`, and the journal's \
+             name as it was created",
+        ),
+        ErrorKind::Corrupt { table, key, detail } => CliError::new(format!(
+            "damaged record in table `{table}` at key `{key}` of journal `{name}`: {detail}"
+        ))
+        .causes_of(err)
+        .hint(format!(
+            "`opjournal verify --postgres URL {name}` lists every damaged record"
+        )),
+        _ => CliError::new(err.to_string()).causes_of(err),
+    }
+}
+
 /// A write to stdout failed: a closed pipe ends quietly, anything else is an error.
 pub(crate) fn output_failed(e: std::io::Error) -> Failure {
     if e.kind() == std::io::ErrorKind::BrokenPipe {

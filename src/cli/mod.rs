@@ -29,12 +29,16 @@ Examples:
   opjournal show project.opj op_7f3
   opjournal --json log project.opj --follow
   opjournal verify project.opj && echo intact
+  opjournal stats --postgres postgresql://app@db1:5432/app orders
 
   opjournal completions bash > /etc/bash_completion.d/opjournal
   opjournal man > opjournal.1
 
 Read-only commands (stats, ls, show, log, verify, export, backup) never modify the file and
 work while an editor has it open (with the library's default `Sharing::LiveReaders`).
+With `--postgres URL`, stats, ls, show, log, verify and export read the journal NAME in that
+PostgreSQL database instead of a file: they never create or write anything there, and
+work while other processes write (docs/postgres.md).
 Exit status: 0 clean; 1 the command ran and found problems (verify, repair --dry-run, a
 damaged result) or nothing to show (show of an unknown id); 2 could not run.
 JSON Lines output is documented in docs/cli.md.";
@@ -81,7 +85,9 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Show counts by execution status and delivery state, the oldest unacknowledged result,
     /// the file size and the format version.
-    #[command(after_help = "Example:\n  opjournal stats project.opj")]
+    #[command(
+        after_help = "Examples:\n  opjournal stats project.opj\n  opjournal stats --postgres postgresql://app@db1:5432/app orders"
+    )]
     Stats(FileArgs),
 
     /// List operations (receipts), oldest submission first, filtered by status, delivery,
@@ -90,11 +96,14 @@ pub(crate) enum Command {
 Examples:
   opjournal ls project.opj
   opjournal ls project.opj --status in_doubt,running
-  opjournal ls project.opj --scope scene/main --since 2h --limit 20")]
+  opjournal ls project.opj --scope scene/main --since 2h --limit 20
+  opjournal ls --postgres postgresql://app@db1:5432/app orders --status in_doubt")]
     Ls(LsArgs),
 
     /// Show one operation: its receipt, a preview of its result, and its event history.
-    #[command(after_help = "Example:\n  opjournal show project.opj op_7f3 --full")]
+    #[command(
+        after_help = "Examples:\n  opjournal show project.opj op_7f3 --full\n  opjournal show --postgres postgresql://app@db1:5432/app orders op_7f3"
+    )]
     Show(ShowArgs),
 
     /// Print the event journal (the file's source of truth), filtered, and optionally keep
@@ -102,13 +111,16 @@ Examples:
     #[command(after_help = "\
 Examples:
   opjournal log project.opj --op op_7f3
-  opjournal log project.opj --tail 20 --follow")]
+  opjournal log project.opj --tail 20 --follow
+  opjournal log --postgres postgresql://app@db1:5432/app orders --op op_7f3")]
     Log(LogArgs),
 
     /// Check the file: redb's page checksums, every record's CRC and decode,
     /// and every index against a replay of the event journal. Exits 1 if anything is wrong.
+    /// With `--postgres`, the same record and index checks on the journal's rows (there
+    /// are no file pages to check).
     #[command(
-        after_help = "Example:\n  opjournal verify project.opj || opjournal repair project.opj --dry-run"
+        after_help = "Examples:\n  opjournal verify project.opj || opjournal repair project.opj --dry-run\n  opjournal verify --postgres postgresql://app@db1:5432/app orders"
     )]
     Verify(FileArgs),
 
@@ -148,7 +160,10 @@ The editor must be closed: resolve needs the journal to itself.")]
 Examples:
   opjournal export project.opj > project.jsonl
   opjournal export project.opj --only events --results | jq -c 'select(.type == \"result\")'
-  opjournal export project.opj --dump > project.dump.jsonl   # `opjournal import` loads it")]
+  opjournal export project.opj --dump > project.dump.jsonl   # `opjournal import` loads it
+
+From PostgreSQL into a file (a migration path):
+  opjournal export --postgres postgresql://app@db1:5432/app orders --dump | opjournal import - orders.opj")]
     Export(ExportArgs),
 
     /// Copy a journal into a new journal file: a consistent snapshot of its latest commit,
@@ -239,8 +254,13 @@ Examples:
 
 #[derive(Args, Debug)]
 pub(crate) struct FileArgs {
-    /// The journal file (usually `*.opj`).
+    /// The journal file (usually `*.opj`), or with `--postgres` the journal's name.
     pub file: PathBuf,
+    /// Read the journal NAME in the PostgreSQL database at URL
+    /// (`postgresql://user@host:5432/db`) instead of a file. Nothing is created or written
+    /// there; the clocks are applied at the server's time.
+    #[arg(long, value_name = "URL")]
+    pub postgres: Option<String>,
 }
 
 /// Execution statuses, as named on the command line.
@@ -276,8 +296,13 @@ pub(crate) enum SortArg {
 
 #[derive(Args, Debug)]
 pub(crate) struct LsArgs {
-    /// The journal file (usually `*.opj`).
+    /// The journal file (usually `*.opj`), or with `--postgres` the journal's name.
     pub file: PathBuf,
+    /// Read the journal NAME in the PostgreSQL database at URL
+    /// (`postgresql://user@host:5432/db`) instead of a file. Nothing is created or written
+    /// there; the clocks are applied at the server's time.
+    #[arg(long, value_name = "URL")]
+    pub postgres: Option<String>,
     /// Only these execution statuses (comma-separated or repeated).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub status: Vec<StatusArg>,
@@ -311,8 +336,13 @@ pub(crate) struct LsArgs {
 
 #[derive(Args, Debug)]
 pub(crate) struct ShowArgs {
-    /// The journal file (usually `*.opj`).
+    /// The journal file (usually `*.opj`), or with `--postgres` the journal's name.
     pub file: PathBuf,
+    /// Read the journal NAME in the PostgreSQL database at URL
+    /// (`postgresql://user@host:5432/db`) instead of a file. Nothing is created or written
+    /// there; the clocks are applied at the server's time.
+    #[arg(long, value_name = "URL")]
+    pub postgres: Option<String>,
     /// The operation id.
     pub id: String,
     /// Print the whole result payload instead of a preview.
@@ -341,8 +371,13 @@ pub(crate) enum KindArg {
 
 #[derive(Args, Debug)]
 pub(crate) struct LogArgs {
-    /// The journal file (usually `*.opj`).
+    /// The journal file (usually `*.opj`), or with `--postgres` the journal's name.
     pub file: PathBuf,
+    /// Read the journal NAME in the PostgreSQL database at URL
+    /// (`postgresql://user@host:5432/db`) instead of a file. Nothing is created or written
+    /// there; the clocks are applied at the server's time.
+    #[arg(long, value_name = "URL")]
+    pub postgres: Option<String>,
     /// Only events of this operation.
     #[arg(long, value_name = "ID")]
     pub op: Option<String>,
@@ -418,8 +453,13 @@ pub(crate) enum OnlyArg {
 
 #[derive(Args, Debug)]
 pub(crate) struct ExportArgs {
-    /// The journal file (usually `*.opj`).
+    /// The journal file (usually `*.opj`), or with `--postgres` the journal's name.
     pub file: PathBuf,
+    /// Read the journal NAME in the PostgreSQL database at URL
+    /// (`postgresql://user@host:5432/db`) instead of a file. Nothing is created or written
+    /// there; the clocks are applied at the server's time.
+    #[arg(long, value_name = "URL")]
+    pub postgres: Option<String>,
     /// Export only receipts, or only events.
     #[arg(long, value_enum)]
     pub only: Option<OnlyArg>,

@@ -1,11 +1,13 @@
-//! `opjournal export FILE`: every receipt and event as JSON Lines, streaming: records are
-//! written as they are read, so memory stays constant however large the journal is.
+//! `opjournal export FILE` (or `--postgres URL NAME`): every receipt and event as JSON
+//! Lines, streaming: records are written as they are read, so memory stays constant
+//! however large the journal is. `--dump` writes what `opjournal import` loads, so
+//! `export --postgres URL NAME --dump | import - FILE` moves a journal into a file.
 //!
 //! The output is always JSON Lines (`--json` or not), in the envelope of docs/cli.md.
 
 use serde_json::json;
 
-use super::{Outcome, Run, Summary, inspect, read_err};
+use super::{Outcome, Run, Summary, Target, open};
 use crate::cli::failure::Failure;
 use crate::cli::format::{event_json, preview, receipt_json};
 use crate::cli::output::Out;
@@ -15,10 +17,11 @@ use crate::cli::{ExportArgs, OnlyArg};
 pub(super) fn run(args: &ExportArgs, out: &mut Out) -> Run {
     // Export is JSON Lines whatever the flag, summary included.
     out.set_json();
+    let target = Target::new(&args.file, args.postgres.as_deref());
     let mut summary = Summary::start("export", &args.file);
-    let insp = inspect(&args.file)?;
-    summary.access(insp.access());
-    let err = read_err(&args.file);
+    let insp = open(target)?;
+    summary.inspected(&insp);
+    let err = target.err();
     if args.dump {
         let spinner = Progress::spinner("dumping");
         let report = insp.export_dump(out.writer()).map_err(|e| {

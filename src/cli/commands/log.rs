@@ -1,4 +1,5 @@
-//! `opjournal log FILE`: the event journal, filtered, optionally following new events.
+//! `opjournal log FILE` (or `--postgres URL NAME`): the event journal, filtered, optionally
+//! following new events.
 //!
 //! Events stream in constant memory (a `--tail` keeps only the last N), so the columns have
 //! fixed widths rather than widths measured over every row.
@@ -9,7 +10,7 @@ use std::time::Duration;
 use opjournal::{Event, Inspector, Timestamp};
 use serde_json::json;
 
-use super::{Outcome, Run, Summary, inspect, read_err};
+use super::{Outcome, Run, Summary, Target, open};
 use crate::cli::failure::{Failure, Mode, explain};
 use crate::cli::format::{event_detail, event_json, event_subject, utc_millis};
 use crate::cli::output::Out;
@@ -38,6 +39,7 @@ fn kind_name(k: KindArg) -> &'static str {
 
 struct Printer<'a> {
     args: &'a LogArgs,
+    target: Target<'a>,
     kinds: Vec<&'static str>,
     since: Option<Timestamp>,
     /// The next seq to read.
@@ -113,17 +115,19 @@ impl Printer<'_> {
         if let Some(f) = failure {
             return Err(f);
         }
-        r.map_err(read_err(&self.args.file))
+        r.map_err(self.target.err())
     }
 }
 
 pub(super) fn run(args: &LogArgs, out: &mut Out) -> Run {
+    let target = Target::new(&args.file, args.postgres.as_deref());
     let mut summary = Summary::start("log", &args.file);
-    let insp = inspect(&args.file)?;
-    summary.access(insp.access());
-    let now = insp.now().map_err(read_err(&args.file))?;
+    let insp = open(target)?;
+    summary.inspected(&insp);
+    let now = insp.now().map_err(target.err())?;
     let mut p = Printer {
         args,
+        target,
         kinds: args.kind.iter().copied().map(kind_name).collect(),
         since: args.since.as_ref().map(|t| t.resolve(now)),
         next: args.from,
@@ -146,12 +150,19 @@ pub(super) fn run(args: &LogArgs, out: &mut Out) -> Run {
         return summary.write(out, Outcome::Clean, json!({"events": p.printed}));
     }
     // Following: hold the file only while reading. A reader that found no writer excludes
-    // writers while it is open, so an editor starting between polls is not locked out.
-    drop(insp);
+    // writers while it is open, so an editor starting between polls is not locked out. A
+    // journal in a database excludes no one: each pass reads a new snapshot.
+    let kept = target.is_database().then_some(insp);
     loop {
         out.flush()?;
         std::thread::sleep(POLL);
-        let insp = Inspector::open(&args.file).map_err(|e| explain(&e, &args.file, Mode::Read))?;
-        p.pass(&insp, out, None)?;
+        match &kept {
+            Some(insp) => p.pass(insp, out, None)?,
+            None => {
+                let insp =
+                    Inspector::open(&args.file).map_err(|e| explain(&e, &args.file, Mode::Read))?;
+                p.pass(&insp, out, None)?;
+            }
+        }
     }
 }

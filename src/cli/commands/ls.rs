@@ -1,10 +1,10 @@
-//! `opjournal ls FILE`: receipts, filtered by status, delivery, scope, session, intent and
-//! submission time.
+//! `opjournal ls FILE` (or `--postgres URL NAME`): receipts, filtered by status, delivery,
+//! scope, session, intent and submission time.
 
 use opjournal::{DeliveryState, ExecutionStatus, Receipt, Timestamp};
 use serde_json::json;
 
-use super::{Outcome, Run, Summary, inspect, read_err};
+use super::{Outcome, Run, Summary, Target, open};
 use crate::cli::format::{cut, delivery, receipt_json, revisions, status, when};
 use crate::cli::output::{Align, Out, Table};
 use crate::cli::{DeliveryArg, LsArgs, SortArg, StatusArg};
@@ -70,10 +70,11 @@ impl Filter {
 }
 
 pub(super) fn run(args: &LsArgs, out: &mut Out) -> Run {
+    let target = Target::new(&args.file, args.postgres.as_deref());
     let mut summary = Summary::start("ls", &args.file);
-    let insp = inspect(&args.file)?;
-    summary.access(insp.access());
-    let now = insp.now().map_err(read_err(&args.file))?;
+    let insp = open(target)?;
+    summary.inspected(&insp);
+    let now = insp.now().map_err(target.err())?;
     let filter = Filter::new(args, now);
     let mut total = 0u64;
     let mut rows: Vec<Receipt> = Vec::new();
@@ -84,7 +85,7 @@ pub(super) fn run(args: &LsArgs, out: &mut Out) -> Run {
         }
         Ok(true)
     })
-    .map_err(read_err(&args.file))?;
+    .map_err(target.err())?;
     if args.sort == SortArg::Submitted {
         rows.sort_by(|a, b| {
             (a.submitted_at, &a.operation_id).cmp(&(b.submitted_at, &b.operation_id))

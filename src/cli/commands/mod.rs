@@ -1,5 +1,6 @@
-//! The commands, and what they share: opening the journal read-only, notes on stderr, the
-//! JSON summary, exit codes, and turning a panic into an error message.
+//! The commands, and what they share: opening the journal read-only (a file, or with
+//! `--postgres` a journal in PostgreSQL: [`Target`]), notes on stderr, the JSON summary,
+//! exit codes, and turning a panic into an error message.
 
 use std::io::Write as _;
 use std::panic::AssertUnwindSafe;
@@ -11,7 +12,7 @@ use std::time::Instant;
 use opjournal::{Access, Inspector};
 use serde_json::{Value, json};
 
-use super::failure::{CliError, Failure, Mode, explain};
+use super::failure::{CliError, Failure, Mode, explain, explain_database};
 use super::output::Out;
 use super::{Cli, Command};
 
@@ -80,6 +81,18 @@ fn file_of(command: &Command) -> Option<&Path> {
     })
 }
 
+/// Whether the command reads a journal in PostgreSQL (`--postgres`).
+fn reads_database(command: &Command) -> bool {
+    match command {
+        Command::Stats(a) | Command::Verify(a) => a.postgres.is_some(),
+        Command::Ls(a) => a.postgres.is_some(),
+        Command::Show(a) => a.postgres.is_some(),
+        Command::Log(a) => a.postgres.is_some(),
+        Command::Export(a) => a.postgres.is_some(),
+        _ => false,
+    }
+}
+
 /// Runs the command and turns how it ended into the exit status.
 pub(crate) fn run(cli: Cli) -> ExitCode {
     quiet_panics();
@@ -110,6 +123,17 @@ pub(crate) fn run(cli: Cli) -> ExitCode {
                 .unwrap_or_else(|| "unknown panic".into());
             let file =
                 file_of(&cli.command).map_or_else(|| "FILE".into(), |p| p.display().to_string());
+            if reads_database(&cli.command) {
+                // No file to repair: the rows were read through the journal's own checks.
+                CliError::new(format!(
+                    "reading journal `{file}` in the database failed unexpectedly ({detail})"
+                ))
+                .hint(format!(
+                    "`opjournal verify --postgres URL {file}` names damaged rows; if it finds none, this is a bug in opjournal: please report it with the message above"
+                ))
+                .print();
+                return ExitCode::from(2);
+            }
             CliError::new(format!(
                 "the file is damaged beyond what the storage engine can read ({detail}); run `opjournal repair {file}`"
             ))
@@ -158,7 +182,74 @@ pub(crate) fn access_name(a: Access) -> &'static str {
         Access::Idle => "idle",
         Access::Live => "live",
         Access::Recovered => "recovered",
+        Access::Database => "database",
         _ => "other",
+    }
+}
+
+/// The journal a read-only command reads: a file, or (`--postgres URL NAME`) the journal
+/// `NAME` in a PostgreSQL database.
+#[derive(Copy, Clone, Debug)]
+pub(crate) enum Target<'a> {
+    /// A journal file.
+    File(&'a Path),
+    /// A journal in PostgreSQL: the database's URL, and the journal's name (the
+    /// positional argument).
+    Postgres { url: &'a str, name: &'a Path },
+}
+
+impl<'a> Target<'a> {
+    /// The target of a command's positional argument `file` and its `--postgres` flag.
+    pub(crate) fn new(file: &'a Path, postgres: Option<&'a str>) -> Target<'a> {
+        match postgres {
+            Some(url) => Target::Postgres { url, name: file },
+            None => Target::File(file),
+        }
+    }
+
+    /// Whether the journal is in a database.
+    pub(crate) fn is_database(self) -> bool {
+        matches!(self, Target::Postgres { .. })
+    }
+
+    /// `opjournal COMMAND` on this journal, for hints (the URL is written `URL`: it may
+    /// hold a password).
+    pub(crate) fn command(self, command: &str) -> String {
+        match self {
+            Target::File(p) => format!("opjournal {command} {}", p.display()),
+            Target::Postgres { name, .. } => {
+                format!("opjournal {command} --postgres URL {}", name.display())
+            }
+        }
+    }
+
+    /// A library error while reading this journal.
+    pub(crate) fn err(self) -> impl Fn(opjournal::Error) -> Failure + 'a {
+        move |e| {
+            Failure::Error(match self {
+                Target::File(path) => explain(&e, path, Mode::Read),
+                Target::Postgres { name, .. } => explain_database(&e, &name.display().to_string()),
+            })
+        }
+    }
+}
+
+/// Opens the target read-only: a file as [`inspect`] does; a journal in PostgreSQL
+/// without creating or writing anything.
+pub(crate) fn open(target: Target<'_>) -> Result<Inspector, Failure> {
+    match target {
+        Target::File(path) => inspect(path),
+        Target::Postgres { url, name } => {
+            let Some(text) = name.to_str() else {
+                return Err(CliError::new(format!(
+                    "the journal name `{}` is not UTF-8",
+                    name.display()
+                ))
+                .hint("journal names in PostgreSQL are text: pass the name the journal was created with")
+                .into());
+            };
+            Inspector::open_postgres(url, text).map_err(target.err())
+        }
     }
 }
 
@@ -224,6 +315,8 @@ pub(crate) struct Summary {
     file: String,
     started: Instant,
     access: Option<Access>,
+    /// The journal's database, when it is in one.
+    database: Option<String>,
 }
 
 impl Summary {
@@ -233,11 +326,21 @@ impl Summary {
             file: file.display().to_string(),
             started: Instant::now(),
             access: None,
+            database: None,
         }
     }
 
     pub(crate) fn access(&mut self, a: Access) {
         self.access = Some(a);
+    }
+
+    /// Records how `insp` reached the journal, and for a journal in a database which one
+    /// (``postgres:journal `orders` in database `app` at db1:5432``).
+    pub(crate) fn inspected(&mut self, insp: &Inspector) {
+        self.access = Some(insp.access());
+        if insp.access() == Access::Database {
+            self.database = Some(insp.path().display().to_string());
+        }
     }
 
     /// Writes the summary (JSON mode only), merging `counts` into it.
@@ -250,6 +353,9 @@ impl Summary {
                 "ok": outcome == Outcome::Clean,
                 "elapsed_ms": elapsed_ms(self.started.elapsed()),
             });
+            if let (Some(db), Value::Object(d)) = (&self.database, &mut data) {
+                d.insert("database".into(), json!(db));
+            }
             if let (Value::Object(d), Value::Object(c)) = (&mut data, counts) {
                 d.extend(c);
             }

@@ -1,11 +1,12 @@
-//! `opjournal show FILE ID`: one receipt, a preview of its result, its event history.
+//! `opjournal show FILE ID` (or `--postgres URL NAME ID`): one receipt, a preview of its
+//! result, its event history.
 
 use std::io::Write as _;
 
 use opjournal::{ErrorKind, Event, OpResult, Receipt, RetireCause, Timestamp};
 use serde_json::json;
 
-use super::{Outcome, Run, Summary, inspect, read_err};
+use super::{Outcome, Run, Summary, Target, open};
 use crate::cli::ShowArgs;
 use crate::cli::failure::Failure;
 use crate::cli::format::{
@@ -15,22 +16,24 @@ use crate::cli::format::{
 use crate::cli::output::{Align, Out, Table};
 
 pub(super) fn run(args: &ShowArgs, out: &mut Out) -> Run {
+    let target = Target::new(&args.file, args.postgres.as_deref());
     let mut summary = Summary::start("show", &args.file);
-    let insp = inspect(&args.file)?;
-    summary.access(insp.access());
-    let err = read_err(&args.file);
+    let insp = open(target)?;
+    summary.inspected(&insp);
+    let err = target.err();
     let now = insp.now().map_err(&err)?;
     let receipt = insp.lookup(&args.id).map_err(&err)?;
     let history = insp.history(&args.id).map_err(&err)?;
     if receipt.is_none() && history.is_empty() {
         // Nothing to show is an answer, not a failure to run: exit 1, like a search that
         // found nothing, with the message on stderr (and a summary in JSON mode).
-        let file = args.file.display();
         let _ = writeln!(
             std::io::stderr(),
-            "no operation `{}` is recorded in `{file}` (never submitted, released, or purged \
-             after its audit retention)\nhint: list the operations with `opjournal ls {file}`",
+            "no operation `{}` is recorded in `{}` (never submitted, released, or purged \
+             after its audit retention)\nhint: list the operations with `{}`",
             clean(&args.id),
+            args.file.display(),
+            target.command("ls"),
         );
         return summary.write(
             out,

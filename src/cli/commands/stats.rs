@@ -1,18 +1,19 @@
-//! `opjournal stats FILE`: counts by status and delivery state, the oldest unacknowledged
-//! result, file size and format version.
+//! `opjournal stats FILE` (or `--postgres URL NAME`): counts by status and delivery state,
+//! the oldest unacknowledged result, file size and format version.
 
 use serde_json::{Value, json};
 
-use super::{Outcome, Run, Summary, inspect, read_err};
+use super::{Outcome, Run, Summary, Target, open};
 use crate::cli::FileArgs;
 use crate::cli::format::{clean, size, utc, when};
 use crate::cli::output::Out;
 
 pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
+    let target = Target::new(&args.file, args.postgres.as_deref());
     let mut summary = Summary::start("stats", &args.file);
-    let insp = inspect(&args.file)?;
-    summary.access(insp.access());
-    let s = insp.stats().map_err(read_err(&args.file))?;
+    let insp = open(target)?;
+    summary.inspected(&insp);
+    let s = insp.stats().map_err(target.err())?;
     if out.json() {
         // The library's `Stats` as it serializes (`oldest_unacked` is an object or null).
         let data = serde_json::to_value(&s).unwrap_or(Value::Null);
@@ -22,7 +23,7 @@ pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
     let now = s.now;
     let n = |v: u64| v.to_string();
     let mut rows: Vec<(&str, String)> = vec![
-        ("journal", args.file.display().to_string()),
+        ("journal", insp.path().display().to_string()),
         (
             "format",
             match (s.upgraded_from, s.upgraded_at) {
@@ -41,11 +42,20 @@ pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
         ),
         (
             "now",
-            format!("{} (clocks applied as of this time)", utc(now)),
+            if target.is_database() {
+                format!(
+                    "{} (the database server's time; clocks applied as of this time)",
+                    utc(now)
+                )
+            } else {
+                format!("{} (clocks applied as of this time)", utc(now))
+            },
         ),
         (
             "file size",
-            if s.log_bytes > 0 {
+            if target.is_database() {
+                "none (the journal is in PostgreSQL)".to_string()
+            } else if s.log_bytes > 0 {
                 format!(
                     "{} and a log of {} (changes not yet checkpointed into the file)",
                     size(s.file_bytes),
@@ -96,11 +106,19 @@ pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
         rows.push(("", String::new()));
         rows.push((
             "next",
-            format!(
-                "{} in doubt: `opjournal ls {} --status in_doubt`, then `opjournal resolve`",
-                s.in_doubt,
-                args.file.display()
-            ),
+            if target.is_database() {
+                format!(
+                    "{} in doubt: `{} --status in_doubt`, then `Journal::resolve` in the library",
+                    s.in_doubt,
+                    target.command("ls")
+                )
+            } else {
+                format!(
+                    "{} in doubt: `{} --status in_doubt`, then `opjournal resolve`",
+                    s.in_doubt,
+                    target.command("ls")
+                )
+            },
         ));
     }
     out.pairs(&rows)?;

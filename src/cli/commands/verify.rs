@@ -1,5 +1,7 @@
 //! `opjournal verify FILE`: page checksums, every record's CRC and decode, and every index
-//! against a replay of the event journal. Exit 1 names every problem.
+//! against a replay of the event journal. Exit 1 names every problem. With `--postgres URL
+//! NAME`, the same record and index checks on the journal's rows, from one snapshot (no
+//! file pages, log or trailing bytes to check).
 
 use std::path::Path;
 
@@ -7,7 +9,7 @@ use opjournal::{ErrorKind, Inspector};
 use opjournal::{Finding, Integrity, LogCheck, VerifyReport};
 use serde_json::json;
 
-use super::{Outcome, Run, Summary, note, read_err};
+use super::{Outcome, Run, Summary, Target, note, read_err};
 use crate::cli::FileArgs;
 use crate::cli::failure::{Failure, Mode, explain};
 use crate::cli::format::{clean, count};
@@ -35,20 +37,30 @@ fn cannot_inspect(e: &opjournal::Error) -> bool {
 }
 
 pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
+    let target = Target::new(&args.file, args.postgres.as_deref());
     let mut summary = Summary::start("verify", &args.file);
-    let insp = match Inspector::open(&args.file) {
-        Ok(insp) => insp,
-        Err(e) if cannot_inspect(&e) => return Err(explain(&e, &args.file, Mode::Read).into()),
-        Err(e) => return refused(args, out, &summary, &e),
+    let insp = if target.is_database() {
+        // A journal in a database that cannot be opened (unreachable, no such journal, a
+        // newer schema) is not one to look inside: exit 2.
+        super::open(target)?
+    } else {
+        let insp = match Inspector::open(&args.file) {
+            Ok(insp) => insp,
+            Err(e) if cannot_inspect(&e) => {
+                return Err(explain(&e, &args.file, Mode::Read).into());
+            }
+            Err(e) => return refused(args, out, &summary, &e),
+        };
+        if insp.access() != opjournal::Access::Idle {
+            note(insp.access().describe());
+        }
+        super::note_trailing(&insp);
+        insp
     };
-    if insp.access() != opjournal::Access::Idle {
-        note(insp.access().describe());
-    }
-    super::note_trailing(&insp);
-    summary.access(insp.access());
+    summary.inspected(&insp);
     let bar = Progress::bar("verifying", "events");
     let report = opjournal::verify_inspected(&insp, &mut |done, total| bar.set(done, total))
-        .map_err(read_err(&args.file))?;
+        .map_err(target.err())?;
     drop(bar);
     let outcome = if report.is_clean() {
         Outcome::Clean
@@ -81,12 +93,18 @@ pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
         }
         return summary.write(out, outcome, counts);
     }
-    human(out, &args.file, &report, problems)?;
+    human(out, target, insp.path(), &report, problems)?;
     summary.write(out, outcome, counts)
 }
 
-fn human(out: &mut Out, file: &Path, report: &VerifyReport, problems: u64) -> Result<(), Failure> {
-    out.line(format!("verified {}", file.display()))?;
+fn human(
+    out: &mut Out,
+    target: Target<'_>,
+    shown: &Path,
+    report: &VerifyReport,
+    problems: u64,
+) -> Result<(), Failure> {
+    out.line(format!("verified {}", shown.display()))?;
     out.pairs(&[
         (
             "  storage engine",
@@ -115,7 +133,14 @@ fn human(out: &mut Out, file: &Path, report: &VerifyReport, problems: u64) -> Re
                 count(report.quarantined, "record", "records")
             ),
         ),
-        ("  log", log_line(&report.log)),
+        (
+            "  log",
+            if target.is_database() {
+                "none (a journal in a database keeps no log file)".to_string()
+            } else {
+                log_line(&report.log)
+            },
+        ),
     ])?;
     out.line("")?;
     if problems == 0 {
@@ -143,10 +168,16 @@ fn human(out: &mut Out, file: &Path, report: &VerifyReport, problems: u64) -> Re
         ))?;
     }
     out.line("")?;
-    out.line(format!(
-        "`opjournal repair {0} --dry-run` shows what repair would rebuild and what would be lost; `opjournal repair {0}` does it (after a backup)",
-        file.display()
-    ))
+    match target {
+        Target::File(file) => out.line(format!(
+            "`opjournal repair {0} --dry-run` shows what repair would rebuild and what would be lost; `opjournal repair {0}` does it (after a backup)",
+            file.display()
+        )),
+        Target::Postgres { name, .. } => out.line(format!(
+            "repair works on journal files only: when the events and results are intact, `opjournal export --postgres URL {} --dump | opjournal import - FILE` rebuilds every index into a journal file; otherwise restore the rows named above from a backup of the database",
+            name.display()
+        )),
+    }
 }
 
 fn log_line(log: &LogCheck) -> String {
