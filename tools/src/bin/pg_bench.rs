@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p opjournal-tools --bin pg_bench -- [--quick] [--url URL]
 //!     [--seconds S] [--rounds N] [--clients 1,8,32] [--processes 1,3] [--no-tune]
+//!     [--statements]
 //! ```
 //!
 //! Without `--url` the bench starts a private server (`opjournal_testkit::pg::PgCluster`:
@@ -85,7 +86,7 @@ const TUNING: [(&str, &str); 7] = [
 ];
 
 /// The settings printed with the figures.
-const SHOWN: [&str; 14] = [
+const SHOWN: [&str; 15] = [
     "server_version",
     "fsync",
     "synchronous_commit",
@@ -100,6 +101,7 @@ const SHOWN: [&str; 14] = [
     "random_page_cost",
     "wal_level",
     "max_connections",
+    "shared_preload_libraries",
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,10 +169,11 @@ struct Args {
     populate: usize,
     tune: bool,
     quick: bool,
+    statements: bool,
 }
 
 const USAGE: &str = "usage: pg_bench [--quick] [--url URL] [--seconds S] [--rounds N] \
-                     [--clients 1,8,32] [--processes 1,3] [--no-tune]";
+                     [--clients 1,8,32] [--processes 1,3] [--no-tune] [--statements]";
 
 fn parse_list(s: &str) -> Result<Vec<usize>> {
     let v: Vec<usize> = s
@@ -197,6 +200,7 @@ fn parse_args(argv: &[String]) -> Result<Args> {
         populate: if quick { 10 } else { 50 },
         tune: true,
         quick,
+        statements: false,
     };
     let mut it = argv.iter();
     while let Some(a) = it.next() {
@@ -207,6 +211,7 @@ fn parse_args(argv: &[String]) -> Result<Args> {
         match a.as_str() {
             "--quick" => {}
             "--no-tune" => args.tune = false,
+            "--statements" => args.statements = true,
             "--url" => args.url = Some(value()?.clone()),
             "--seconds" => {
                 let s: f64 = value()?.parse()?;
@@ -637,6 +642,10 @@ struct Run {
     xacts: f64,
     wal_bytes: f64,
     wal_syncs: f64,
+    /// Statements executed per operation (from `pg_stat_statements`, when loaded).
+    statements: Option<f64>,
+    /// Server CPU time per operation (a private server only).
+    server_cpu_us: Option<f64>,
 }
 
 /// Server counters read before and after a run.
@@ -645,9 +654,31 @@ struct Counters {
     xacts: i64,
     wal_lsn: i64,
     wal_syncs: i64,
+    statements: Option<i64>,
+    /// The server's CPU time: the postmaster's and its ended children's (every backend of a
+    /// run's workers has ended when it is read after the run).
+    server_cpu: Option<Duration>,
 }
 
-fn counters(admin: &mut Client) -> Result<Counters> {
+/// The CPU time of the postmaster and of its children that ended (`/proc/PID/stat`:
+/// utime, stime, cutime, cstime).
+fn server_cpu(postmaster: Option<u32>) -> Option<Duration> {
+    let pid = postmaster?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3 of the file, utime 14 ... cstime 17.
+    let ticks: u64 = fields
+        .get(11..15)?
+        .iter()
+        .map(|f| f.parse::<u64>().ok())
+        .sum::<Option<u64>>()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| Duration::from_secs_f64(ticks as f64 / hz as f64))
+}
+
+fn counters(admin: &mut Client, postmaster: Option<u32>) -> Result<Counters> {
     admin.batch_execute("SELECT pg_stat_clear_snapshot()")?;
     let row = admin.query_one(
         "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
@@ -655,11 +686,41 @@ fn counters(admin: &mut Client) -> Result<Counters> {
                 (SELECT wal_sync FROM pg_stat_wal)",
         &[],
     )?;
+    // Every statement but the bench's own reads of the statistics (`BEGIN` and `COMMIT`
+    // count: `pg_stat_statements.track_utility` is on by default).
+    let statements = admin
+        .query_one(
+            "SELECT sum(calls)::bigint FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat%'",
+            &[],
+        )
+        .ok()
+        .and_then(|r| r.get::<_, Option<i64>>(0));
     Ok(Counters {
         xacts: row.get(0),
         wal_lsn: row.get(1),
         wal_syncs: row.get(2),
+        statements,
+        server_cpu: server_cpu(postmaster),
     })
+}
+
+/// Waits (up to 10 s) until no session but the caller's is connected to its database.
+fn wait_for_backends(admin: &mut Client) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let row = admin.query_one(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )?;
+        if row.get::<_, i64>(0) == 0 || Instant::now() > deadline {
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    // The postmaster collects an ended backend's CPU time when it reaps it.
+    thread::sleep(Duration::from_millis(20));
+    Ok(())
 }
 
 struct Spawned {
@@ -678,6 +739,35 @@ struct Plan<'a> {
     prefix: String,
     journal: String,
     populate: usize,
+    /// Print the statements the run executed (`--statements`).
+    statements: bool,
+}
+
+/// The statements of a run by calls per operation (from `pg_stat_statements`).
+fn print_statements(admin: &mut Client, plan: &Plan<'_>, count: usize) -> Result<()> {
+    let rows = admin.query(
+        "SELECT calls, total_exec_time, regexp_replace(query, '\\s+', ' ', 'g')
+           FROM pg_stat_statements
+          WHERE query NOT LIKE '%pg_stat%' ORDER BY calls DESC LIMIT 25",
+        &[],
+    )?;
+    eprintln!(
+        "  statements of {} {} at {} clients / {} processes, per operation ({count} operations):",
+        plan.engine.key(),
+        plan.mode.key(),
+        plan.clients,
+        plan.processes
+    );
+    for r in rows {
+        let (calls, ms, q): (i64, f64, String) = (r.get(0), r.get(1), r.get(2));
+        let q: String = q.chars().take(150).collect();
+        eprintln!(
+            "    {:>7.2} calls, {:>6.1} µs each: {q}",
+            calls as f64 / count.max(1) as f64,
+            ms * 1000.0 / calls.max(1) as f64
+        );
+    }
+    Ok(())
 }
 
 fn spawn_worker(plan: &Plan<'_>, proc_index: usize, threads: usize) -> Result<Spawned> {
@@ -716,7 +806,7 @@ fn read_line(w: &mut Spawned) -> Result<String> {
 
 /// Runs one engine on one configuration: spawns the processes, starts them together,
 /// collects their figures and the server's counters.
-fn run_plan(plan: &Plan<'_>, admin: &mut Client) -> Result<Run> {
+fn run_plan(plan: &Plan<'_>, admin: &mut Client, postmaster: Option<u32>) -> Result<Run> {
     let mut workers = Vec::new();
     for p in 0..plan.processes {
         // Clients spread as evenly as they go (8 over 3: 3, 3, 2).
@@ -730,7 +820,10 @@ fn run_plan(plan: &Plan<'_>, admin: &mut Client) -> Result<Run> {
             return Err(format!("a worker said {line:?}").into());
         }
     }
-    let before = counters(admin)?;
+    if plan.statements {
+        let _ = admin.batch_execute("SELECT pg_stat_statements_reset()");
+    }
+    let before = counters(admin, postmaster)?;
     for w in &mut workers {
         w.stdin.write_all(b"go\n")?;
         w.stdin.flush()?;
@@ -760,14 +853,28 @@ fn run_plan(plan: &Plan<'_>, admin: &mut Client) -> Result<Run> {
             return Err(format!("a worker failed ({status})").into());
         }
     }
-    // The workers' sessions ended, so their statistics are flushed.
-    let after = counters(admin)?;
+    // A backend flushes its statistics when it ends, and the postmaster then collects its
+    // CPU time: wait until the workers' backends are gone (they end after their processes,
+    // once they see the socket closed).
+    wait_for_backends(admin)?;
+    let after = counters(admin, postmaster)?;
+    if plan.statements {
+        print_statements(admin, plan, run.count)?;
+    }
     let n = run.count.max(1) as f64;
     run.rate = run.count as f64 / elapsed.max(1e-9);
     run.cpu_us = cpu * 1e6 / n;
     run.xacts = (after.xacts - before.xacts) as f64 / n;
     run.wal_bytes = (after.wal_lsn - before.wal_lsn) as f64 / n;
     run.wal_syncs = (after.wal_syncs - before.wal_syncs) as f64 / n;
+    run.statements = match (before.statements, after.statements) {
+        (Some(b), Some(a)) => Some((a - b) as f64 / n),
+        _ => None,
+    };
+    run.server_cpu_us = match (before.server_cpu, after.server_cpu) {
+        (Some(b), Some(a)) => Some(a.saturating_sub(b).as_secs_f64() * 1e6 / n),
+        _ => None,
+    };
     Ok(run)
 }
 
@@ -782,6 +889,8 @@ struct Summary {
     xacts: Vec<f64>,
     wal_bytes: Vec<f64>,
     wal_syncs: Vec<f64>,
+    statements: Vec<f64>,
+    server_cpu_us: Vec<f64>,
 }
 
 impl Summary {
@@ -793,6 +902,8 @@ impl Summary {
         self.xacts.push(r.xacts);
         self.wal_bytes.push(r.wal_bytes);
         self.wal_syncs.push(r.wal_syncs);
+        self.statements.extend(r.statements);
+        self.server_cpu_us.extend(r.server_cpu_us);
         self.lat.extend(r.lat);
     }
 
@@ -854,6 +965,12 @@ fn tune(cluster: &PgCluster) -> Result<()> {
     let mut c = Client::connect(&cluster.url(), NoTls)?;
     for (name, value) in TUNING {
         c.batch_execute(&format!("ALTER SYSTEM SET {name} = '{value}'"))?;
+    }
+    // Statement counts per operation (many operators load it; its cost is the same for
+    // both engines), when the server has the module.
+    let lib = cluster.bin_dir().join("../lib/pg_stat_statements.so");
+    if lib.exists() {
+        c.batch_execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")?;
     }
     drop(c);
     // `shared_buffers` and `wal_buffers` take a restart. Only an immediate stop is offered:
@@ -943,8 +1060,19 @@ fn run(args: Args) -> Result<()> {
             (Some(cluster), url)
         }
     };
+    let postmaster = cluster.as_ref().and_then(|c| {
+        std::fs::read_to_string(c.data_dir().join("postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse::<u32>()
+            .ok()
+    });
     let mut admin = Client::connect(&url, NoTls)?;
     admin.batch_execute(&keys_table_sql())?;
+    // Statements per operation, when the server loads pg_stat_statements.
+    let _ = admin.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
     let run_id = format!("{:x}", now_secs());
 
     println!("# pg_bench: opjournal on PostgreSQL vs a plain idempotency-key table");
@@ -1034,8 +1162,9 @@ fn run(args: Args) -> Result<()> {
                         prefix: format!("{run_id}-c{clients}p{procs}r{round}"),
                         journal: journal.clone(),
                         populate: 0,
+                        statements: args.statements,
                     };
-                    let r = run_plan(&plan, &mut admin)?;
+                    let r = run_plan(&plan, &mut admin, postmaster)?;
                     eprintln!(
                         "  {label}, round {round}, {}: {:.0}/s ({} errors), load {}",
                         engine.key(),
@@ -1080,8 +1209,9 @@ fn run(args: Args) -> Result<()> {
                     prefix: format!("{run_id}-rp{clients}r{round}"),
                     journal: journal.clone(),
                     populate: args.populate,
+                    statements: args.statements,
                 };
-                let r = run_plan(&plan, &mut admin)?;
+                let r = run_plan(&plan, &mut admin, postmaster)?;
                 match engine {
                     Engine::Opj => row.opj.add(r),
                     Engine::Keys => row.keys.add(r),
@@ -1106,27 +1236,7 @@ fn run(args: Args) -> Result<()> {
         print_row(r);
     }
     println!();
-    println!("Per lifecycle (median round): server transactions, WAL bytes, WAL syncs, client CPU");
-    println!();
-    println!(
-        "| clients / processes | opj xacts | keys xacts | opj WAL B | keys WAL B | opj syncs | keys syncs | opj CPU | keys CPU |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for r in &rows {
-        println!(
-            "| {} | {:.2} | {:.2} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} µs | {:.0} µs |",
-            r.label,
-            median(&r.opj.xacts),
-            median(&r.keys.xacts),
-            median(&r.opj.wal_bytes),
-            median(&r.keys.wal_bytes),
-            median(&r.opj.wal_syncs),
-            median(&r.keys.wal_syncs),
-            median(&r.opj.cpu_us),
-            median(&r.keys.cpu_us),
-        );
-    }
-    println!();
+    print_costs("lifecycle", &rows);
     println!("## Replay (a retried id whose result is recorded)");
     println!();
     println!("| clients / processes | opjournal /s (p50, p99) | keys /s (p50, p99) | ratio | |");
@@ -1135,6 +1245,7 @@ fn run(args: Args) -> Result<()> {
         print_row(r);
     }
     println!();
+    print_costs("replay", &replays);
     let errors: usize = rows
         .iter()
         .chain(&replays)
@@ -1151,6 +1262,39 @@ fn run(args: Args) -> Result<()> {
         return Err(format!("{errors} calls failed").into());
     }
     Ok(())
+}
+
+/// What each operation cost, median round: statements and transactions on the server,
+/// WAL bytes and syncs, server and client CPU.
+fn print_costs(what: &str, rows: &[Row]) {
+    println!(
+        "Per {what} (median round; opj / keys): statements run, transactions committed, \
+         WAL bytes, WAL syncs, server CPU, client CPU"
+    );
+    println!();
+    println!(
+        "| clients / processes | statements | xacts | WAL B | WAL syncs | server CPU | client CPU |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let pair = |a: &[f64], b: &[f64], digits: usize| {
+        if a.is_empty() || b.is_empty() {
+            return "–".to_owned();
+        }
+        format!("{:.digits$} / {:.digits$}", median(a), median(b))
+    };
+    for r in rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} µs | {} µs |",
+            r.label,
+            pair(&r.opj.statements, &r.keys.statements, 1),
+            pair(&r.opj.xacts, &r.keys.xacts, 2),
+            pair(&r.opj.wal_bytes, &r.keys.wal_bytes, 0),
+            pair(&r.opj.wal_syncs, &r.keys.wal_syncs, 2),
+            pair(&r.opj.server_cpu_us, &r.keys.server_cpu_us, 0),
+            pair(&r.opj.cpu_us, &r.keys.cpu_us, 0),
+        );
+    }
+    println!();
 }
 
 fn print_row(r: &Row) {
