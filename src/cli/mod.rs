@@ -210,12 +210,20 @@ Examples:
   opjournal serve --journal project.opj --port 7878 --max-connections 64 --idle-timeout 1min
   opjournal serve --mcp --journal project.opj              # MCP over stdio (for an MCP host)
   opjournal serve --mcp --journal project.opj --port 8765  # MCP over Streamable HTTP
+  opjournal serve --postgres postgresql://app@db1/app --journal editor --port 7878
 
-The document is kept beside the journal (project.scene.json and project.scene.log).")]
+The document is kept beside the journal (project.scene.json and project.scene.log). With
+`--postgres`, the journal and the document are in that database (docs/postgres.md), and
+several processes on it serve one document.")]
     Serve {
-        /// The journal file (created if missing).
-        #[arg(long)]
-        journal: PathBuf,
+        /// The journal file (created if missing); with `--postgres`, the journal's name in
+        /// the database (default `editor`), which also names the document.
+        #[arg(long, required_unless_present = "postgres")]
+        journal: Option<PathBuf>,
+        /// Keep the journal and the document in the PostgreSQL database at this URL
+        /// (`postgresql://user@host:5432/db`); tables are created if missing.
+        #[arg(long, value_name = "URL", conflicts_with = "mcp")]
+        postgres: Option<String>,
         /// Speak the Model Context Protocol: the scene as tools, the edits journaled. Over
         /// stdio, or over Streamable HTTP with `--port`.
         #[arg(long)]
@@ -224,8 +232,8 @@ The document is kept beside the journal (project.scene.json and project.scene.lo
         /// default without `--mcp`).
         #[arg(long)]
         port: Option<u16>,
-        /// Fault injection for tests (with `--mcp`): hold the first operation that reaches
-        /// this step (accepted, mutated, committed) until the process is killed.
+        /// Fault injection for tests: hold the first operation that reaches this step
+        /// (accepted, mutated, committed) until the process is killed.
         #[arg(long, hide = true, value_name = "STEP")]
         fault_hold: Option<String>,
         /// Connections served at once; the next one is answered `too_many_connections`.
@@ -539,6 +547,7 @@ pub(crate) fn main() -> ExitCode {
         }
         Command::Serve {
             journal,
+            postgres,
             mcp,
             port,
             fault_hold,
@@ -547,6 +556,7 @@ pub(crate) fn main() -> ExitCode {
         } => {
             let args = serve::ServeArgs {
                 journal,
+                postgres,
                 port,
                 max_connections,
                 idle_timeout,

@@ -8,6 +8,10 @@
 //! durable, and what a kill can lose (recent delivery counts and acknowledgements) only
 //! causes recognizable redeliveries (docs/protocol.md, "What survives a crash").
 //!
+//! `opjournal serve --postgres URL` keeps the journal and the document in that database
+//! (`--journal` names them, `editor` by default): several such processes on one database
+//! serve one document, and a client's retry may land on any of them (docs/postgres.md).
+//!
 //! `opjournal serve --mcp` serves the same document as MCP tools (`opjournal::mcp::editor`,
 //! docs/mcp.md): over stdio (stdout is the protocol; nothing else is written there), or
 //! with `--port` over Streamable HTTP, announcing `listening on http://127.0.0.1:PORT/mcp`.
@@ -19,12 +23,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use opjournal::Journal;
-use opjournal::service::{JournalOpener, Service, ServiceConfig, chain};
+use opjournal::service::{JournalOpener, Service, ServiceConfig, Stage, chain};
 
 /// Arguments of `opjournal serve`.
 #[derive(Debug, Clone)]
 pub(crate) struct ServeArgs {
-    pub journal: PathBuf,
+    /// The journal file; with `postgres`, the journal's name.
+    pub journal: Option<PathBuf>,
+    /// The database of the journal and the document.
+    pub postgres: Option<String>,
     pub port: Option<u16>,
     pub max_connections: usize,
     pub idle_timeout: Duration,
@@ -36,11 +43,75 @@ pub(crate) struct ServeArgs {
 /// How often the service's housekeeping runs (expiries, retention, lazy writes).
 const COMPACT_EVERY: Duration = Duration::from_secs(60);
 
+/// The journal's (and the document's) name in the database without `--journal`.
+const DEFAULT_NAME: &str = "editor";
+
+/// The step `--fault-hold` names, or the exit code after saying why it names none.
+fn hold_stage(args: &ServeArgs) -> Result<Option<Stage>, ExitCode> {
+    match args.fault_hold.as_deref() {
+        None => Ok(None),
+        Some("accepted") => Ok(Some(Stage::Accepted)),
+        Some("mutated") => Ok(Some(Stage::Mutated)),
+        Some("committed") => Ok(Some(Stage::Committed)),
+        Some(other) => {
+            eprintln!(
+                "error: `--fault-hold {other}` names no step; use `accepted`, `mutated` or `committed`"
+            );
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+/// The journal file, which every mode but `--postgres` needs.
+fn journal_file(args: &ServeArgs) -> Result<PathBuf, ExitCode> {
+    args.journal.clone().ok_or_else(|| {
+        eprintln!("error: `opjournal serve` needs `--journal FILE` (or `--postgres URL`)");
+        ExitCode::from(2)
+    })
+}
+
+/// Says on stderr when the operation armed by `--fault-hold` is held, for the tests that
+/// kill the process there.
+fn announce_hold(pauses: impl Fn() -> Option<String> + Send + 'static, stage: Stage) {
+    let _ = std::thread::Builder::new()
+        .name("fault-hold".into())
+        .spawn(move || {
+            if let Some(id) = pauses() {
+                eprintln!("editor: `{id}` is held at {stage:?} (fault injection)");
+            }
+        });
+}
+
 pub(crate) fn run(args: &ServeArgs) -> ExitCode {
-    let path = args.journal.clone();
-    let open: JournalOpener = Box::new(move || Journal::open(&path));
-    let document = args.journal.with_extension("scene.json");
-    let mut cfg = ServiceConfig::new(document.clone());
+    let hold = match hold_stage(args) {
+        Ok(hold) => hold,
+        Err(code) => return code,
+    };
+    let (open, mut cfg, journal, document): (JournalOpener, _, String, String) =
+        match &args.postgres {
+            Some(url) => {
+                let name = args
+                    .journal
+                    .as_ref()
+                    .map_or_else(|| DEFAULT_NAME.to_string(), |p| p.display().to_string());
+                let cfg = ServiceConfig::in_database(url, &name);
+                let (url, journal) = (url.clone(), name.clone());
+                let open: JournalOpener =
+                    Box::new(move || Journal::builder().open_postgres(&url, &journal));
+                (open, cfg, name.clone(), format!("postgres:{name}"))
+            }
+            None => {
+                let path = match journal_file(args) {
+                    Ok(p) => p,
+                    Err(code) => return code,
+                };
+                let document = path.with_extension("scene.json");
+                let cfg = ServiceConfig::new(document.clone());
+                let label = path.display().to_string();
+                let open: JournalOpener = Box::new(move || Journal::open(&path));
+                (open, cfg, label, document.display().to_string())
+            }
+        };
     cfg.max_connections = args.max_connections;
     cfg.idle_timeout = args.idle_timeout;
     cfg.notes = Box::new(|note| eprintln!("editor: {note}"));
@@ -63,11 +134,25 @@ pub(crate) fn run(args: &ServeArgs) -> ExitCode {
         Ok(j) => Some(j.spawn_compactor(COMPACT_EVERY)),
         Err(_) => None,
     };
+    let service = std::sync::Arc::new(service);
+    if let Some(stage) = hold {
+        service.pauses().arm(stage);
+        let watching = service.clone();
+        announce_hold(
+            move || {
+                watching
+                    .pauses()
+                    .wait_held(Duration::from_secs(24 * 3600))
+                    .ok()
+            },
+            stage,
+        );
+    }
     let addr = service.addr();
     let line = if args.json {
         serde_json::json!({
             "type": "listening",
-            "data": {"addr": addr.to_string(), "journal": args.journal, "document": document},
+            "data": {"addr": addr.to_string(), "journal": journal, "document": document},
         })
         .to_string()
     } else {
@@ -88,28 +173,22 @@ pub(crate) fn run(args: &ServeArgs) -> ExitCode {
 /// document); over HTTP it runs until stopped by a signal.
 pub(crate) fn run_mcp(args: &ServeArgs) -> ExitCode {
     use opjournal::mcp::editor::{EditorConfig, SceneEditor, serve_http, serve_stdio};
-    use opjournal::service::Stage;
-
-    let hold = match args.fault_hold.as_deref() {
-        None => None,
-        Some("accepted") => Some(Stage::Accepted),
-        Some("mutated") => Some(Stage::Mutated),
-        Some("committed") => Some(Stage::Committed),
-        Some(other) => {
-            eprintln!(
-                "error: `--fault-hold {other}` names no step; use `accepted`, `mutated` or `committed`"
-            );
-            return ExitCode::from(2);
-        }
+    let hold = match hold_stage(args) {
+        Ok(hold) => hold,
+        Err(code) => return code,
     };
-    let journal = match Journal::open(&args.journal) {
+    let path = match journal_file(args) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let journal = match Journal::open(&path) {
         Ok(j) => j,
         Err(e) => {
             eprintln!("error: could not open the journal: {}", chain(&e));
             return ExitCode::from(2);
         }
     };
-    let document = args.journal.with_extension("scene.json");
+    let document = path.with_extension("scene.json");
     let mut cfg = EditorConfig::new(document.clone());
     cfg.notes = Box::new(|note| eprintln!("editor: {note}"));
     let editor = match SceneEditor::open(journal.clone(), cfg) {
@@ -124,14 +203,15 @@ pub(crate) fn run_mcp(args: &ServeArgs) -> ExitCode {
     if let Some(stage) = hold {
         editor.pauses().arm(stage);
         let watching = editor.clone();
-        // Say when the operation is held, for the test that kills the process there.
-        let _ = std::thread::Builder::new()
-            .name("fault-hold".into())
-            .spawn(move || {
-                if let Ok(id) = watching.pauses().wait_held(Duration::from_secs(24 * 3600)) {
-                    eprintln!("editor: `{id}` is held at {stage:?} (fault injection)");
-                }
-            });
+        announce_hold(
+            move || {
+                watching
+                    .pauses()
+                    .wait_held(Duration::from_secs(24 * 3600))
+                    .ok()
+            },
+            stage,
+        );
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -161,7 +241,7 @@ pub(crate) fn run_mcp(args: &ServeArgs) -> ExitCode {
         let line = if args.json {
             serde_json::json!({
                 "type": "listening",
-                "data": {"url": server.url(), "journal": args.journal, "document": document},
+                "data": {"url": server.url(), "journal": path, "document": document},
             })
             .to_string()
         } else {

@@ -202,6 +202,41 @@ impl Document {
         );
     }
 
+    /// A document as stored elsewhere (the PostgreSQL document's rows): its revision, its
+    /// objects, and its applied-operation index.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn from_parts(
+        revision: u64,
+        objects: BTreeMap<String, Option<String>>,
+        applied: Vec<AppliedEdit>,
+    ) -> Document {
+        Document {
+            revision,
+            objects,
+            applied: applied.into_iter().map(|a| (a.op.clone(), a)).collect(),
+        }
+    }
+
+    /// Applies a checked edit as operation `op`, producing `revision`: what a log line does
+    /// on loading (for a document kept elsewhere than in files).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn apply_edit(
+        &mut self,
+        op: &str,
+        revision: u64,
+        at: Timestamp,
+        edit: &Edit,
+        summary: &str,
+    ) {
+        self.apply(&LogLine {
+            op: op.to_string(),
+            revision,
+            at,
+            edit: edit.clone(),
+            summary: summary.to_string(),
+        });
+    }
+
     /// Drops applied-operation entries older than `cutoff`.
     fn prune(&mut self, cutoff: Timestamp) {
         self.applied.retain(|_, a| a.at >= cutoff);
@@ -496,7 +531,7 @@ impl DocumentStore {
     }
 }
 
-fn cutoff(now: Timestamp, retention: Duration) -> Timestamp {
+pub(super) fn cutoff(now: Timestamp, retention: Duration) -> Timestamp {
     let back = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
     Timestamp::from_millis(now.as_millis().saturating_sub(back))
 }

@@ -69,6 +69,8 @@
 //! [`Journal::acknowledge`]: crate::Journal::acknowledge
 
 mod conn;
+#[cfg(feature = "postgres")]
+mod database;
 mod document;
 mod pauses;
 pub mod protocol;
@@ -83,6 +85,8 @@ pub(crate) use document::ApplyError;
 pub use document::{AppliedEdit, Document, DocumentStore};
 pub use pauses::{Pauses, Stage, Verdict};
 pub use protocol::{Edit, Reply, Request, ResultMsg, StatusMsg};
+#[cfg(feature = "postgres")]
+pub use server::DocumentDatabase;
 pub use server::{
     JournalOpener, Notes, Reconciled, SCOPE, Service, ServiceConfig, ServiceStats,
     describe_reconciled,
@@ -120,6 +124,17 @@ pub enum ServiceError {
         path: PathBuf,
         /// Why.
         detail: String,
+    },
+    /// The document's database refused a statement or could not be reached (feature
+    /// `postgres`).
+    #[cfg(feature = "postgres")]
+    #[error("could not {what}")]
+    Database {
+        /// What was being done.
+        what: String,
+        /// The database client's error.
+        #[source]
+        source: ::postgres::Error,
     },
     /// The journal is closed (the service is restarting or stopped).
     #[error("the journal is closed: the service is restarting or stopped")]

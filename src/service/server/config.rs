@@ -59,6 +59,36 @@ pub struct ServiceConfig {
     pub snapshot_every: usize,
     /// Where notes go (default: nowhere).
     pub notes: Notes,
+    /// The document in PostgreSQL instead of in files ([`ServiceConfig::in_database`]);
+    /// `document` is then unused.
+    #[cfg(feature = "postgres")]
+    pub database: Option<DocumentDatabase>,
+}
+
+/// A document kept in PostgreSQL (feature `postgres`), in the database of a journal opened
+/// with [`JournalBuilder::open_postgres`](crate::JournalBuilder::open_postgres): its tables
+/// are `opjournal_scene_*`, created if missing, and the document is named after the journal.
+/// Every edit commits with its receipt in one transaction
+/// ([`Journal::execute_in`](crate::Journal::execute_in)), so several services on one
+/// database serve one document.
+#[cfg(feature = "postgres")]
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct DocumentDatabase {
+    /// The connection string (`postgresql://user@host:5432/db`), the journal's.
+    pub url: String,
+    /// The document's name: the journal's name.
+    pub name: String,
+}
+
+#[cfg(feature = "postgres")]
+impl std::fmt::Debug for DocumentDatabase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the URL: it may hold a password.
+        f.debug_struct("DocumentDatabase")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ServiceConfig {
@@ -72,19 +102,36 @@ impl ServiceConfig {
             applied_retention: Duration::from_secs(90 * 24 * 3600),
             snapshot_every: 1000,
             notes: Box::new(|_| {}),
+            #[cfg(feature = "postgres")]
+            database: None,
         }
+    }
+
+    /// The defaults, serving document `name` in the PostgreSQL database at `url` (feature
+    /// `postgres`); the journal the service opens must be journal `name` in the same
+    /// database.
+    #[cfg(feature = "postgres")]
+    pub fn in_database(url: &str, name: &str) -> ServiceConfig {
+        let mut cfg = ServiceConfig::new(PathBuf::new());
+        cfg.database = Some(DocumentDatabase {
+            url: url.to_string(),
+            name: name.to_string(),
+        });
+        cfg
     }
 }
 
 impl std::fmt::Debug for ServiceConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServiceConfig")
-            .field("document", &self.document)
+        let mut d = f.debug_struct("ServiceConfig");
+        d.field("document", &self.document)
             .field("max_connections", &self.max_connections)
             .field("idle_timeout", &self.idle_timeout)
             .field("write_timeout", &self.write_timeout)
             .field("applied_retention", &self.applied_retention)
-            .field("snapshot_every", &self.snapshot_every)
-            .finish_non_exhaustive()
+            .field("snapshot_every", &self.snapshot_every);
+        #[cfg(feature = "postgres")]
+        d.field("database", &self.database);
+        d.finish_non_exhaustive()
     }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::conn::{Conn, Line, LineReader, refuse};
-use super::document::{ApplyError, Document, DocumentStore};
+use super::document::{AppliedEdit, ApplyError, Document, DocumentStore};
 use super::pauses::{Pauses, Stage, Verdict};
 use super::protocol::{Edit, Reply, Request, ResultMsg, StatusMsg};
 use super::{Context, MAX_LINE, ServiceError, chain, lock};
@@ -26,10 +26,14 @@ use crate::{
 
 mod config;
 mod connections;
+#[cfg(feature = "postgres")]
+mod database;
 mod edits;
 mod replies;
 mod requests;
 
+#[cfg(feature = "postgres")]
+pub use config::DocumentDatabase;
 use config::*;
 pub use config::{JournalOpener, Notes, SCOPE, ServiceConfig};
 use replies::*;
@@ -87,8 +91,11 @@ struct Shared {
     cfg: ServiceConfig,
     open: JournalOpener,
     journal: Mutex<Option<Arc<Journal>>>,
-    /// `None` while the service restarts.
+    /// `None` while the service restarts, and always with the document in a database.
     document: Mutex<Option<DocumentStore>>,
+    /// The document in PostgreSQL, when the service keeps it there.
+    #[cfg(feature = "postgres")]
+    database: Option<super::database::SceneDb>,
     live: Mutex<Live>,
     changed: Condvar,
     pauses: Pauses,
@@ -118,6 +125,16 @@ struct Execution {
     owner: String,
     /// Other connections that asked for it meanwhile and were told `running`.
     attached: Vec<u64>,
+}
+
+/// What submitting an operation gave.
+enum Step {
+    /// Answered already (with the document in a database, a fresh operation is run and
+    /// answered at once), or to be answered with this reply.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Answered(Option<Reply>),
+    /// The journal's admission, to act on.
+    Known(Admission),
 }
 
 /// A fresh operation for the editor thread.
@@ -184,11 +201,22 @@ impl Service {
             source,
         })?;
         let (tx, rx) = std::sync::mpsc::sync_channel(EDIT_QUEUE);
+        #[cfg(feature = "postgres")]
+        let database = match &cfg.database {
+            Some(d) => Some(super::database::SceneDb::open(
+                &d.url,
+                &d.name,
+                cfg.applied_retention,
+            )?),
+            None => None,
+        };
         let shared = Arc::new(Shared {
             cfg,
             open,
             journal: Mutex::new(None),
             document: Mutex::new(None),
+            #[cfg(feature = "postgres")]
+            database,
             live: Mutex::new(Live::default()),
             changed: Condvar::new(),
             pauses: Pauses::default(),
@@ -238,8 +266,17 @@ impl Service {
         self.shared.journal()
     }
 
-    /// A copy of the document as it stands (empty while the service restarts).
+    /// A copy of the document as it stands (empty while the service restarts, or when the
+    /// database cannot be read).
     pub fn document(&self) -> Document {
+        #[cfg(feature = "postgres")]
+        if let Some(db) = &self.shared.database {
+            let now = self
+                .shared
+                .journal()
+                .map_or(crate::Timestamp::from_millis(0), |j| j.now());
+            return db.document(now).unwrap_or_default();
+        }
         lock(&self.shared.document)
             .as_ref()
             .map(|s| s.document().clone())
@@ -397,6 +434,10 @@ impl Shared {
     /// Start-up: open the journal, load the document, settle what was left in doubt.
     fn boot(&self) -> Result<Vec<Reconciled>, ServiceError> {
         let journal = (self.open)().doing(|| "open the journal".into())?;
+        #[cfg(feature = "postgres")]
+        if let Some(db) = &self.database {
+            return self.boot_database(db, journal);
+        }
         let mut store = DocumentStore::open(
             &self.cfg.document,
             self.cfg.applied_retention,
@@ -411,7 +452,8 @@ impl Shared {
             .in_doubt()
             .doing(|| "list in-doubt operations".into())?
         {
-            report.push(reconcile(&journal, store.document(), &r)?);
+            let applied = store.document().applied(&r.operation_id);
+            report.push(reconcile(&journal, applied, &r)?);
         }
         // The journal's revision of the scope follows the document (a no-op when equal).
         let revision = store.document().revision();
@@ -448,9 +490,25 @@ impl Shared {
         }
     }
 
-    fn revision(&self) -> u64 {
-        lock(&self.document)
+    /// The document's revision (0 while the service restarts).
+    fn revision(&self) -> Result<u64, ServiceError> {
+        #[cfg(feature = "postgres")]
+        if let Some(db) = &self.database {
+            return db.revision();
+        }
+        Ok(lock(&self.document)
             .as_ref()
-            .map_or(0, |s| s.document().revision())
+            .map_or(0, |s| s.document().revision()))
+    }
+
+    /// The applied edit of operation `id`, if its effect is in the document.
+    fn applied(&self, id: &str) -> Result<Option<AppliedEdit>, ServiceError> {
+        #[cfg(feature = "postgres")]
+        if let Some(db) = &self.database {
+            return db.applied(id);
+        }
+        let doc = lock(&self.document);
+        let store = doc.as_ref().ok_or(ServiceError::Unavailable)?;
+        Ok(store.document().applied(id).cloned())
     }
 }

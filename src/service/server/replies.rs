@@ -25,15 +25,16 @@ pub(super) enum Answer {
     Unrecorded(String),
 }
 
-/// Settles one in-doubt operation from the document: applied at its revision if its edit
-/// is there (with the same intent), else not applied (a retry runs it anew).
+/// Settles one in-doubt operation from the document (`applied`: the document's entry for
+/// it): applied at its revision if its edit is there (with the same intent), else not
+/// applied (a retry runs it anew).
 pub(super) fn reconcile(
     journal: &Journal,
-    doc: &Document,
+    applied: Option<&AppliedEdit>,
     r: &Receipt,
 ) -> Result<Reconciled, ServiceError> {
     let id = r.operation_id.clone();
-    let applied = doc.applied(&id).filter(|a| {
+    let applied = applied.filter(|a| {
         a.edit
             .intent()
             .is_ok_and(|intent| r.intent_hash.matches(&intent))
@@ -103,6 +104,14 @@ pub(super) fn refusal(id: Option<String>, e: &ServiceError) -> Reply {
                 id,
                 kind: "unavailable".into(),
                 message: "the service is restarting; retry after a backoff".into(),
+            };
+        }
+        #[cfg(feature = "postgres")]
+        ServiceError::Database { .. } => {
+            return Reply::Error {
+                id,
+                kind: "unavailable".into(),
+                message: format!("{}; retry after a backoff", chain(e)),
             };
         }
         other => {

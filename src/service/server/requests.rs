@@ -82,7 +82,7 @@ impl Shared {
         let welcome = Reply::Welcome {
             session,
             scope: SCOPE.into(),
-            revision: self.revision(),
+            revision: self.revision()?,
             pushing: pushes.len(),
         };
         for reply in std::iter::once(&welcome).chain(&pushes) {
@@ -113,9 +113,10 @@ impl Shared {
         // A second round only after settling an in-doubt operation or finding that an
         // attached operation ended meanwhile; the third answers whatever the journal says.
         for round in 0..3 {
-            let admission = journal
-                .submit(op.clone())
-                .doing(|| format!("submit `{id}`"))?;
+            let admission = match self.ask_journal(conn, &journal, &op, base_revision, &edit)? {
+                Step::Answered(reply) => return Ok(reply),
+                Step::Known(admission) => admission,
+            };
             match admission {
                 // New work, durably recorded as running: the editor thread applies it.
                 Admission::Fresh(claim) => return self.accept(conn, session, claim, edit),
@@ -165,7 +166,7 @@ impl Shared {
                         applied: r.applied == Some(true),
                         revision: r.result_revision,
                         completed_at: r.completed_at,
-                        current_revision: self.revision(),
+                        current_revision: self.revision()?,
                         reason: if repaired_at.is_some() {
                             "damage"
                         } else {
@@ -185,18 +186,34 @@ impl Shared {
                             since: r.submitted_at,
                         }));
                     }
-                    let settled = {
-                        let doc = lock(&self.document);
-                        let Some(store) = doc.as_ref() else {
-                            return Err(ServiceError::Unavailable);
-                        };
-                        reconcile(&journal, store.document(), &r)?
-                    };
+                    let applied = self.applied(id)?;
+                    let settled = reconcile(&journal, applied.as_ref(), &r)?;
                     self.note(describe_reconciled(&settled));
                 }
             }
         }
         Err(ServiceError::Unavailable)
+    }
+
+    /// Asks the journal about `op`: a plain `submit`, or with the document in a database,
+    /// the whole edit in one transaction (a fresh operation is then answered already).
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+    fn ask_journal(
+        &self,
+        conn: &Arc<Conn>,
+        journal: &Journal,
+        op: &Operation,
+        base_revision: u64,
+        edit: &Edit,
+    ) -> Result<Step, ServiceError> {
+        #[cfg(feature = "postgres")]
+        if let Some(db) = &self.database {
+            return self.execute_in_database(db, conn, journal, op, base_revision, edit);
+        }
+        journal
+            .submit(op.clone())
+            .map(Step::Known)
+            .doing(|| format!("submit `{}`", op.id))
     }
 
     /// A fresh operation: attach the submitting session, answer `accepted`, and hand it to
