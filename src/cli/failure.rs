@@ -224,7 +224,7 @@ pub(crate) fn explain_database(err: &Error, name: &str) -> CliError {
             )
         }
         ErrorKind::UnsupportedFormat { found, supported } => {
-            let what = if *supported == u32::from(opjournal::FORMAT_VERSION) {
+            let what = if *supported == opjournal::FORMAT_VERSION {
                 "the journal's format"
             } else {
                 "the database's opjournal schema"
