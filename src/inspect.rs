@@ -444,12 +444,13 @@ impl Inspector {
         strict: bool,
         f: impl FnOnce(&index::Snapshot<'_>, Timestamp, &LogRead) -> Result<R>,
     ) -> Result<R> {
-        let handle = match &self.source {
-            Source::File(handle) => handle,
-            #[cfg(feature = "postgres")]
-            Source::Postgres(pg) => {
-                return postgres::with_snapshot(pg, |snap, now| f(snap, now, &LogRead::Absent));
-            }
+        #[cfg(feature = "postgres")]
+        if let Source::Postgres(pg) = &self.source {
+            return postgres::with_snapshot(pg, |snap, now| f(snap, now, &LogRead::Absent));
+        }
+        // Every source other than a file returned above.
+        let Some(handle) = self.file() else {
+            return Err(Error::new(ErrorKind::Closed));
         };
         let log_path = FileLog::path_for(&self.path);
         let mut attempts = 0;
