@@ -1,31 +1,37 @@
-//! The PostgreSQL access layer (feature `postgres`): one journal in one database, shared by
-//! several processes on several machines. The journal's group committer calls it; it
-//! knows tables as numbers, keys as bytes in key order and values as record bytes (the
-//! [`Store`](crate::index::store::Store) seam), nothing of the state machine.
-//!
-//! - [`Pg`]: a pool of blocking `postgres::Client`s for one journal (schema created,
-//!   version checked and journal registered on [`Pg::connect`]);
-//! - [`PgRead`]: a snapshot (`REPEATABLE READ, READ ONLY`) and the server's time;
-//! - [`PgWrite`]: a write transaction holding the journal's writer lock, its row in
-//!   `opjournal_journals`;
-//! - [`PgWriteIn`]: the same, in a transaction the embedder owns;
-//! - [`classify`], [`classify_commit`], [`is_conflict`]: postgres errors as the journal's
-//!   ([`ErrorKind::Unavailable`] for what a retry may fix).
-//!
-//! Round trips: beginning a read (with the server's time) is one, beginning a write (the
-//! lock and the server's time) one, a `get`, `scan` or `count` one (plus one per
-//! connection for the statement's first use, to prepare it), a batch of up to 10,000
-//! changes one per kind (upserts, deletes), COMMIT and the end of a read one each.
-//!
-//! Only SQL that CockroachDB and YugabyteDB accept as well (`ON CONFLICT`, `FOR UPDATE`,
-//! `SKIP LOCKED`, arrays); no advisory locks, no sequences, no PL/pgSQL. No TLS yet.
-//!
-//! Every call on a pooled connection is bounded on the client too (`deadline.rs`): a
-//! server silent for longer than the server-side timeouts plus a margin while a call
-//! waits for its answer (a network partition, a proxy that holds the bytes) fails the call
-//! with [`ErrorKind::Unavailable`] and drops the connection.
-// Nothing outside this module calls it until the group committer's integration does:
-// remove this then.
+//! A journal in PostgreSQL (feature `postgres`): one journal in one database, shared by
+//! the processes of a service on several machines. Open it with
+//! [`JournalBuilder::open_postgres`](crate::JournalBuilder::open_postgres); complete an
+//! operation together with an effect on the same database with
+//! [`Journal::execute_in`](crate::Journal::execute_in), which takes this module's
+//! [`Transaction`]. A database that cannot be reached, a timeout or a conflict the library's
+//! own retries did not clear is [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable),
+//! retryable. docs/postgres.md has the schema and what each guarantee rests on.
+
+// How it works. The journal's group committer calls this layer; it knows tables as
+// numbers, keys as bytes in key order and values as record bytes (the `Store` seam of
+// `crate::index::store`), nothing of the state machine.
+//
+// - `Pg`: a pool of blocking `postgres::Client`s for one journal (schema created, version
+//   checked and journal registered on `Pg::connect`);
+// - `PgRead`: a snapshot (`REPEATABLE READ, READ ONLY`) and the server's time;
+// - `PgWrite`: a write transaction holding the journal's writer lock, its row in
+//   `opjournal_journals`;
+// - `PgWriteIn`: the same, in a transaction the embedder owns;
+// - `classify`, `classify_commit`, `is_conflict`: postgres errors as the journal's
+//   (`ErrorKind::Unavailable` for what a retry may fix).
+//
+// Round trips: beginning a read (with the server's time) is one, beginning a write (the
+// lock and the server's time) one, a `get`, `scan` or `count` one (plus one per
+// connection for the statement's first use, to prepare it), a batch of up to 10,000
+// changes one per kind (upserts, deletes), COMMIT and the end of a read one each.
+//
+// Only SQL that CockroachDB and YugabyteDB accept as well (`ON CONFLICT`, `FOR UPDATE`,
+// `SKIP LOCKED`, arrays); no advisory locks, no sequences, no PL/pgSQL. No TLS yet.
+//
+// Every call on a pooled connection is bounded on the client too (`deadline.rs`): a
+// server silent for longer than the server-side timeouts plus a margin while a call
+// waits for its answer (a network partition, a proxy that holds the bytes) fails the call
+// with `ErrorKind::Unavailable` and drops the connection.
 
 /// The `postgres` crate's client types that [`Journal::execute_in`](crate::Journal::execute_in)
 /// takes, re-exported so that an embedder uses the same version as the journal.
