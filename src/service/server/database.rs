@@ -111,12 +111,14 @@ impl Shared {
             }
             Ok(known) => {
                 commit(txn)?;
-                return Ok(Step::Known(match known {
+                return Ok(Step::Known(Box::new(match known {
                     Executed::Replay(replay) => Admission::Replay(replay),
                     Executed::InProgress(r) => Admission::InProgress(r),
                     Executed::Expired(r) => Admission::Expired(r),
-                    Executed::InDoubt(r) | Executed::Fresh(r, _) => Admission::InDoubt(r),
-                }));
+                    Executed::InDoubt(r) => Admission::InDoubt(r),
+                    // Answered above; never reached.
+                    Executed::Fresh(r, _) => Admission::InProgress(r),
+                })));
             }
             Err(ExecuteError::Journal(e)) => {
                 return Err(journal_error(&format!("submit `{id}`"), e));

@@ -134,7 +134,7 @@ enum Step {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Answered(Option<Reply>),
     /// The journal's admission, to act on.
-    Known(Admission),
+    Known(Box<Admission>),
 }
 
 /// A fresh operation for the editor thread.

@@ -115,7 +115,7 @@ impl Shared {
         for round in 0..3 {
             let admission = match self.ask_journal(conn, &journal, &op, base_revision, &edit)? {
                 Step::Answered(reply) => return Ok(reply),
-                Step::Known(admission) => admission,
+                Step::Known(admission) => *admission,
             };
             match admission {
                 // New work, durably recorded as running: the editor thread applies it.
@@ -212,7 +212,7 @@ impl Shared {
         }
         journal
             .submit(op.clone())
-            .map(Step::Known)
+            .map(|a| Step::Known(Box::new(a)))
             .doing(|| format!("submit `{}`", op.id))
     }
 
