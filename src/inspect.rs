@@ -21,7 +21,7 @@
 //! [`ErrorKind::Corrupt`] (in builds that unwind on panic), so a damaged file never brings
 //! down the tool that inspects it.
 //!
-//! With the feature `postgres`, [`Inspector::open_postgres`] inspects a journal in
+//! With the feature `postgres`, `Inspector::open_postgres` inspects a journal in
 //! PostgreSQL the same way (`inspect/postgres.rs`): every method reads one `REPEATABLE
 //! READ, READ ONLY` snapshot of the database, beside any writers, and nothing is created
 //! or written ([`Access::Database`]).
@@ -61,7 +61,7 @@ pub enum Access {
     /// The file was not closed cleanly: redb recovered it in memory, and the
     /// file is read in place, unchanged. Writers are excluded while the inspector lives.
     Recovered,
-    /// The journal is in a database ([`Inspector::open_postgres`], feature `postgres`):
+    /// The journal is in a database (`Inspector::open_postgres`, feature `postgres`):
     /// each read is one snapshot of it, taken beside any writers, which are never waited
     /// for or excluded.
     Database,

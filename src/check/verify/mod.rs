@@ -222,7 +222,7 @@ pub fn verify(path: impl AsRef<Path>) -> Result<VerifyReport> {
 /// Verifies the journal an [`Inspector`] has open, as [`verify`] does, calling `progress`
 /// with the events checked so far and their total.
 ///
-/// For a journal in a database ([`Inspector::open_postgres`], feature `postgres`) the
+/// For a journal in a database (`Inspector::open_postgres`, feature `postgres`) the
 /// records and every index are checked as for a file, from one snapshot; there are no file
 /// pages, log or trailing bytes to check ([`Integrity::Skipped`], [`LogCheck::Absent`]).
 ///
