@@ -253,7 +253,7 @@ enum Conn<'a> {
         journal: &'a Journal,
         intent: Intent,
     },
-    Keys(KeysClient),
+    Keys(Box<KeysClient>),
 }
 
 impl Conn<'_> {
@@ -540,7 +540,8 @@ fn worker(argv: &[String]) -> Result<()> {
                         journal,
                         intent: intent.clone(),
                     }),
-                    None => KeysClient::connect(&w.url, t as i64, hash.clone()).map(Conn::Keys),
+                    None => KeysClient::connect(&w.url, t as i64, hash.clone())
+                        .map(|k| Conn::Keys(Box::new(k))),
                 };
                 let prepared = conn.and_then(|mut conn| {
                     // Warm the connection (and the pool) before the clock starts; in replay
@@ -921,7 +922,7 @@ fn fmt_rate(r: f64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
