@@ -177,12 +177,23 @@ impl Prepared {
     }
 
     /// Runs `sql` on `client` with `params`, and returns the rows it changed.
+    ///
+    /// A DELETE is never prepared: it joins the table with the batch's keys, and a
+    /// prepared statement's generic plan, made once per connection while the table was
+    /// small, scans every row of the journal for ever after (a hash join), under the
+    /// writer lock. Unnamed, it is planned with its parameters each time (an index probe
+    /// per key), in the same one round trip.
     pub(super) fn run(
         &mut self,
         client: &mut postgres::Client,
         sql: Sql,
         params: &Params<'_>,
     ) -> Result<u64, postgres::Error> {
+        if sql == Sql::Delete {
+            let typed: Vec<(&(dyn ToSql + Sync), Type)> =
+                params.iter().copied().zip(sql.types()).collect();
+            return client.execute_typed(&sql.text(), &typed);
+        }
         let s = self.get(client, sql)?;
         client.execute(&s, params)
     }
