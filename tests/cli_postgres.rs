@@ -571,7 +571,10 @@ fn verify_reports_a_clean_postgres_journal_clean() -> TestResult {
     assert!(text.contains("no problems found"), "{text}");
     // Five stored receipt records: the released id keeps a vacant one until purged.
     assert!(text.contains("12 events, 5 receipts, 3 results"), "{text}");
-    assert!(text.contains("not checked: the journal is in a database"), "{text}");
+    assert!(
+        text.contains("not checked: the journal is in a database"),
+        "{text}"
+    );
     let o = ok(&["--json", "verify", "--postgres", &url, "editor"]);
     let summary = summary_of(&o);
     assert_eq!(summary["ok"], true, "{summary}");
