@@ -331,9 +331,14 @@ fn session_inputs(count: usize, len: usize) -> Vec<Vec<u8>> {
 /// Runs the fixed sessions of [`session_inputs`] on `backend` (whatever their first byte
 /// picks) and sums their figures.
 fn model_sweep(backend: ops_vs_model::Backend) -> ops_vs_model::Figures {
+    model_sweep_of(backend, 40)
+}
+
+/// [`model_sweep`] over `sessions` sessions.
+fn model_sweep_of(backend: ops_vs_model::Backend, sessions: usize) -> ops_vs_model::Figures {
     panics::install(false);
     let mut total = ops_vs_model::Figures::default();
-    for data in session_inputs(40, 768) {
+    for data in session_inputs(sessions, 768) {
         let mut input = ops_vs_model::Input::from_bytes(&data);
         input.backend = backend;
         let f = panics::dump_on_panic("ops_vs_model", &data, || {
@@ -396,6 +401,30 @@ fn model_sessions_hold_on_the_memory_backend() {
             total.verified
         ),
         (0, 0, 0, 0),
+        "{total:?}"
+    );
+}
+
+/// The same sessions on a journal in PostgreSQL (a private server): every answer is the
+/// model's, a clean reopen opens the journal again from the database and compares, and a
+/// crash or a fault step compares (the processes are killed in tests/postgres_processes.rs).
+#[test]
+fn model_sessions_hold_on_the_postgres_backend() {
+    let Some(cluster) = opjournal_testkit::pg::PgCluster::start_or_skip() else {
+        return;
+    };
+    // The sessions' backend names the URL for the whole test binary's life.
+    let url: &'static str = Box::leak(cluster.url().into_boxed_str());
+    let total = model_sweep_of(ops_vs_model::Backend::Postgres(url), 16);
+    assert!(total.calls > 200, "{total:?}");
+    assert!(total.refusals > 0, "no predicted refusal: {total:?}");
+    assert!(total.applications > 0, "no effect applied: {total:?}");
+    assert!(total.replays > 0, "no replay: {total:?}");
+    assert!(total.reopens > 0, "no reopen from the database: {total:?}");
+    assert!(total.comparisons > 16 * 2, "too few comparisons: {total:?}");
+    assert_eq!(
+        (total.failures, total.poisoned_refusals, total.verified),
+        (0, 0, 0),
         "{total:?}"
     );
 }

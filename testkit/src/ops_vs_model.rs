@@ -54,6 +54,13 @@
 //! from bits of the input's first byte that the setup does not read ([`Input::backend`]);
 //! the stable tests' committed inputs run on both ([`check_every_claim`]).
 //!
+//! With the feature `postgres`, the same sessions run on a journal in PostgreSQL
+//! ([`Backend::Postgres`], a server the test names): as in memory, a fault is never armed
+//! and a crash compares every observable state with the model; a clean reopen closes the
+//! handle and opens the journal again from the database, and the model changes nothing
+//! (the journal lives on: opening it marks nothing in doubt, since other processes may be
+//! running its operations), so the claims held before complete on the new handle.
+//!
 //! The model and the disk are shared with the reliability tests; this file includes them
 //! through the crate root (`crate::model`, `crate::fault_backend`).
 
@@ -91,6 +98,11 @@ pub enum Backend {
     /// A journal in memory (`JournalBuilder::open_in_memory`): nothing durable, no disk to
     /// fault; an input's reopens and crashes compare every observable state with the model.
     Memory,
+    /// A journal in the PostgreSQL database at this URL (`JournalBuilder::open_postgres`),
+    /// a fresh journal name per session: no disk to fault; a crash compares with the model,
+    /// a reopen opens the journal again from the database.
+    #[cfg(feature = "postgres")]
+    Postgres(&'static str),
 }
 
 /// The journal's configuration, chosen by the input.
@@ -337,8 +349,12 @@ struct Session {
     clock: ManualClock,
     model: Model,
     recovery: Recovery,
-    /// The disk the journal's files are on; `None` for a journal in memory.
+    /// The disk the journal's files are on; `None` for a journal in memory or in a
+    /// database.
     disk: Option<FaultDisk>,
+    /// A journal in a database: its URL and name, to open it again.
+    #[cfg(feature = "postgres")]
+    database: Option<(&'static str, String)>,
     journal: Option<Journal>,
     poisoned: bool,
     fault_armed: bool,
@@ -423,6 +439,16 @@ impl Session {
         // way; the commit path is the same).
         cfg.sharing = Sharing::LiveReaders;
         let clock = ManualClock::new(Timestamp::from_millis(T0));
+        #[cfg(feature = "postgres")]
+        let database = match backend {
+            Backend::Postgres(url) => {
+                use std::sync::atomic::{AtomicU64, Ordering};
+                static SESSIONS: AtomicU64 = AtomicU64::new(0);
+                let n = SESSIONS.fetch_add(1, Ordering::Relaxed);
+                Some((url, format!("model_{}_{n}", std::process::id())))
+            }
+            _ => None,
+        };
         let (disk, journal) = match backend {
             Backend::FaultDisk => {
                 let disk = FaultDisk::from_image(pristine()?);
@@ -430,6 +456,14 @@ impl Session {
                 (Some(disk), journal)
             }
             Backend::Memory => (None, cfg.builder(&clock).open_in_memory()),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(url) => {
+                let name = database
+                    .as_ref()
+                    .map(|(_, n)| n.clone())
+                    .unwrap_or_default();
+                (None, cfg.builder(&clock).open_postgres(url, &name))
+            }
         };
         let journal = journal.map_err(|e| format!("open: {e}"))?;
         let model = Model::new(cfg.clone(), clock.clone());
@@ -440,6 +474,8 @@ impl Session {
             model,
             recovery,
             disk,
+            #[cfg(feature = "postgres")]
+            database,
             journal: Some(journal),
             poisoned: false,
             fault_armed: false,
@@ -556,6 +592,8 @@ impl Session {
             return self.reopen(End::PowerCut(CutPolicy::Random), 0);
         }
         match op {
+            #[cfg(feature = "postgres")]
+            Op::Reopen if self.database.is_some() => return self.reopen_database(),
             Op::Reopen | Op::Crash { .. } | Op::ArmFault(_) if self.disk.is_none() => {
                 // In memory there is nothing to fault, and nothing a restart would recover:
                 // the journal must equal the model here, as it must after a reopen.
@@ -998,6 +1036,29 @@ impl Session {
 
     /// Ends the journal's life as `end` says, verifies the file, reopens it, and checks it
     /// against every state the crash may have left.
+    /// A journal in a database: closes the handle, opens the journal again and compares.
+    /// The model is not told: the journal lived on in the database (opening marks nothing
+    /// in doubt), and the claims held before stay valid.
+    #[cfg(feature = "postgres")]
+    fn reopen_database(&mut self) -> Result<(), String> {
+        let (url, name) = self.database.clone().ok_or("no database")?;
+        if self.figures.reopens >= MAX_REOPENS as u64 {
+            return self.compare("in the database, at a reopen past the limit");
+        }
+        self.figures.reopens += 1;
+        let j = self.journal.take().ok_or("no journal open")?;
+        j.close()
+            .map_err(|e| self.fail(format!("closing the journal in PostgreSQL: {e}")))?;
+        let j = self
+            .cfg
+            .builder(&self.clock)
+            .open_postgres(url, &name)
+            .map_err(|e| self.fail(format!("opening the journal in PostgreSQL again: {e}")))?;
+        self.journal = Some(j);
+        self.note("closed and opened again from the database".to_string());
+        self.compare("after opening the journal again from the database")
+    }
+
     fn reopen(&mut self, end: End, seed: u64) -> Result<(), String> {
         if self.figures.reopens >= MAX_REOPENS as u64 && !self.disk_is_dead() {
             return Ok(());
