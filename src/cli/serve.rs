@@ -23,7 +23,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use opjournal::Journal;
-use opjournal::service::{JournalOpener, Service, ServiceConfig, Stage, chain};
+use opjournal::service::{JournalOpener, Pauses, Service, ServiceConfig, Stage, chain};
 
 /// Arguments of `opjournal serve`.
 #[derive(Debug, Clone)]
@@ -70,13 +70,14 @@ fn journal_file(args: &ServeArgs) -> Result<PathBuf, ExitCode> {
     })
 }
 
-/// Says on stderr when the operation armed by `--fault-hold` is held, for the tests that
+/// Arms `--fault-hold` at `stage` and says on stderr when the operation is held, for the tests that
 /// kill the process there.
-fn announce_hold(pauses: impl Fn() -> Option<String> + Send + 'static, stage: Stage) {
+fn arm_hold<T: Send + 'static>(owner: T, pauses: fn(&T) -> &Pauses, stage: Stage) {
+    pauses(&owner).arm(stage);
     let _ = std::thread::Builder::new()
         .name("fault-hold".into())
         .spawn(move || {
-            if let Some(id) = pauses() {
+            if let Ok(id) = pauses(&owner).wait_held(Duration::from_secs(24 * 3600)) {
                 eprintln!("editor: `{id}` is held at {stage:?} (fault injection)");
             }
         });
@@ -136,17 +137,7 @@ pub(crate) fn run(args: &ServeArgs) -> ExitCode {
     };
     let service = std::sync::Arc::new(service);
     if let Some(stage) = hold {
-        service.pauses().arm(stage);
-        let watching = service.clone();
-        announce_hold(
-            move || {
-                watching
-                    .pauses()
-                    .wait_held(Duration::from_secs(24 * 3600))
-                    .ok()
-            },
-            stage,
-        );
+        arm_hold(service.clone(), |s| s.pauses(), stage);
     }
     let addr = service.addr();
     let line = if args.json {
@@ -201,17 +192,7 @@ pub(crate) fn run_mcp(args: &ServeArgs) -> ExitCode {
     let _compactor = journal.spawn_compactor(COMPACT_EVERY);
     drop(journal);
     if let Some(stage) = hold {
-        editor.pauses().arm(stage);
-        let watching = editor.clone();
-        announce_hold(
-            move || {
-                watching
-                    .pauses()
-                    .wait_held(Duration::from_secs(24 * 3600))
-                    .ok()
-            },
-            stage,
-        );
+        arm_hold(editor.clone(), |e| e.pauses(), stage);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
