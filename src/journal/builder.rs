@@ -128,10 +128,12 @@ impl JournalBuilder {
         self
     }
 
-    /// The most memory redb's page cache may use (default 1 GiB, redb's
-    /// own default). The cache grows with the pages read, up to this bound; a smaller
-    /// bound saves an editor's memory on a large journal at the price of more reads from
-    /// the operating system's cache (replay lookups of old ids slow down first).
+    /// The most memory redb's page cache may use (default 32 MiB). The cache grows with
+    /// the pages read, up to this bound, so a journal smaller than it is held whole. A
+    /// journal larger than the bound has its other pages read again from the operating
+    /// system's cache when they are needed: replay lookups of old ids slow down first
+    /// (random ids over a 270 MiB journal: about 30% slower than with a 1 GiB cache). A
+    /// service with one large journal and memory to spare may raise it.
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.config.cache_bytes = bytes;
         self
