@@ -527,24 +527,14 @@ impl Memtable {
     /// acknowledged window entries made every later submit slower). Other tables keep the
     /// tombstone without asking `base` (a lookup per deletion, most of a purge's cost: its
     /// events, result and receipt are always in `base`). When `base` cannot be read, the
-    /// tombstone stays, which is always correct. `frozen` is a memtable between this one
-    /// and `base` (a checkpoint in progress): a key it has any change for keeps its
-    /// tombstone too.
-    pub(crate) fn absorb_over(
-        &mut self,
-        top: Memtable,
-        frozen: Option<&Memtable>,
-        base: Option<&super::layers::Base<'_>>,
-    ) {
+    /// tombstone stays, which is always correct.
+    pub(crate) fn absorb_over(&mut self, top: Memtable, base: Option<&super::layers::Base<'_>>) {
         let mut top = top;
         macro_rules! move_in {
             ($t:ident) => {
                 let pruned = PRUNED_TOMBSTONES.contains(&<$t as Table>::ID);
                 for (k, v) in std::mem::take(<$t as Table>::map_mut(&mut top)) {
-                    let in_base = || {
-                        frozen.is_some_and(|f| <$t as Table>::map(f).contains_key(&k))
-                            || base.is_some_and(|b| b.contains::<$t>(&k).unwrap_or(true))
-                    };
+                    let in_base = || base.is_some_and(|b| b.contains::<$t>(&k).unwrap_or(true));
                     if v.is_none() && pruned && !in_base() {
                         self.forget::<$t>(&k);
                     } else {

@@ -118,13 +118,11 @@ impl JournalBuilder {
     }
 
     /// How large the log may grow before a checkpoint writes it into redb and starts it
-    /// over (default 4 MiB, at least 64 KiB). A checkpoint runs beside the commits: a
-    /// thread of the journal writes the changes into redb while calls go on, and only its
-    /// commit (with the changes logged meanwhile) holds the next call up. Changes logged
-    /// since the last checkpoint are also held in memory (roughly as much again, up to
-    /// about three times while a checkpoint is being written), so this bounds the journal's
-    /// memory beside the page cache, and the time a reopen after a crash spends reading the
-    /// log back. Larger values checkpoint less often (fewer, larger redb transactions).
+    /// over (default 4 MiB, at least 64 KiB). A checkpoint waits for a moment when no call
+    /// is queued, up to twice this size. Changes logged since the last checkpoint are also
+    /// held in memory (roughly as much again), so this bounds the journal's memory beside
+    /// the page cache, and the time a reopen after a crash spends reading the log back.
+    /// Larger values checkpoint less often (fewer, larger redb transactions).
     pub fn checkpoint_size(mut self, bytes: u64) -> Self {
         self.config.checkpoint_bytes = bytes;
         self

@@ -9,7 +9,7 @@ use crate::machine::{self, Ctx};
 use redb::ReadableDatabase;
 
 use crate::codec::{self, RecordKind};
-use crate::index::{self, Base, Memtable, View, WriteTables};
+use crate::index::{self, Base, Layers, Memtable, View, WriteTables};
 use crate::record::CheckpointRecord;
 
 use super::Inner;
@@ -266,11 +266,17 @@ impl Inner {
                 drop(q);
                 let leader = LeaderGuard { committer: c };
                 self.execute(BatchGuard { jobs, inner: self });
-                // The batch's callers take their answers now. A checkpoint, if due, is
-                // handed to the checkpoint thread, or committed if the thread has written
-                // it (see `checkpointer`).
+                // The batch's callers take their answers now; a checkpoint, if due, runs
+                // while the next batch's callers wait (they queue behind the leader). It
+                // waits for a moment when no call is queued, unless the log has grown to
+                // twice the checkpoint size: a burst of calls is not held up by it.
                 c.cv.notify_all();
-                self.after_batch();
+                let quiet = self.foreground_waiting.load(Ordering::SeqCst) == 0;
+                if self.checkpoint_due(if quiet { 1 } else { 2 }) {
+                    // An error poisons the handle: later calls say so. This batch is durable
+                    // in the log either way.
+                    let _ = self.checkpoint();
+                }
                 drop(leader);
                 q = lock(&c.queue);
                 continue;
@@ -321,7 +327,7 @@ impl Inner {
         // (the session window, the hold-until-ack lock) see them.
         let pending: Vec<LazyEntry> = read_lock(&self.lazy).entries.clone();
         let committed = read_lock(&self.committed);
-        let mut t = WriteTables::over(committed.base.as_ref(), committed.layers());
+        let mut t = WriteTables::over(committed.base.as_ref(), Layers::new(&[&committed.mem]));
         let run = self.run_jobs(&mut t, now, &pending, jobs);
         let changes = t.into_changes();
         drop(committed);
@@ -376,8 +382,8 @@ impl Inner {
                             cache.remove(id);
                         }
                     }
-                    let super::reads::Committed { base, frozen, mem } = &mut *committed;
-                    mem.absorb_over(changes, frozen.as_deref(), base.as_ref());
+                    let super::reads::Committed { base, mem } = &mut *committed;
+                    mem.absorb_over(changes, base.as_ref());
                 }
                 self.persisted_high_water.fetch_max(now.0, Ordering::SeqCst);
                 self.lazy_committed(pending.len());
@@ -473,61 +479,38 @@ impl Inner {
         used >= limit || read_lock(&self.committed).mem.bytes() as u64 >= limit
     }
 
-    /// Writes everything logged into redb in one transaction (durable, two-phase), then
-    /// starts the log's next cycle and empties the memtables. Called with the leader role
-    /// held. A checkpoint the thread is writing is waited for and committed with the
-    /// memtable. On error the handle is poisoned: the log still holds everything, and
-    /// reopening replays it.
+    /// Writes the memtable into redb in one transaction (durable, two-phase), then starts
+    /// the log's next cycle and empties the memtable. Called by the leader only. On error
+    /// the handle is poisoned: the log still holds everything, and reopening replays it.
     pub(crate) fn checkpoint(&self) -> Result<()> {
         self.check_writable()?;
         if !matches!(self.storage, super::Storage::File) {
             // Only a file journal has a log to write into its index.
             return Ok(());
         }
-        let prepared = self.settle_checkpoint();
-        let r = self
-            .check_writable()
-            .and_then(|()| self.checkpoint_with(prepared));
+        let r = self.checkpoint_inner();
         if r.is_err() {
             self.poisoned.store(true, Ordering::SeqCst);
         }
         r
     }
 
-    /// The checkpoint's commit: `prepared` holds the frozen memtable already (written by
-    /// the checkpoint thread); without it a transaction is begun here.
-    pub(super) fn checkpoint_with(&self, prepared: Option<redb::WriteTransaction>) -> Result<()> {
+    fn checkpoint_inner(&self) -> Result<()> {
         let _started = std::time::Instant::now();
         let mut log_guard = lock(&self.log);
         let log = log_guard
             .as_mut()
             .ok_or_else(|| Error::new(ErrorKind::Closed))?;
         let cursor = log.cursor();
-        if prepared.is_none() && log.used() == 0 && {
-            let committed = read_lock(&self.committed);
-            committed.mem.is_empty() && committed.frozen.is_none()
-        } {
+        if log.used() == 0 && read_lock(&self.committed).mem.is_empty() {
             return Ok(());
         }
         let db = self.db()?;
-        let txn = match prepared {
-            Some(txn) => txn,
-            None => {
-                let mut txn = db.begin_write()?;
-                // Quick repair: the allocator state is saved with the commit, so that
-                // reopening after a crash, and read-only opens of a crashed file, need no
-                // full scan.
-                txn.set_quick_repair(self.cfg.quick_repair);
-                let committed = read_lock(&self.committed);
-                if let Some(frozen) = &committed.frozen {
-                    index::checkpoint(&txn, frozen)?;
-                }
-                txn
-            }
-        };
+        let mut txn = db.begin_write()?;
+        // Quick repair: the allocator state is saved with the commit, so that reopening
+        // after a crash, and read-only opens of a crashed file, need no full scan.
+        txn.set_quick_repair(self.cfg.quick_repair);
         {
-            // No batch runs meanwhile (the leader role is held): the transaction gets
-            // exactly what the log holds.
             let committed = read_lock(&self.committed);
             index::checkpoint(&txn, &committed.mem)?;
         }
@@ -555,7 +538,6 @@ impl Inner {
         let base = Base::new(db.begin_read()?);
         let mut committed = write_lock(&self.committed);
         committed.base = Some(base);
-        committed.frozen = None;
         committed.mem = Memtable::default();
         Ok(())
     }
@@ -567,8 +549,6 @@ impl Inner {
     pub(crate) fn close(&self) -> Result<()> {
         self.flush()?;
         self.persist_clock()?;
-        // A checkpoint in hand is committed first; the last one is made here.
-        self.stop_checkpointer();
         self.exclusive(|| {
             self.checkpoint().map_err(|e| {
                 e.while_doing(
@@ -597,19 +577,6 @@ impl Inner {
         drop(q);
         let _release = LeaderGuard { committer: c };
         f()
-    }
-
-    /// Runs `f` as the leader if no one holds the role now; `None` if someone does.
-    pub(crate) fn try_exclusive<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
-        let c = &self.committer;
-        let mut q = lock(&c.queue);
-        if q.leader {
-            return None;
-        }
-        q.leader = true;
-        drop(q);
-        let _release = LeaderGuard { committer: c };
-        Some(f())
     }
 
     /// Commits pending deliveries and acknowledgements (an empty batch drains them).

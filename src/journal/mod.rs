@@ -2,7 +2,6 @@
 
 mod builder;
 pub(crate) mod cache;
-mod checkpointer;
 mod committer;
 pub(crate) mod compactor;
 mod memory;
@@ -120,8 +119,6 @@ pub(crate) struct Inner {
     /// Held by a background compactor during a pass; `true` once the journal is dropped,
     /// so no pass starts after that and the file closes as soon as `Journal` drops.
     pub(crate) gate: Arc<Mutex<bool>>,
-    /// The checkpoint beside the commits (see [`checkpointer`]); a journal in a file only.
-    pub(crate) checkpointer: Arc<checkpointer::Checkpointer>,
 }
 
 impl std::fmt::Debug for Journal {
@@ -135,9 +132,6 @@ impl std::fmt::Debug for Journal {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // The checkpoint thread holds the journal only while it works: it ends now (not
-        // joined, as this may run on it).
-        self.checkpointer.stop_soon();
         // Closing redb writes its allocator state. After the engine panicked on damaged
         // data (caught, and the handle poisoned) its internal locks may be poisoned and
         // closing panics too: contain that here, so dropping a journal never panics. The
@@ -758,16 +752,6 @@ impl Journal {
         if !matches!(self.inner.storage, Storage::File) {
             return Ok((0, 0));
         }
-        // The checkpoint thread holds a reference to the journal: it stops (after the
-        // checkpoint in hand) while redb compacts, and starts again after.
-        self.inner.stop_checkpointer();
-        let reclaimed = self.reclaim_alone();
-        Inner::start_checkpointer(&self.inner)?;
-        reclaimed
-    }
-
-    /// [`Journal::reclaim_space`] with the checkpoint thread stopped.
-    fn reclaim_alone(&mut self) -> Result<(u64, u64)> {
         let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
         let before = size(&self.inner.path);
         let path = self.inner.path.display().to_string();
@@ -866,7 +850,7 @@ impl Journal {
             // A read transaction taken now sees the last checkpoint, or a checkpoint being
             // installed, which holds exactly the memtable's changes: laid over it again,
             // they change nothing. The memtable is bounded by the checkpoint size.
-            let (base, frozen, mem) = {
+            let (base, mem) = {
                 let committed = reads::read_lock(&self.inner.committed);
                 let base = match (&self.inner.storage, &self.inner.db) {
                     (Storage::File, Some(db)) => Some(index::Base::new(db.begin_read()?)),
@@ -879,14 +863,11 @@ impl Journal {
                         Some(index::Base::store(std::sync::Arc::new(pg.read()?.0)))
                     }
                 };
-                (base, committed.frozen.clone(), committed.mem.clone())
+                (base, committed.mem.clone())
             };
             let snap = index::Snapshot {
                 base: base.as_ref(),
-                layers: match &frozen {
-                    Some(frozen) => index::Layers::new(&[&mem, frozen]),
-                    None => index::Layers::new(&[&mem]),
-                },
+                layers: index::Layers::new(&[&mem]),
             };
             let mut report = crate::transfer::backup_snapshot(&snap, dest)?;
             report.access = crate::Access::Live;

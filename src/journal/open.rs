@@ -188,8 +188,10 @@ impl Journal {
                 persisted_high_water: AtomicU64::new(state.clock_high_water.0),
                 poisoned: AtomicBool::new(false),
                 lazy: RwLock::new(LazyBuffer::default()),
-                committed: RwLock::new(Committed::new(Some(base), mem)),
-                checkpointer: Default::default(),
+                committed: RwLock::new(Committed {
+                    base: Some(base),
+                    mem,
+                }),
                 log: Mutex::new(Some(writer)),
                 cache: Mutex::new(super::cache::ReplayCache::new(cache_bytes)),
                 foreground_waiting: Arc::new(AtomicUsize::new(0)),
@@ -199,7 +201,6 @@ impl Journal {
             }),
             released: false,
         };
-        Inner::start_checkpointer(&journal.inner)?;
         // Every operation still running lost its claim holder with the process that held
         // it: it is in doubt now (one log record, and only if there is any).
         journal

@@ -23,39 +23,14 @@ use super::committer::lock;
 pub(crate) struct Committed {
     /// `None` only while redb compacts its file (it needs no read transaction open).
     pub(crate) base: Option<Base<'static>>,
-    /// The memtable a checkpoint is writing into redb (see `checkpointer`): older than
-    /// `mem`, newer than `base`.
-    pub(crate) frozen: Option<std::sync::Arc<Memtable>>,
     pub(crate) mem: Memtable,
 }
 
 impl Committed {
-    pub(crate) fn new(base: Option<Base<'static>>, mem: Memtable) -> Committed {
-        Committed {
-            base,
-            frozen: None,
-            mem,
-        }
-    }
-
-    /// The layers over `base`: the memtable, then the frozen one.
-    pub(crate) fn layers(&self) -> Layers<'_> {
-        match &self.frozen {
-            Some(frozen) => Layers::new(&[&self.mem, frozen]),
-            None => Layers::new(&[&self.mem]),
-        }
-    }
-
-    /// The bytes both memtables hold.
-    #[cfg(feature = "internals")]
-    pub(crate) fn mem_bytes(&self) -> usize {
-        self.mem.bytes() + self.frozen.as_ref().map_or(0, |f| f.bytes())
-    }
-
     pub(crate) fn snapshot(&self) -> index::Snapshot<'_> {
         index::Snapshot {
             base: self.base.as_ref(),
-            layers: self.layers(),
+            layers: Layers::new(&[&self.mem]),
         }
     }
 }
@@ -168,7 +143,7 @@ impl crate::Journal {
     /// bounds. For tests of that bound (feature `internals`); not a stable API.
     #[doc(hidden)]
     pub fn memtable_bytes(&self) -> usize {
-        read_lock(&self.inner.committed).mem_bytes()
+        read_lock(&self.inner.committed).mem.bytes()
     }
 }
 
