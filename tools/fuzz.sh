@@ -13,6 +13,8 @@
 #   FUZZ_TARGET_DIR  cargo's target directory (default fuzz/target), e.g. to keep a stable
 #                    and a nightly build side by side (ops_vs_model builds in its
 #                    no-trace-compares/ subdirectory)
+#   FUZZ_ONE_BUILD=1 build ops_vs_model like the others (with compare tracing, in the same
+#                    target directory): one build of the workspace instead of two
 #   TMPDIR           where temporary files go (default /dev/shm when it exists)
 #
 # New corpus entries go to fuzz/work/<target>/ (not committed); the committed seeds in
@@ -54,7 +56,15 @@ target_dir=${FUZZ_TARGET_DIR:-target}
 set_build_for() {
     build=(--sanitizer "$sanitizer")
     case "$1" in
-        ops_vs_model) build+=(--no-trace-compares --target-dir "$target_dir/no-trace-compares") ;;
+        ops_vs_model)
+            if [ "${FUZZ_ONE_BUILD:-0}" = 1 ]; then
+                # One build for every target (CI's short runs: a second build of the
+                # workspace costs more than compare tracing does in 60 seconds).
+                if [ -n "${FUZZ_TARGET_DIR:-}" ]; then build+=(--target-dir "$FUZZ_TARGET_DIR"); fi
+            else
+                build+=(--no-trace-compares --target-dir "$target_dir/no-trace-compares")
+            fi
+            ;;
         *) if [ -n "${FUZZ_TARGET_DIR:-}" ]; then build+=(--target-dir "$FUZZ_TARGET_DIR"); fi ;;
     esac
 }
