@@ -378,19 +378,19 @@ const OPJ_VARIANTS: [OpjCfg; 4] = [
     },
 ];
 
-/// `OPJ_BENCH_CHECKPOINT_SIZE=<bytes>` measures another checkpoint size (for choosing the
-/// default; the report says so in its environment lines).
-fn checkpoint_size_override() -> Option<u64> {
-    std::env::var("OPJ_BENCH_CHECKPOINT_SIZE")
-        .ok()?
-        .parse()
-        .ok()
+/// A number from the environment, if set: `OPJ_BENCH_CHECKPOINT_SIZE=<bytes>` and
+/// `OPJ_BENCH_CACHE_SIZE=<bytes>` measure another checkpoint size or page cache bound (for
+/// choosing the defaults; the report names them in its environment lines).
+fn env_override<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok()?.parse().ok()
 }
 
-/// `OPJ_BENCH_CACHE_SIZE=<bytes>` measures another page cache bound (for choosing the
-/// default; the report says so in its environment lines).
+fn checkpoint_size_override() -> Option<u64> {
+    env_override("OPJ_BENCH_CHECKPOINT_SIZE")
+}
+
 fn cache_size_override() -> Option<usize> {
-    std::env::var("OPJ_BENCH_CACHE_SIZE").ok()?.parse().ok()
+    env_override("OPJ_BENCH_CACHE_SIZE")
 }
 
 impl OpjCfg {
