@@ -22,14 +22,22 @@ use super::reads::{LazyEntry, read_lock, write_lock};
 // job, runs them in one write transaction, commits once (one sync), and hands each caller
 // its own answer. Jobs queued meanwhile form the next batch. A lone caller leads its own
 // batch at once, so it waits for nothing but its own commit.
+//
+// Wake-ups are targeted: a caller sleeps on its own slot, the leader wakes each caller of
+// its batch as it hands over the answer, and a leader giving up its role wakes one queued
+// caller to lead the next batch. (One condition variable for all, notified for every
+// batch, woke every waiting thread twice per batch: with 64 callers, most of the leader's
+// time went to waking threads that went back to sleep.)
 // ---------------------------------------------------------------------------------------
 
 pub(crate) struct Committer {
     queue: Mutex<Queue>,
+    /// Where [`Inner::exclusive`] callers wait for the leader's role.
     cv: Condvar,
 }
 
-/// Gives up the leader's role (also when the leader's work unwinds) and wakes the waiting.
+/// Gives up the leader's role (also when the leader's work unwinds) and wakes the next
+/// leader: the first queued caller, and any caller waiting for the role to itself.
 struct LeaderGuard<'a> {
     committer: &'a Committer,
 }
@@ -38,7 +46,12 @@ impl Drop for LeaderGuard<'_> {
     fn drop(&mut self) {
         let mut q = lock(&self.committer.queue);
         q.leader = false;
-        self.committer.cv.notify_all();
+        if let Some(job) = q.jobs.first() {
+            job.wake();
+        }
+        if q.exclusive_waiting > 0 {
+            self.committer.cv.notify_all();
+        }
     }
 }
 
@@ -46,6 +59,8 @@ impl Drop for LeaderGuard<'_> {
 struct Queue {
     jobs: Vec<Box<dyn Job>>,
     leader: bool,
+    /// Callers of [`Inner::exclusive`] waiting for the role.
+    exclusive_waiting: usize,
 }
 
 /// A queued call. `run` may be called more than once (a batch is retried without a job
@@ -56,6 +71,8 @@ pub(super) trait Job: Send {
     fn run(&mut self, ctx: &mut Ctx<'_, '_>) -> std::result::Result<(), RunFailure>;
     fn finish(&mut self, commit: std::result::Result<(), &Error>);
     fn fail(&mut self, err: Error);
+    /// Wakes the job's caller to take the leader's role if it is free.
+    fn wake(&self);
     /// Whether the batch should not wait for a writer lock another process holds (a
     /// background compaction pass leaves the work to that process or its next pass).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -94,7 +111,54 @@ pub(super) enum RunFailure {
     Fatal(Error),
 }
 
-type Slot<T> = Arc<Mutex<Option<Result<T>>>>;
+/// Where a caller waits: for its answer, or for a wake-up to lead the next batch.
+struct SlotState<T> {
+    answer: Option<Result<T>>,
+    woken: bool,
+}
+
+struct SlotInner<T> {
+    state: Mutex<SlotState<T>>,
+    cv: Condvar,
+}
+
+type Slot<T> = Arc<SlotInner<T>>;
+
+impl<T> SlotInner<T> {
+    fn new() -> Self {
+        SlotInner {
+            state: Mutex::new(SlotState {
+                answer: None,
+                woken: false,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn answer(&self, out: Result<T>) {
+        lock(&self.state).answer = Some(out);
+        self.cv.notify_one();
+    }
+
+    fn wake(&self) {
+        lock(&self.state).woken = true;
+        self.cv.notify_one();
+    }
+
+    fn take(&self) -> Option<Result<T>> {
+        lock(&self.state).answer.take()
+    }
+
+    /// Sleeps until the answer is in or the caller was woken (the wake-up is consumed).
+    /// A wake-up given before the wait is not lost: it is a flag, not a notification.
+    fn wait(&self) {
+        let mut st = lock(&self.state);
+        while st.answer.is_none() && !st.woken {
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.woken = false;
+    }
+}
 
 struct TypedJob<T, F> {
     background: bool,
@@ -151,7 +215,7 @@ where
                 .unwrap_or_else(|| Err(Error::new(ErrorKind::Storage))),
             Err(e) => Err(copy_error(e)),
         };
-        *lock(&self.slot) = Some(out);
+        self.slot.answer(out);
     }
 
     fn fail(&mut self, err: Error) {
@@ -159,7 +223,11 @@ where
             Some(Err(own)) => Err(own),
             _ => Err(err),
         };
-        *lock(&self.slot) = Some(out);
+        self.slot.answer(out);
+    }
+
+    fn wake(&self) {
+        self.slot.wake();
     }
 }
 
@@ -242,7 +310,7 @@ impl Inner {
         F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send + 'static,
     {
         self.check_writable()?;
-        let slot: Slot<T> = Arc::new(Mutex::new(None));
+        let slot: Slot<T> = Arc::new(SlotInner::new());
         let job = TypedJob {
             background,
             yield_if_locked,
@@ -257,7 +325,7 @@ impl Inner {
         }
         q.jobs.push(Box::new(job));
         loop {
-            if let Some(r) = lock(&slot).take() {
+            if let Some(r) = slot.take() {
                 return r;
             }
             if !q.leader && !q.jobs.is_empty() {
@@ -266,11 +334,10 @@ impl Inner {
                 drop(q);
                 let leader = LeaderGuard { committer: c };
                 self.execute(BatchGuard { jobs, inner: self });
-                // The batch's callers take their answers now; a checkpoint, if due, runs
-                // while the next batch's callers wait (they queue behind the leader). It
-                // waits for a moment when no call is queued, unless the log has grown to
-                // twice the checkpoint size: a burst of calls is not held up by it.
-                c.cv.notify_all();
+                // The batch's callers were woken with their answers; a checkpoint, if due,
+                // runs while the next batch's callers wait (they queue behind the leader).
+                // It waits for a moment when no call is queued, unless the log has grown
+                // to twice the checkpoint size: a burst of calls is not held up by it.
                 let quiet = self.foreground_waiting.load(Ordering::SeqCst) == 0;
                 if self.checkpoint_due(if quiet { 1 } else { 2 }) {
                     // An error poisons the handle: later calls say so. This batch is durable
@@ -281,7 +348,11 @@ impl Inner {
                 q = lock(&c.queue);
                 continue;
             }
-            q = c.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+            // A leader is at work: it answers this job, or wakes this caller to lead
+            // when it gives up the role with this job still queued.
+            drop(q);
+            slot.wait();
+            q = lock(&c.queue);
         }
     }
 
@@ -571,7 +642,9 @@ impl Inner {
         let c = &self.committer;
         let mut q = lock(&c.queue);
         while q.leader {
+            q.exclusive_waiting += 1;
             q = c.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+            q.exclusive_waiting -= 1;
         }
         q.leader = true;
         drop(q);

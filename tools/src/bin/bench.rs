@@ -3748,6 +3748,51 @@ fn profile(args: &[String]) -> Result<()> {
             drop((conn, store));
             remove_journal(&path);
         }
+        Some("lifecycle-mt") => {
+            // The sweep's loop without the interleaving: THREADS threads on one journal,
+            // each with its own scope and session, for profiling the commit path under
+            // concurrency (`perf record -g`).
+            let cfg = OpjCfg::from_key(args.get(1).ok_or("missing CFG")?).ok_or("unknown CFG")?;
+            let path = PathBuf::from(args.get(2).ok_or("missing PATH")?);
+            let (ops, threads) = (num(3)?, num(4)?.max(1));
+            remove_one(&path);
+            let j = cfg.builder().open(&path)?;
+            let (start, syncs) = (Instant::now(), syncs::total());
+            std::thread::scope(|s| -> Result<()> {
+                let handles: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let (j, ctx) = (&j, &ctx);
+                        s.spawn(move || -> Result<()> {
+                            let mut conn = Conn::Opj(j);
+                            let (scope, session) = (format!("s{t}"), format!("c{t}"));
+                            let mut rev = 0;
+                            for i in 0..ops / threads {
+                                conn.lifecycle(
+                                    ctx,
+                                    &format!("p-{t}-{i}"),
+                                    &scope,
+                                    &session,
+                                    &mut rev,
+                                )?;
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    h.join().map_err(|_| "a lifecycle thread panicked")??;
+                }
+                Ok(())
+            })?;
+            let done = ops / threads * threads;
+            eprintln!(
+                "{:.0} lifecycles/s, {:.3} syncs per lifecycle",
+                done as f64 / start.elapsed().as_secs_f64(),
+                (syncs::total() - syncs) as f64 / done as f64
+            );
+            drop(j);
+            remove_one(&path);
+        }
         Some("lifecycle") => {
             let cfg = OpjCfg::from_key(args.get(1).ok_or("missing CFG")?).ok_or("unknown CFG")?;
             let path = PathBuf::from(args.get(2).ok_or("missing PATH")?);
