@@ -92,6 +92,76 @@ fn concurrent_independent_lifecycles_share_commits_and_all_land() -> opjournal::
     Ok(())
 }
 
+/// Callers sleep on their own slots and are woken one by one (by the leader that answers
+/// them, or to lead the next batch): a lost wake-up would leave a caller asleep for ever.
+/// 64 threads with checkpoints every few batches (run by the leader while callers queue),
+/// a compaction pass batched on its own, `flush` and `backup` beside them: every call
+/// returns (a watchdog turns a hang into a failure), and everything lands.
+#[test]
+fn sixty_four_callers_with_checkpoints_and_compaction_all_return() -> opjournal::Result<()> {
+    const THREADS: usize = 64;
+    const EACH: usize = 25;
+    let env = Env::new();
+    let journal = Arc::new(env.builder().checkpoint_size(64 * 1024).open(&env.path)?);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let journal = journal.clone();
+            let done = done_tx.clone();
+            thread::spawn(move || -> opjournal::Result<()> {
+                let session = format!("s{t}");
+                for i in 0..EACH {
+                    let id = format!("t{t}-{i}");
+                    let op = Operation::new(&id, add_light("x"))
+                        .scope(format!("scope-{t}"))
+                        .base_revision(i as u64)
+                        .session(session.as_str());
+                    let Admission::Fresh(claim) = journal.submit(op)? else {
+                        panic!("`{id}`: fresh expected");
+                    };
+                    journal.complete(&claim, Outcome::applied(i as u64 + 1, vec![7; 512]))?;
+                    journal.acknowledge(&id, Some(&session))?;
+                }
+                let _ = done.send(());
+                Ok(())
+            })
+        })
+        .collect();
+    let side = {
+        let journal = journal.clone();
+        let dir = env.path.with_extension("backups");
+        thread::spawn(move || -> opjournal::Result<()> {
+            std::fs::create_dir_all(&dir).expect("a directory for the backups");
+            for round in 0..5 {
+                journal.compact()?;
+                journal.flush()?;
+                journal.backup(dir.join(format!("b{round}.opj")))?;
+            }
+            Ok(())
+        })
+    };
+    drop(done_tx);
+    for _ in 0..THREADS {
+        done_rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .expect("a caller never returned (a lost wake-up?)");
+    }
+    for h in workers {
+        h.join().expect("worker")?;
+    }
+    side.join().expect("side thread")?;
+    let stats = journal.stats()?;
+    let n = (THREADS * EACH) as u64;
+    assert_eq!((stats.applied, stats.acknowledged), (n, n));
+    drop(journal);
+    let journal = env.open();
+    assert_eq!(journal.stats()?.applied, n);
+    drop(journal);
+    let report = opjournal::verify(&env.path)?;
+    assert!(report.is_clean(), "{:?}", report.findings);
+    Ok(())
+}
+
 #[test]
 fn second_handle_in_this_process_is_locked_out() {
     let env = Env::new();
