@@ -559,7 +559,23 @@ impl Inner {
             // Only a file journal has a log to write into its index.
             return Ok(());
         }
-        let r = self.checkpoint_inner();
+        // On a thread of its own, which the caller waits for: the write transaction's
+        // buffers (tens of MiB for a 4 MiB log) are then allocated and freed by one short
+        // thread, whose malloc arena the next one reuses. Run by whichever caller leads,
+        // they left a copy in every thread's arena (glibc keeps freed memory per arena):
+        // over 1,000,000 lifecycles on 8 threads, 128 MiB of resident memory against 45
+        // MiB with one arena. If no thread can be started, it runs here.
+        let r = std::thread::scope(|s| {
+            match std::thread::Builder::new()
+                .name("opjournal-checkpoint".into())
+                .spawn_scoped(s, || self.checkpoint_inner())
+            {
+                Ok(t) => t
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::new(ErrorKind::Poisoned))),
+                Err(_) => self.checkpoint_inner(),
+            }
+        });
         if r.is_err() {
             self.poisoned.store(true, Ordering::SeqCst);
         }
