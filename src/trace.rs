@@ -41,3 +41,43 @@ macro_rules! trace_event {
 }
 
 pub(crate) use {trace_event, trace_span};
+
+/// What a thread the journal starts for a caller's work (a checkpoint) takes over from
+/// the caller: the `tracing` subscriber and the span in effect, so that the work's events
+/// reach a subscriber set for the caller's thread only, under the caller's span.
+#[cfg(feature = "tracing")]
+pub(crate) struct Context {
+    dispatch: tracing::Dispatch,
+    span: tracing::Span,
+}
+
+#[cfg(feature = "tracing")]
+impl Context {
+    /// The calling thread's subscriber and current span.
+    pub(crate) fn capture() -> Context {
+        Context {
+            dispatch: tracing::dispatcher::get_default(|d| d.clone()),
+            span: tracing::Span::current(),
+        }
+    }
+
+    /// Runs `f` under the captured subscriber and span.
+    pub(crate) fn run<R>(&self, f: impl FnOnce() -> R) -> R {
+        tracing::dispatcher::with_default(&self.dispatch, || self.span.in_scope(f))
+    }
+}
+
+/// Nothing to take over without the `tracing` feature.
+#[cfg(not(feature = "tracing"))]
+pub(crate) struct Context;
+
+#[cfg(not(feature = "tracing"))]
+impl Context {
+    pub(crate) fn capture() -> Context {
+        Context
+    }
+
+    pub(crate) fn run<R>(&self, f: impl FnOnce() -> R) -> R {
+        f()
+    }
+}

@@ -83,6 +83,13 @@ fn journal_calls_open_spans_with_their_operation_id_and_compaction_reports_its_c
     assert!(has("span complete operation_id=op_7f3"), "{seen:#?}");
     assert!(has("span acknowledge operation_id=op_7f3"), "{seen:#?}");
     assert!(has("span compact"), "{seen:#?}");
+    // Written on a thread of the journal's own (see `Inner::checkpoint`), still seen by
+    // a subscriber set for this thread only.
+    assert!(
+        seen.iter()
+            .any(|s| s.starts_with("event") && s.contains("message=checkpoint")),
+        "{seen:#?}"
+    );
     assert!(
         seen.iter().any(|s| s.starts_with("event")
             && s.contains("message=compaction pass")
