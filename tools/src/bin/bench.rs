@@ -3628,6 +3628,16 @@ fn section_memory(p: &Params, dir: &Path, r: &mut Report) -> Result<()> {
 ///
 /// VARIANT is a SQLite arrangement's key (`sqlite-group-ackq`, ...), by default
 /// `sqlite-mutex-ackq`.
+/// What a profiling loop prints when it ends: lifecycles per second since `start`, and
+/// syncs per lifecycle since the sync count was `syncs`.
+fn report_rate(lifecycles: usize, start: Instant, syncs: u64) {
+    eprintln!(
+        "{:.0} lifecycles/s, {:.3} syncs per lifecycle",
+        lifecycles as f64 / start.elapsed().as_secs_f64(),
+        (syncs::total() - syncs) as f64 / lifecycles as f64
+    );
+}
+
 fn profile(args: &[String]) -> Result<()> {
     let ctx = Ctx::new()?;
     let num = |i: usize| -> Result<usize> {
@@ -3721,11 +3731,7 @@ fn profile(args: &[String]) -> Result<()> {
             for i in 0..ops {
                 conn.lifecycle(&ctx, &format!("p-{i}"), "p", "p", &mut rev)?;
             }
-            eprintln!(
-                "{:.0} lifecycles/s, {:.2} syncs per lifecycle",
-                ops as f64 / start.elapsed().as_secs_f64(),
-                (syncs::total() - syncs) as f64 / ops as f64
-            );
+            report_rate(ops, start, syncs);
             drop(j);
             remove_one(&copy);
         }
@@ -3740,11 +3746,7 @@ fn profile(args: &[String]) -> Result<()> {
             for i in 0..ops {
                 conn.lifecycle(&ctx, &format!("p-{i}"), "p", "p", &mut rev)?;
             }
-            eprintln!(
-                "{:.0} lifecycles/s, {:.2} syncs per lifecycle",
-                ops as f64 / start.elapsed().as_secs_f64(),
-                (syncs::total() - syncs) as f64 / ops as f64
-            );
+            report_rate(ops, start, syncs);
             drop((conn, store));
             remove_journal(&path);
         }
@@ -3785,11 +3787,7 @@ fn profile(args: &[String]) -> Result<()> {
                 Ok(())
             })?;
             let done = ops / threads * threads;
-            eprintln!(
-                "{:.0} lifecycles/s, {:.3} syncs per lifecycle",
-                done as f64 / start.elapsed().as_secs_f64(),
-                (syncs::total() - syncs) as f64 / done as f64
-            );
+            report_rate(done, start, syncs);
             drop(j);
             remove_one(&path);
         }
@@ -3805,11 +3803,7 @@ fn profile(args: &[String]) -> Result<()> {
             for i in 0..ops {
                 conn.lifecycle(&ctx, &format!("p-{i}"), "p", "p", &mut rev)?;
             }
-            eprintln!(
-                "{:.0} lifecycles/s, {:.2} syncs per lifecycle",
-                ops as f64 / start.elapsed().as_secs_f64(),
-                (syncs::total() - syncs) as f64 / ops as f64
-            );
+            report_rate(ops, start, syncs);
             drop(j);
             remove_one(&path);
         }
