@@ -569,15 +569,13 @@ impl Inner {
         let r = std::thread::scope(|s| {
             match std::thread::Builder::new()
                 .name("opjournal-checkpoint".into())
-                .spawn_scoped(s, || {
-                    // The panic guard the caller's thread has: a redb panic is answered as
-                    // the damage it means, not as a lost thread.
-                    context
-                        .run(|| crate::preflight::guarded("checkpoint", || self.checkpoint_inner()))
-                }) {
+                .spawn_scoped(s, || context.run(|| self.checkpoint_inner()))
+            {
+                // A panic (redb's, on damaged data) goes on in the caller's thread, whose
+                // panic guard answers it as before the checkpoint had a thread.
                 Ok(t) => t
                     .join()
-                    .unwrap_or_else(|_| Err(Error::new(ErrorKind::Poisoned))),
+                    .unwrap_or_else(|payload| std::panic::resume_unwind(payload)),
                 Err(_) => self.checkpoint_inner(),
             }
         });
