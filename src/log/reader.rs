@@ -221,12 +221,17 @@ impl Window {
         if at < self.start || at + n as u64 > end {
             let want = n.max(Self::CHUNK) as u64;
             let take = want.min(len.saturating_sub(at)).max(n as u64);
-            self.buf.clear();
+            // Resized, not cleared and refilled with zeros: the read overwrites every byte
+            // (a chunk's zeroing cost as much as the scan's CRCs). A failed read empties
+            // the window, so no byte of it is served as the log's.
             self.buf.resize(
                 usize::try_from(take).map_err(|_| io::Error::other("a record is too large"))?,
                 0,
             );
-            storage.read_at(at, &mut self.buf)?;
+            if let Err(e) = storage.read_at(at, &mut self.buf) {
+                self.buf.clear();
+                return Err(e);
+            }
             self.start = at;
         }
         let from = usize::try_from(at - self.start).map_err(|_| io::Error::other("offset"))?;

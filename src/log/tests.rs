@@ -425,3 +425,60 @@ fn the_log_grows_to_powers_of_two_only() -> io::Result<()> {
     assert!(is_capacity(storage.len()?));
     Ok(())
 }
+
+/// A log whose reads fail while `failing` is set (before writing any byte of the buffer).
+#[derive(Debug, Default)]
+struct FailingReads {
+    log: MemoryLog,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl FailingReads {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(io::Error::other("injected read failure"));
+        }
+        self.log.read_at(offset, buf)
+    }
+}
+
+impl LogStorage for FailingReads {
+    fn len(&self) -> io::Result<u64> {
+        self.log.len()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        FailingReads::read_at(self, offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.log.write_at(offset, data)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.log.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.log.sync_data()
+    }
+}
+
+#[test]
+fn a_failed_read_leaves_no_stale_bytes_in_the_read_ahead_window() -> io::Result<()> {
+    use std::sync::atomic::Ordering;
+    let storage = FailingReads::default();
+    let pattern: Vec<u8> = (0..3 * Window::CHUNK).map(|i| (i % 251) as u8).collect();
+    storage.write_at(0, &pattern)?;
+    let len = storage.len()?;
+    let mut window = Window::default();
+    assert_eq!(window.get(&storage, 8, 4, len)?, &pattern[8..12]);
+    // A read past the window fails: the window must not keep what it held before as if
+    // it were the bytes of the failed range, nor serve a half-made buffer afterwards.
+    storage.failing.store(true, Ordering::SeqCst);
+    let far = 2 * Window::CHUNK as u64 + 16;
+    assert!(window.get(&storage, far, 4, len).is_err());
+    storage.failing.store(false, Ordering::SeqCst);
+    assert_eq!(window.get(&storage, 100, 4, len)?, &pattern[100..104]);
+    assert_eq!(
+        window.get(&storage, far, 4, len)?,
+        &pattern[far as usize..far as usize + 4]
+    );
+    Ok(())
+}
