@@ -2,6 +2,7 @@
 
 mod builder;
 pub(crate) mod cache;
+mod checkpointer;
 mod committer;
 pub(crate) mod compactor;
 mod memory;
@@ -95,7 +96,7 @@ pub(crate) struct Inner {
     pub(crate) storage: Storage,
     /// `None` only while `Inner` is dropped (see its `Drop`), and for storage other than a
     /// file.
-    db: Option<Database>,
+    db: Option<Arc<Database>>,
     pub(crate) cfg: Config,
     path: PathBuf,
     high_water: AtomicU64,
@@ -116,6 +117,8 @@ pub(crate) struct Inner {
     /// Deliveries and acknowledgements not committed yet (see [`LazyBuffer`]).
     lazy: RwLock<LazyBuffer>,
     committer: Committer,
+    /// The thread that writes checkpoints into redb (see [`checkpointer`]).
+    checkpointer: checkpointer::Checkpointer,
     /// Held by a background compactor during a pass; `true` once the journal is dropped,
     /// so no pass starts after that and the file closes as soon as `Journal` drops.
     pub(crate) gate: Arc<Mutex<bool>>,
@@ -149,8 +152,13 @@ impl Inner {
     /// redb; gone only while the journal is being dropped.
     pub(crate) fn db(&self) -> Result<&Database> {
         self.db
-            .as_ref()
+            .as_deref()
             .ok_or_else(|| Error::new(ErrorKind::Closed))
+    }
+
+    /// redb, shared with a job of the checkpoint thread (which drops it before answering).
+    pub(crate) fn db_shared(&self) -> Result<Arc<Database>> {
+        self.db.clone().ok_or_else(|| Error::new(ErrorKind::Closed))
     }
 
     /// The journal's time: the clock, never below the high-water mark.
@@ -236,6 +244,10 @@ impl Journal {
         let committed = inner.committed.get_mut().unwrap_or_else(|e| e.into_inner());
         committed.base = None;
         let Some(db) = inner.db.take() else {
+            return Ok(());
+        };
+        // Unshared: a checkpoint's job drops its copy before the checkpoint returns.
+        let Ok(db) = Arc::try_unwrap(db) else {
             return Ok(());
         };
         crate::preflight::guarded("close", || {
@@ -768,9 +780,11 @@ impl Journal {
         inner.exclusive(|| inner.checkpoint())?;
         let committed = inner.committed.get_mut().unwrap_or_else(|e| e.into_inner());
         committed.base = None;
+        // Unshared: a checkpoint's job drops its copy before the checkpoint returns.
         let db = inner
             .db
             .as_mut()
+            .and_then(Arc::get_mut)
             .ok_or_else(|| Error::new(ErrorKind::Closed))?;
         let compacted = (|| -> Result<()> {
             while db.compact()? {}

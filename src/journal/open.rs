@@ -181,7 +181,7 @@ impl Journal {
         let journal = Journal {
             inner: Arc::new(Inner {
                 storage: super::Storage::File,
-                db: Some(db),
+                db: Some(Arc::new(db)),
                 cfg,
                 path: path.to_path_buf(),
                 high_water: AtomicU64::new(high_water.0),
@@ -190,12 +190,13 @@ impl Journal {
                 lazy: RwLock::new(LazyBuffer::default()),
                 committed: RwLock::new(Committed {
                     base: Some(base),
-                    mem,
+                    mem: Arc::new(mem),
                 }),
                 log: Mutex::new(Some(writer)),
                 cache: Mutex::new(super::cache::ReplayCache::new(cache_bytes)),
                 foreground_waiting: Arc::new(AtomicUsize::new(0)),
                 committer: Committer::new(),
+                checkpointer: Default::default(),
                 gate: Arc::new(Mutex::new(false)),
                 handles: AtomicUsize::new(1),
             }),

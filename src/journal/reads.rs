@@ -23,7 +23,8 @@ use super::committer::lock;
 pub(crate) struct Committed {
     /// `None` only while redb compacts its file (it needs no read transaction open).
     pub(crate) base: Option<Base<'static>>,
-    pub(crate) mem: Memtable,
+    /// Shared with a checkpoint while it writes it into redb (see `Inner::checkpoint`).
+    pub(crate) mem: std::sync::Arc<Memtable>,
 }
 
 impl Committed {
