@@ -162,8 +162,9 @@ pub(crate) trait View: Layered {
     /// The operations recorded as holding `scope`'s lock.
     fn holders(&self, scope: &str) -> Result<Vec<String>> {
         let lo = (scope.to_string(), String::new());
+        let hi = (after_every_extension(scope), String::new());
         let mut out = Vec::new();
-        for entry in self.range::<Holds>(Bound::Included(&lo), Bound::Unbounded)? {
+        for entry in self.range::<Holds>(Bound::Included(&lo), Bound::Excluded(&hi))? {
             let ((s, op), ()) = entry?;
             if s != scope {
                 break;
@@ -181,7 +182,8 @@ pub(crate) trait View: Layered {
             return Ok(out);
         }
         let lo = (session.to_string(), after + 1, String::new());
-        for entry in self.range::<Windows>(Bound::Included(&lo), Bound::Unbounded)? {
+        let hi = (after_every_extension(session), 0, String::new());
+        for entry in self.range::<Windows>(Bound::Included(&lo), Bound::Excluded(&hi))? {
             let ((s, deadline, op), ()) = entry?;
             if s != session {
                 break;
@@ -223,7 +225,17 @@ pub(crate) trait View: Layered {
         } else {
             Bound::Included(&lo)
         };
-        for entry in self.range::<Timers>(lower, Bound::Unbounded)? {
+        // Bounded above, not only cut short by the loop: a range's deletions (tombstones
+        // until the next checkpoint) past the last entry it yields are stepped over before
+        // the loop sees a key past it, and compaction deletes timers of the other kinds and
+        // of later dues as it goes, which each of its batches stepped over again.
+        let hi = match (now.checked_add(1), k.checked_add(1)) {
+            (Some(next_due), _) => Some((k, next_due, String::new())),
+            (None, Some(next_kind)) => Some((next_kind, 0, String::new())),
+            (None, None) => None,
+        };
+        let upper = hi.as_ref().map_or(Bound::Unbounded, Bound::Excluded);
+        for entry in self.range::<Timers>(lower, upper)? {
             let ((kk, due, op), ()) = entry?;
             if kk != k || due > now {
                 break;
@@ -268,3 +280,13 @@ pub(crate) trait View: Layered {
 }
 
 impl<L: Layered> View for L {}
+
+/// The least string greater than `s`: `s` followed by a NUL. As the first field of an
+/// exclusive upper bound it ends the keys whose first field is `s`, so that a range read
+/// stops there instead of stepping over the next keys' deletions.
+fn after_every_extension(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 1);
+    out.push_str(s);
+    out.push('\0');
+    out
+}
