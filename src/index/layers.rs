@@ -231,14 +231,17 @@ pub(crate) trait Layered {
     /// merged as they are read (a range over a large memtable whose caller takes a few
     /// entries costs a few entries, not the whole range).
     fn range<'s, T: Table>(&'s self, lo: Bound<&T::K>, hi: Bound<&T::K>) -> Result<Entries<'s, T>> {
+        // An empty or inverted range (a resumed scan past its upper bound) holds nothing,
+        // in the layers (whose `BTreeMap::range` would panic) and in the base alike.
+        if !nonempty(lo, hi) {
+            return Ok(Box::new(std::iter::empty()));
+        }
         let layers = self.layers();
         let mut over: Vec<LayerRange<'s, T::K, T::V>> = Vec::new();
-        if nonempty(lo, hi) {
-            for m in layers.iter() {
-                let mut r = T::map(m).range::<T::K, _>((lo, hi)).peekable();
-                if r.peek().is_some() {
-                    over.push(r);
-                }
+        for m in layers.iter() {
+            let mut r = T::map(m).range::<T::K, _>((lo, hi)).peekable();
+            if r.peek().is_some() {
+                over.push(r);
             }
         }
         let base: Entries<'s, T> = match self.base() {
@@ -518,6 +521,13 @@ mod tests {
             let want: Vec<(u64, Vec<u8>)> =
                 model.range(lo..hi).map(|(k, v)| (*k, v.clone())).collect();
             assert_eq!(got, want, "range {lo}..{hi}");
+        }
+        // An inverted range (a scan resumed past its upper bound) is empty in the base too.
+        for (lo, hi) in [(150u64, 20u64), (100, 100)] {
+            let got = snap
+                .range::<Events>(Bound::Excluded(&lo), Bound::Excluded(&hi))?
+                .count();
+            assert_eq!(got, 0, "range ({lo}, {hi})");
         }
         let all: Vec<u64> = snap
             .all::<Events>()?

@@ -162,7 +162,7 @@ pub(crate) trait View: Layered {
     /// The operations recorded as holding `scope`'s lock.
     fn holders(&self, scope: &str) -> Result<Vec<String>> {
         let lo = (scope.to_string(), String::new());
-        let hi = (after_every_extension(scope), String::new());
+        let hi = (successor(scope), String::new());
         let mut out = Vec::new();
         for entry in self.range::<Holds>(Bound::Included(&lo), Bound::Excluded(&hi))? {
             let ((s, op), ()) = entry?;
@@ -182,7 +182,7 @@ pub(crate) trait View: Layered {
             return Ok(out);
         }
         let lo = (session.to_string(), after + 1, String::new());
-        let hi = (after_every_extension(session), 0, String::new());
+        let hi = (successor(session), 0, String::new());
         for entry in self.range::<Windows>(Bound::Included(&lo), Bound::Excluded(&hi))? {
             let ((s, deadline, op), ()) = entry?;
             if s != session {
@@ -284,7 +284,7 @@ impl<L: Layered> View for L {}
 /// The least string greater than `s`: `s` followed by a NUL. As the first field of an
 /// exclusive upper bound it ends the keys whose first field is `s`, so that a range read
 /// stops there instead of stepping over the next keys' deletions.
-fn after_every_extension(s: &str) -> String {
+fn successor(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 1);
     out.push_str(s);
     out.push('\0');

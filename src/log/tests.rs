@@ -433,21 +433,15 @@ struct FailingReads {
     failing: std::sync::atomic::AtomicBool,
 }
 
-impl FailingReads {
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(io::Error::other("injected read failure"));
-        }
-        self.log.read_at(offset, buf)
-    }
-}
-
 impl LogStorage for FailingReads {
     fn len(&self) -> io::Result<u64> {
         self.log.len()
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        FailingReads::read_at(self, offset, buf)
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(io::Error::other("injected read failure"));
+        }
+        self.log.read_at(offset, buf)
     }
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.log.write_at(offset, data)
