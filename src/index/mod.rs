@@ -29,7 +29,7 @@ pub(crate) use checkpoint::{checkpoint, create_tables};
 pub(crate) use layers::{Base, Layered, Layers, Snapshot};
 pub(crate) use tables::{
     Events, Holds, InDoubt, Memtable, Meta, OpEvents, Quarantine, Receipts, Results, ScopeTimers,
-    Scopes, Table, TableKey, TableValue, Timers, Windows,
+    Scopes, Staged, Table, TableKey, TableValue, Timers, Windows,
 };
 pub(crate) use values::{
     decode_event, decode_event_frame, decode_format, decode_inline_result, decode_meta,

@@ -11,7 +11,7 @@ use crate::codec::FORMAT_VERSION;
 use crate::config::{Config, Sharing};
 use crate::error::{Error, Result};
 use crate::fsutil::{TempFile, parent_dir, sync_dir};
-use crate::index::{self, Base, Layers, Memtable, View, WriteTables};
+use crate::index::{self, Base, Layers, View, WriteTables};
 use crate::log::{self, Cursor, FileLog, LogStorage};
 use crate::machine::{self, Ctx};
 use crate::preflight::file::{check_format, check_redb_magic, open_error};
@@ -156,15 +156,16 @@ impl Journal {
             (cursor, view.state()?)
         };
         // Read as far as the records go (the log is preallocated with zeros past them).
-        let mut mem = Memtable::default();
+        let mut staged = index::Staged::default();
         let scan = log::scan_storage(&*log, cursor, |record| {
-            replay_record(&mut mem, record.lsn, record.kind, record.payload)
+            replay_record(&mut staged, record.lsn, record.kind, record.payload)
                 .map_err(ReadLog::Record)
         })
         .map_err(|e| match e {
             ReadLog::Io(e) => Error::io_during("read the journal's log", e),
             ReadLog::Record(e) => e,
         })?;
+        let mem = staged.build();
         let writer = log::Writer::resume(log, cursor, &scan)
             .map_err(|e| Error::io_during("prepare the journal's log", e))?;
         // The memtable's state record is the latest, if the log holds one.
@@ -343,8 +344,8 @@ impl From<std::io::Error> for ReadLog {
     }
 }
 
-/// Lays one log record over the memtable.
-fn replay_record(mem: &mut Memtable, lsn: u64, kind: u8, payload: &[u8]) -> Result<()> {
+/// Adds one log record's changes to those read so far.
+fn replay_record(staged: &mut index::Staged, lsn: u64, kind: u8, payload: &[u8]) -> Result<()> {
     if kind != log::KIND_BATCH {
         return Err(Error::corrupt(
             "log",
@@ -352,7 +353,8 @@ fn replay_record(mem: &mut Memtable, lsn: u64, kind: u8, payload: &[u8]) -> Resu
             format!("record kind {kind} is not one this build writes"),
         ));
     }
-    mem.apply_encoded(payload)
+    staged
+        .apply_encoded(payload)
         .map_err(|detail| Error::corrupt("log", format!("record {lsn}"), detail))
 }
 
