@@ -1648,12 +1648,17 @@ conformance! {
         let journal = Arc::new(fx.open());
         let compactor = journal.spawn_compactor(Duration::from_millis(1));
         let stop = Arc::new(AtomicBool::new(false));
+        // Both sides start together: on a loaded machine the reader could otherwise not run
+        // before the 400 operations are done (it did, failing `checks > 0`).
+        let started = Arc::new(std::sync::Barrier::new(2));
         // A reader checks that every operation it sees is in a state its clocks allow, and
-        // that statuses only move forward.
+        // that statuses only move forward; it makes one last pass after the stop.
         let reader = {
             let journal = journal.clone();
             let stop = stop.clone();
+            let started = started.clone();
             std::thread::spawn(move || -> Result<u64> {
+                started.wait();
                 let mut checks = 0u64;
                 let rank = |s: Option<ExecutionStatus>| match s {
                     Some(ExecutionStatus::Running) => 1,
@@ -1663,7 +1668,8 @@ conformance! {
                     Some(other) => panic!("unexpected status {other:?}"),
                 };
                 let mut seen = std::collections::HashMap::new();
-                while !stop.load(Ordering::SeqCst) {
+                loop {
+                    let last = stop.load(Ordering::SeqCst);
                     for i in (0..400).step_by(13) {
                         let id = format!("op{i}");
                         let r = journal.lookup(&id)?;
@@ -1675,10 +1681,14 @@ conformance! {
                         }
                         checks += 1;
                     }
+                    if last {
+                        break;
+                    }
                 }
                 Ok(checks)
             })
         };
+        started.wait();
         let mut editor = FakeEditor::at(0);
         for i in 0..400 {
             let id = format!("op{i}");
