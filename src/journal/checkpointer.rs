@@ -97,7 +97,9 @@ fn spawn() -> Option<mpsc::Sender<Job>> {
             {
                 let outcome =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| context.run(work)));
-                // What the job held is dropped before the caller is answered.
+                // What the job held is dropped before the caller is answered (the context
+                // holds the caller's span only with the `tracing` feature).
+                #[allow(clippy::drop_non_drop)]
                 drop(context);
                 let _ = reply.send(outcome);
             }

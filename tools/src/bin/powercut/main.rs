@@ -387,20 +387,28 @@ impl Mounted {
         })
     }
 
-    fn unmount(&mut self) -> Result<(), String> {
+    /// Unmounts and ends the session. `Ok(true)`: the kernel had aborted the FUSE
+    /// connection, so the session ended with `ECONNABORTED` instead of a clean end (seen
+    /// once in about 2,000 runs on Linux 6.18, at this unmount, after the power cut; the
+    /// files are what the cut left either way, and the mount is gone or lazily removed).
+    fn unmount(&mut self) -> Result<bool, String> {
         // A held operation must not keep the session busy.
         self.shared.release();
         let Some(session) = self.session.take() else {
-            return Ok(());
+            return Ok(false);
         };
-        session.umount_and_join().map_err(|e| {
-            lazy_unmount(&self.mnt);
-            format!("unmounting {}: {e}", self.mnt.display())
-        })?;
+        let aborted = match session.umount_and_join() {
+            Ok(()) => false,
+            Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => true,
+            Err(e) => {
+                lazy_unmount(&self.mnt);
+                return Err(format!("unmounting {}: {e}", self.mnt.display()));
+            }
+        };
         if is_mounted(&self.mnt) {
             lazy_unmount(&self.mnt);
         }
-        Ok(())
+        Ok(aborted)
     }
 }
 
@@ -512,6 +520,9 @@ struct Totals {
     violations: u64,
     /// Log syncs (group commits and the log's own) before the cuts.
     log_syncs: u64,
+    /// Runs whose FUSE session the kernel had aborted by the unmount after the cut (see
+    /// [`Mounted::unmount`]).
+    aborted_sessions: u64,
 }
 
 fn bump(map: &mut BTreeMap<String, u64>, key: impl Into<String>) {
@@ -634,9 +645,13 @@ fn run(args: &Args, exe: &Path, seed: u64, totals: &mut Totals) -> Result<String
         }
     }
     drop(child);
-    mounted
+    // The cut is made: how the session ends does not change the files checked below.
+    if mounted
         .unmount()
-        .map_err(|e| format!("harness error: {e}"))?;
+        .map_err(|e| format!("harness error: {e}"))?
+    {
+        totals.aborted_sessions += 1;
+    }
     drop(mounted);
     shared
         .finish()
@@ -1029,8 +1044,8 @@ fn main() {
         t.nothing_pending,
     );
     println!(
-        "  unsynced writes kept {}, dropped {}, torn {}; directory changes kept {}, dropped {}",
-        t.kept, t.dropped, t.torn, t.dir_kept, t.dir_dropped
+        "  unsynced writes kept {}, dropped {}, torn {}; directory changes kept {}, dropped {}; FUSE sessions found aborted at the unmount after the cut {}",
+        t.kept, t.dropped, t.torn, t.dir_kept, t.dir_dropped, t.aborted_sessions
     );
     println!(
         "  {} answers checked against the model; {} acknowledged writes found after recovery (made durable by {} log syncs: group commits); {} calls in flight at the cut, {} landed; {} operations running at the cut found in doubt; {} operations submitted again as the model says; violations: {}",
