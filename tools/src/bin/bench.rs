@@ -1395,6 +1395,82 @@ fn raw_sync_rate(dir: &Path, n: usize, mode: RawMode) -> Result<f64> {
     Ok(n as f64 / secs)
 }
 
+/// What a checkpoint's writes cost a log sync beside them, on this disk, without either
+/// engine: one thread overwrites a 4 KiB block of a preallocated file and syncs it, again
+/// and again, while another thread writes `mib` MiB of 4 KiB blocks at random places in a
+/// second preallocated file and syncs that (as a checkpoint writes the index file), five
+/// times with pauses between. Returns the log syncs' latencies apart from the writes and
+/// during them. A call that waits for a log sync during a checkpoint, however the engine
+/// arranges its checkpoint, waits at least as long as these.
+fn writeback_contention(dir: &Path, mib: usize) -> Result<(Percentiles, Percentiles)> {
+    use std::os::unix::fs::FileExt;
+    const LOG_BLOCKS: u64 = 256;
+    const DB_BLOCKS: u64 = 16 * 1024;
+    let open = |name: &str, blocks: u64| -> Result<(PathBuf, fs::File)> {
+        let path = dir.join(name);
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)?;
+        let chunk = vec![0u8; 1 << 20];
+        for i in 0..(blocks * 4096).div_ceil(1 << 20) {
+            f.write_all_at(&chunk, i << 20)?;
+        }
+        f.sync_all()?;
+        Ok((path, f))
+    };
+    let (log_path, log) = open("contention-log.dat", LOG_BLOCKS)?;
+    let (db_path, db) = open("contention-db.dat", DB_BLOCKS)?;
+    let stop = AtomicBool::new(false);
+    let (samples, spans) = std::thread::scope(|s| -> Result<_> {
+        let logger = s.spawn(|| -> std::io::Result<Vec<(Instant, Duration)>> {
+            let block = vec![0x5Au8; 4096];
+            let mut out = Vec::new();
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let t0 = Instant::now();
+                log.write_all_at(&block, (i % LOG_BLOCKS) * 4096)?;
+                log.sync_data()?;
+                out.push((t0, t0.elapsed()));
+                i += 1;
+            }
+            Ok(out)
+        });
+        let mut spans = Vec::new();
+        let mut rng = Rng::new(0xC0_47E4D);
+        let block = vec![0xA5u8; 4096];
+        let written = (|| -> std::io::Result<()> {
+            for _ in 0..5 {
+                std::thread::sleep(Duration::from_millis(300));
+                let t0 = Instant::now();
+                for _ in 0..mib * 256 {
+                    db.write_all_at(&block, rng.below(DB_BLOCKS) * 4096)?;
+                }
+                db.sync_data()?;
+                spans.push((t0, Instant::now()));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            Ok(())
+        })();
+        stop.store(true, Ordering::Relaxed);
+        let samples = logger
+            .join()
+            .map_err(|_| "the contention probe's log thread panicked")??;
+        written?;
+        Ok((samples, spans))
+    })?;
+    drop((log, db));
+    remove_one(&log_path);
+    remove_one(&db_path);
+    let during = |t: &Instant| spans.iter().any(|(a, b)| a <= t && t <= b);
+    let (busy, quiet): (Vec<_>, Vec<_>) = samples.iter().partition(|(t, _)| during(t));
+    let lat =
+        |v: Vec<&(Instant, Duration)>| -> Vec<Duration> { v.into_iter().map(|x| x.1).collect() };
+    Ok((percentiles(&lat(quiet)), percentiles(&lat(busy))))
+}
+
 /// Samples of the disk's sync rate, taken through the run (the rate drifts on a shared
 /// machine): 4 KiB appends and 4 KiB overwrites in place, each followed by `fdatasync`.
 #[derive(Default)]
@@ -2002,6 +2078,10 @@ struct Sustained {
     lifecycles: usize,
 }
 
+/// The writeback of the contention probe: the default `checkpoint_size`, about what a
+/// checkpoint writes into the index file.
+const CONTENTION_MIB: usize = 4;
+
 fn section_sustained(p: &Params, dir: &Path, ctx: &Ctx, r: &mut Report) -> Result<()> {
     let engines = [
         Engine::Opj(DEFAULT_CFG),
@@ -2206,6 +2286,34 @@ fn section_sustained(p: &Params, dir: &Path, ctx: &Ctx, r: &mut Report) -> Resul
             json!({"p50_us": pc.p50, "p90_us": pc.p90, "p99_us": pc.p99, "p999_us": p999, "max_us": pc.max}),
         );
     }
+    // The physical floor of the figure below: a log sync beside a checkpoint-sized
+    // writeback of another file, on this disk, now.
+    let floor = {
+        let mib = CONTENTION_MIB;
+        let (quiet, busy) = writeback_contention(dir, mib)?;
+        let ratio = busy.p99 / quiet.p99;
+        r.figure_vs(
+            "raw_sync_p99_beside_writeback",
+            format!(
+                "raw 4 KiB overwrite + fdatasync while another file takes {mib} MiB of scattered 4 KiB writes and a sync (a checkpoint's writes, by either engine): p99"
+            ),
+            busy.p99 / 1e3,
+            "ms",
+            format!(
+                "{}× the p99 without it ({:.2} ms); p50 {:.2} ms against {:.2}, max {:.1} ms, {} syncs beside the writes: what a log sync costs beside a checkpoint that writes this much at once: the floor under 'a call during a checkpoint'",
+                fmt_ratio(ratio),
+                quiet.p99 / 1e3,
+                busy.p50 / 1e3,
+                quiet.p50 / 1e3,
+                busy.max / 1e3,
+                busy.count
+            ),
+            json!({"mib": mib, "quiet_p50_us": quiet.p50, "quiet_p99_us": quiet.p99,
+                   "busy_p50_us": busy.p50, "busy_p99_us": busy.p99, "busy_max_us": busy.max,
+                   "busy_syncs": busy.count}),
+        );
+        (busy.count > 0).then_some(ratio)
+    };
     for run in &done {
         let (c, q) = (
             percentiles(&run.checkpoint_calls),
@@ -2232,6 +2340,9 @@ fn section_sustained(p: &Params, dir: &Path, ctx: &Ctx, r: &mut Report) -> Resul
                    "other_calls_p99_us": q.p99}),
         );
         if let Engine::Opj(cfg) = run.engine {
+            let floor = floor
+                .map(|f| format!("; the disk's floor {}×", fmt_ratio(f)))
+                .unwrap_or_default();
             r.at_most(
                 format!(
                     "call p99 during a checkpoint vs the other calls' [{}]",
@@ -2240,7 +2351,7 @@ fn section_sustained(p: &Params, dir: &Path, ctx: &Ctx, r: &mut Report) -> Resul
                 c.p99 / q.p99,
                 1.3,
                 format!(
-                    "{} ({} calls)",
+                    "{} ({} calls{floor})",
                     ratio_text(c.p99 / q.p99, "the others'"),
                     c.count
                 ),
@@ -3673,7 +3784,12 @@ fn profile(args: &[String]) -> Result<()> {
         Some("replay") => {
             let path = PathBuf::from(args.get(1).ok_or("missing PATH")?);
             let (n, lookups) = (num(2)?, num(3)?);
-            let j = DEFAULT_CFG.builder().open(&path)?;
+            // An optional fourth argument sets the page cache in MiB.
+            let mut b = DEFAULT_CFG.builder();
+            if args.get(4).is_some() {
+                b = b.cache_size(num(4)? << 20);
+            }
+            let j = b.open(&path)?;
             let mut rng = Rng::new(7);
             let ops: Vec<Operation> = (0..lookups)
                 .map(|_| Operation::new(base_id(rng.below(n as u64) as usize), ctx.intent.clone()))
