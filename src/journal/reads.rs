@@ -178,7 +178,7 @@ impl ReadView<'_> {
         let to_cache = (!from_cache && machine::has_result(&stored) && lock(cache).admit(&op.id))
             .then(|| stored.clone());
         let eff = machine::effective(stored, now).and_then(|r| self.overlaid(r, now));
-        machine::answer_known(eff.as_ref(), op, |rec| {
+        machine::answer_known(eff, op, |rec| {
             if let Some(result) = known_result {
                 if let Some(stored) = &to_cache {
                     lock(cache).insert(stored, &result);
@@ -218,7 +218,7 @@ impl ReadView<'_> {
 
     /// The public receipt of `id` at `now`.
     pub(crate) fn lookup(&self, id: &str, now: Timestamp) -> Result<Option<Receipt>> {
-        Ok(self.effective(id, now)?.as_ref().and_then(machine::view))
+        Ok(self.effective(id, now)?.and_then(machine::into_view))
     }
 }
 

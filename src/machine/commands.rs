@@ -344,7 +344,7 @@ impl Ctx<'_, '_> {
 /// `submit`, in a write transaction: lookup by id first, then the checks for fresh work.
 pub(crate) fn submit(ctx: &mut Ctx<'_, '_>, op: &Operation) -> Result<Admission> {
     let eff = effective_of(&*ctx.t, &op.id, ctx.now)?;
-    if let Some(answer) = answer_known(eff.as_ref(), op, |rec| result_of(&*ctx.t, rec))? {
+    if let Some(answer) = answer_known(eff, op, |rec| result_of(&*ctx.t, rec))? {
         return Ok(answer);
     }
     check_fresh(&*ctx.t, ctx.now, ctx.cfg, op)?;

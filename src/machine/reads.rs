@@ -12,13 +12,49 @@ use crate::types::{Admission, ExecutionStatus, OpResult, Operation, Receipt, Rep
 
 /// The public receipt for an effective record; `None` for a vacant (unknown) id.
 pub(crate) fn view(rec: &ReceiptRecord) -> Option<Receipt> {
-    let mut r = Receipt {
+    let names = Names {
         operation_id: rec.operation_id.clone(),
-        attempt: rec.attempt,
         intent_name: rec.intent_name.clone(),
-        intent_hash: rec.intent_hash.into(),
         scope: rec.scope.clone(),
         session: rec.session.clone(),
+    };
+    view_with(rec, names)
+}
+
+/// [`view`] of a record no longer needed: its strings move into the receipt instead of
+/// being copied (a replay answers with them).
+pub(crate) fn into_view(mut rec: ReceiptRecord) -> Option<Receipt> {
+    let names = Names {
+        operation_id: std::mem::take(&mut rec.operation_id),
+        intent_name: std::mem::take(&mut rec.intent_name),
+        scope: rec.scope.take(),
+        session: rec.session.take(),
+    };
+    view_with(&rec, names)
+}
+
+/// The strings of a receipt, copied or moved out of its record.
+struct Names {
+    operation_id: String,
+    intent_name: String,
+    scope: Option<String>,
+    session: Option<String>,
+}
+
+fn view_with(rec: &ReceiptRecord, names: Names) -> Option<Receipt> {
+    let Names {
+        operation_id,
+        intent_name,
+        scope,
+        session,
+    } = names;
+    let mut r = Receipt {
+        operation_id,
+        attempt: rec.attempt,
+        intent_name,
+        intent_hash: rec.intent_hash.into(),
+        scope,
+        session,
         base_revision: rec.base_revision,
         result_revision: None,
         status: ExecutionStatus::Running,
@@ -114,7 +150,7 @@ pub(crate) fn effective_of<V: View>(
 
 /// The public receipt of `id` at `now`.
 pub(crate) fn lookup<V: View>(v: &V, id: &str, now: Timestamp) -> Result<Option<Receipt>> {
-    Ok(effective_of(v, id, now)?.as_ref().and_then(view))
+    Ok(effective_of(v, id, now)?.and_then(into_view))
 }
 
 /// Whether the stored record is terminal with its result still kept.
@@ -158,7 +194,7 @@ pub(crate) fn replay_of<V: View>(v: &V, rec: &ReceiptRecord) -> Result<Option<Re
 /// The answer for an id that is known (not unknown/vacant), or `None` for fresh work.
 /// `result` reads the result of a terminal, unretired record (see [`result_of`]).
 pub(crate) fn answer_known(
-    eff: Option<&ReceiptRecord>,
+    eff: Option<ReceiptRecord>,
     op: &Operation,
     result: impl FnOnce(&ReceiptRecord) -> Result<Option<OpResult>>,
 ) -> Result<Option<Admission>> {
@@ -180,21 +216,24 @@ pub(crate) fn answer_known(
                 .unwrap_or(op.intent.hash()),
         }));
     }
-    let Some(receipt) = view(rec) else {
-        return Ok(None);
-    };
-    Ok(Some(match &rec.state {
-        ExecRecord::Running { .. } => Admission::InProgress(receipt),
-        ExecRecord::InDoubt { .. } => Admission::InDoubt(receipt),
-        ExecRecord::Done(d) if d.retired_at.is_some() => Admission::Expired(receipt),
-        ExecRecord::Done(_) => match result(rec)? {
-            Some(result) => Admission::Replay(Replay {
-                receipt,
-                result,
-                replayed: true,
-            }),
-            None => Admission::Expired(receipt),
-        },
+    // The answer is chosen (and the result read) while the record is borrowed; the receipt
+    // then takes the record's strings instead of copies.
+    let (answer, result): (fn(Receipt, Option<OpResult>) -> Admission, _) = match &rec.state {
         ExecRecord::Vacant { .. } => return Ok(None),
-    }))
+        ExecRecord::Running { .. } => (|r, _| Admission::InProgress(r), None),
+        ExecRecord::InDoubt { .. } => (|r, _| Admission::InDoubt(r), None),
+        ExecRecord::Done(d) if d.retired_at.is_some() => (|r, _| Admission::Expired(r), None),
+        ExecRecord::Done(_) => (
+            |receipt, result| match result {
+                Some(result) => Admission::Replay(Replay {
+                    receipt,
+                    result,
+                    replayed: true,
+                }),
+                None => Admission::Expired(receipt),
+            },
+            result(&rec)?,
+        ),
+    };
+    Ok(into_view(rec).map(|receipt| answer(receipt, result)))
 }
