@@ -189,7 +189,10 @@ impl Journal {
                 persisted_high_water: AtomicU64::new(state.clock_high_water.0),
                 poisoned: AtomicBool::new(false),
                 lazy: RwLock::new(LazyBuffer::default()),
-                committed: RwLock::new(Committed::new(Some(base), mem)),
+                committed: RwLock::new(Committed {
+                    base: Some(base),
+                    mem: Arc::new(mem),
+                }),
                 log: Mutex::new(Some(writer)),
                 cache: Mutex::new(super::cache::ReplayCache::new(cache_bytes)),
                 foreground_waiting: Arc::new(AtomicUsize::new(0)),
