@@ -631,9 +631,7 @@ impl Inspector {
                 for entry in t.all::<index::Receipts>()? {
                     let (k, v) = entry?;
                     let rec = index::decode_receipt(&k, &v)?;
-                    if let Some(r) = machine::effective(rec, now)
-                        .as_ref()
-                        .and_then(machine::view)
+                    if let Some(r) = machine::effective(rec, now).and_then(machine::into_view)
                         && !call_caller(&mut caller_panic, || f(r))?
                     {
                         break;

@@ -114,7 +114,8 @@ impl Inner {
         if due {
             self.flush()?;
         }
-        machine::view(&after).ok_or_else(|| Error::corrupt("receipts", id, "vacant after a check"))
+        machine::into_view(after)
+            .ok_or_else(|| Error::corrupt("receipts", id, "vacant after a check"))
     }
 }
 

@@ -218,22 +218,27 @@ pub(crate) fn answer_known(
     }
     // The answer is chosen (and the result read) while the record is borrowed; the receipt
     // then takes the record's strings instead of copies.
-    let (answer, result): (fn(Receipt, Option<OpResult>) -> Admission, _) = match &rec.state {
+    enum Known {
+        InProgress,
+        InDoubt,
+        Expired,
+        Replay(OpResult),
+    }
+    let known = match &rec.state {
         ExecRecord::Vacant { .. } => return Ok(None),
-        ExecRecord::Running { .. } => (|r, _| Admission::InProgress(r), None),
-        ExecRecord::InDoubt { .. } => (|r, _| Admission::InDoubt(r), None),
-        ExecRecord::Done(d) if d.retired_at.is_some() => (|r, _| Admission::Expired(r), None),
-        ExecRecord::Done(_) => (
-            |receipt, result| match result {
-                Some(result) => Admission::Replay(Replay {
-                    receipt,
-                    result,
-                    replayed: true,
-                }),
-                None => Admission::Expired(receipt),
-            },
-            result(&rec)?,
-        ),
+        ExecRecord::Running { .. } => Known::InProgress,
+        ExecRecord::InDoubt { .. } => Known::InDoubt,
+        ExecRecord::Done(d) if d.retired_at.is_some() => Known::Expired,
+        ExecRecord::Done(_) => result(&rec)?.map_or(Known::Expired, Known::Replay),
     };
-    Ok(into_view(rec).map(|receipt| answer(receipt, result)))
+    Ok(into_view(rec).map(|receipt| match known {
+        Known::InProgress => Admission::InProgress(receipt),
+        Known::InDoubt => Admission::InDoubt(receipt),
+        Known::Expired => Admission::Expired(receipt),
+        Known::Replay(result) => Admission::Replay(Replay {
+            receipt,
+            result,
+            replayed: true,
+        }),
+    }))
 }

@@ -127,7 +127,7 @@ pub(crate) fn collect<V: View>(
             s.released += 1;
             continue;
         }
-        let Some(r) = machine::view(&rec) else {
+        let Some(r) = machine::into_view(rec) else {
             continue;
         };
         s.operations += 1;

@@ -203,7 +203,7 @@ impl<'s> Build<'s> {
         let describe_view = |rec: Option<&ReceiptRecord>| -> String {
             match rec.and_then(|r| machine::effective(r.clone(), now)) {
                 None => "unknown".into(),
-                Some(r) => match machine::view(&r) {
+                Some(r) => match machine::into_view(r) {
                     None => "unknown (released)".into(),
                     Some(v) => status_text(&v),
                 },
@@ -311,12 +311,12 @@ impl<'s> Build<'s> {
         let after_view = now_rec
             .as_ref()
             .and_then(|r| machine::effective(r.clone(), now))
-            .and_then(|r| machine::view(&r));
+            .and_then(machine::into_view);
         let before_view = match &before {
             Ok(b) => Some(
                 b.as_ref()
                     .and_then(|r| machine::effective(r.clone(), now))
-                    .and_then(|r| machine::view(&r)),
+                    .and_then(machine::into_view),
             ),
             Err(_) => None,
         };
