@@ -103,6 +103,10 @@ pub(crate) struct Config {
     pub compaction_batch: usize,
     pub quick_repair: bool,
     pub checkpoint_bytes: u64,
+    /// Whether a checkpoint's head start runs on the checkpoint thread while calls go on
+    /// (else the call that reaches it waits for it, so every write happens at a point the
+    /// calls determine).
+    pub background_checkpoints: bool,
     pub replay_cache_bytes: usize,
     pub cache_bytes: usize,
     pub page_check_bytes: u64,
@@ -131,6 +135,7 @@ impl Default for Config {
             compaction_batch: 1000,
             quick_repair: true,
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
+            background_checkpoints: true,
             replay_cache_bytes: DEFAULT_REPLAY_CACHE_BYTES,
             cache_bytes: DEFAULT_CACHE_BYTES,
             page_check_bytes: DEFAULT_PAGE_CHECK_BYTES,
@@ -159,6 +164,7 @@ impl std::fmt::Debug for Config {
             .field("page_check_bytes", &self.page_check_bytes)
             .field("quick_repair", &self.quick_repair)
             .field("checkpoint_bytes", &self.checkpoint_bytes)
+            .field("background_checkpoints", &self.background_checkpoints)
             .field("replay_cache_bytes", &self.replay_cache_bytes);
         #[cfg(feature = "postgres")]
         d.field("database_timeout", &self.database_timeout);

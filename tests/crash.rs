@@ -38,7 +38,8 @@ use opjournal_testkit::driver::{
     Rng, SMALL_CHECKPOINT, Stepped, T0, Workload, WorkloadStats, config_for,
 };
 use opjournal_testkit::fault_backend::{
-    CutPolicy, DiskFile, DiskImage, DiskStats, EIO, ENOSPC, FaultAction, FaultDisk, IoKind, Trigger,
+    CutPolicy, DiskFile, DiskImage, DiskStats, EIO, ENOSPC, FaultAction, FaultDisk, FileStats,
+    IoKind, Trigger,
 };
 use opjournal_testkit::images::{open, verify_image};
 use opjournal_testkit::model::ModelConfig;
@@ -68,7 +69,7 @@ struct Figures {
     verified_images: u64,
     /// Reopens that found records in the log (of the cycle in progress or an earlier one).
     reopens_with_log: u64,
-    /// Workload steps during which a checkpoint wrote redb (and the log started over).
+    /// Workload steps during which a checkpoint committed redb (and the log started over).
     checkpoint_steps: u64,
     disk: DiskStats,
     workload: WorkloadStats,
@@ -181,7 +182,30 @@ struct Harness {
     figures: Figures,
 }
 
+/// Whether a step that took the redb file's counters from `before` to `after` committed a
+/// checkpoint: it wrote pages and synced them. A head start (at three quarters of the
+/// checkpoint size, the memtable so far is written into the checkpoint's transaction) may
+/// grow the file and sync its new length, but at these sizes its pages wait in redb's write
+/// buffer for the commit: it syncs without writing.
+fn committed_a_checkpoint(before: &FileStats, after: &FileStats) -> bool {
+    after.syncs > before.syncs && after.writes > before.writes
+}
+
 impl Harness {
+    /// Steps until `n` more checkpoints have committed (at most `max` steps); whether they did.
+    fn steps_until_checkpoints(&mut self, n: u64, max: u64) -> Result<bool, String> {
+        let mut last = self.disk.stats().db;
+        let mut seen = 0;
+        self.steps_until(max, |h, _| {
+            let now = h.disk.stats().db;
+            if committed_a_checkpoint(&last, &now) {
+                seen += 1;
+            }
+            last = now;
+            seen >= n
+        })
+    }
+
     fn new(seed: u64, cfg: ModelConfig, verbose: bool) -> Result<Harness, String> {
         let clock = ManualClock::new(Timestamp::from_millis(T0));
         let mut w = Workload::new(seed, cfg.clone(), clock.clone());
@@ -218,13 +242,13 @@ impl Harness {
     /// handle, whatever the call answered.
     fn step(&mut self) -> Result<Stepped, String> {
         let fired_before = self.disk.fired();
-        let db_syncs = self.disk.stats().db.syncs;
+        let db = self.disk.stats().db;
         let j = self.journal.as_ref().ok_or("no journal open")?;
         let stepped = match self.w.step(j) {
             Ok(s) => s,
             Err(e) => return Err(self.fail(e)),
         };
-        if self.disk.stats().db.syncs > db_syncs {
+        if committed_a_checkpoint(&db, &self.disk.stats().db) {
             self.figures.checkpoint_steps += 1;
         }
         if !fired_before && let Some(file) = self.disk.fired_on() {
@@ -819,20 +843,18 @@ fn crash_after_a_log_sync_before_the_checkpoint_replays_the_logged_calls() -> Re
     Ok(())
 }
 
-/// How the first checkpoint of `seed`'s workload writes the redb file: the step that runs
-/// it, and its writes and syncs.
+/// How the first checkpoint of `seed`'s workload writes the redb file: the step that commits
+/// it, and the writes and syncs of the redb file from the start up to that commit, its
+/// head start's (an earlier step's) included.
 fn first_checkpoint(seed: u64) -> Result<(u64, u64, u64), String> {
     let mut h = Harness::new(seed, checkpointing(), false)?;
+    let start = h.disk.stats().db;
     for step in 1..=400 {
         let before = h.disk.stats().db;
         h.step()?;
         let after = h.disk.stats().db;
-        if after.syncs > before.syncs {
-            return Ok((
-                step,
-                after.writes - before.writes,
-                after.syncs - before.syncs,
-            ));
+        if committed_a_checkpoint(&before, &after) {
+            return Ok((step, after.writes - start.writes, after.syncs - start.syncs));
         }
     }
     Err(format!("seed {seed}: no checkpoint in 400 steps"))
@@ -877,11 +899,8 @@ fn crash_right_after_a_checkpoint_ignores_the_last_cycle_left_in_the_log() -> Re
         let mut h = Harness::new(0x5EC0_0000 + seed, checkpointing(), false)?;
         // Past one checkpoint, then to the end of the next: the log holds the records of the
         // cycle just written into redb, and the next record has not been written yet.
-        for _ in 0..2 {
-            let syncs = h.disk.stats().db.syncs;
-            let done = h.steps_until(400, |h, _| h.disk.stats().db.syncs > syncs)?;
-            assert!(done, "seed {seed}: no checkpoint");
-        }
+        let done = h.steps_until_checkpoints(2, 800)?;
+        assert!(done, "seed {seed}: no checkpoint");
         h.disk.cut();
         h.journal = None;
         let mut images = cut_images(&h.disk, seed);
@@ -906,8 +925,7 @@ fn a_torn_first_record_of_a_cycle_over_the_last_cycle_ends_the_log() -> Result<(
     let mut torn = 0;
     for seed in 0..8u64 {
         let mut h = Harness::new(0x7EC0_0000 + seed, checkpointing(), false)?;
-        let syncs = h.disk.stats().db.syncs;
-        let done = h.steps_until(400, |h, _| h.disk.stats().db.syncs > syncs)?;
+        let done = h.steps_until_checkpoints(1, 400)?;
         assert!(done, "seed {seed}: no checkpoint");
         // The next record goes where the last cycle's first record is.
         h.disk.arm(Trigger::on(
@@ -1029,8 +1047,7 @@ fn a_stale_log_of_an_earlier_cycle_beside_the_redb_file_is_ignored() -> Result<(
             "records of the cycle in progress"
         );
         // Two more checkpoints, so the early cycle is long gone, then a clean close.
-        let syncs = h.disk.stats().db.syncs;
-        let done = h.steps_until(800, |h, _| h.disk.stats().db.syncs >= syncs + 4)?;
+        let done = h.steps_until_checkpoints(2, 800)?;
         assert!(done, "seed {seed}: no later checkpoints");
         let closed = h.finish(End::Clean, &mut rng)?;
         let mixed = DiskImage {

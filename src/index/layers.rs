@@ -437,7 +437,7 @@ mod tests {
         let mut batch = Memtable::default();
         batch.set::<InDoubt>("b".to_string(), Some(()));
         batch.set::<Events>(2, Some(vec![2]));
-        mem.absorb_over(batch, Some(&base));
+        mem.absorb_over(batch, Some(&base), None);
         let mut batch = Memtable::default();
         for k in ["a", "b", "c"] {
             batch.set::<InDoubt>(k.to_string(), None);
@@ -445,7 +445,7 @@ mod tests {
         for k in [1, 2, 3] {
             batch.set::<Events>(k, None);
         }
-        mem.absorb_over(batch, Some(&base));
+        mem.absorb_over(batch, Some(&base), None);
         // In the index read by range, only the base's key needs hiding; the memtable's own
         // and a never-seen key vanish.
         let held: Vec<(String, Option<()>)> = <InDoubt as Table>::map(&mem)

@@ -540,22 +540,31 @@ impl Memtable {
         }
     }
 
-    /// As [`Memtable::absorb`], for the memtable right over `base`: in the small index
-    /// tables that calls read by range (timers, windows, holds, in-doubt), a deletion of a
-    /// key that `base` does not hold leaves no tombstone (it would only hide nothing, and
-    /// reads of a range would step over it until the next checkpoint: a session's
-    /// acknowledged window entries made every later submit slower). Other tables keep the
-    /// tombstone without asking `base` (a lookup per deletion, most of a purge's cost: its
-    /// events, result and receipt are always in `base`). When `base` cannot be read, the
-    /// tombstone stays, which is always correct.
-    pub(crate) fn absorb_over(&mut self, top: Memtable, base: Option<&super::layers::Base<'_>>) {
+    /// As [`Memtable::absorb`], for the memtable right over `below` (a memtable being
+    /// checkpointed, if any) and `base`: in the small index tables that calls read by range
+    /// (timers, windows, holds, in-doubt), a deletion of a key that neither holds leaves no
+    /// tombstone (it would only hide nothing, and reads of a range would step over it until
+    /// the next checkpoint: a session's acknowledged window entries made every later submit
+    /// slower). A key `below` sets needs the tombstone (a key it deletes does not), whatever
+    /// `base` holds. Other tables keep the tombstone without asking (a lookup per deletion,
+    /// most of a purge's cost: its events, result and receipt are always in `base`). When
+    /// `base` cannot be read, the tombstone stays, which is always correct.
+    pub(crate) fn absorb_over(
+        &mut self,
+        top: Memtable,
+        base: Option<&super::layers::Base<'_>>,
+        below: Option<&Memtable>,
+    ) {
         let mut top = top;
         macro_rules! move_in {
             ($t:ident) => {
                 let pruned = PRUNED_TOMBSTONES.contains(&<$t as Table>::ID);
                 for (k, v) in std::mem::take(<$t as Table>::map_mut(&mut top)) {
-                    let in_base = || base.is_some_and(|b| b.contains::<$t>(&k).unwrap_or(true));
-                    if v.is_none() && pruned && !in_base() {
+                    let held_below = || match below.and_then(|m| <$t as Table>::map(m).get(&k)) {
+                        Some(change) => change.is_some(),
+                        None => base.is_some_and(|b| b.contains::<$t>(&k).unwrap_or(true)),
+                    };
+                    if v.is_none() && pruned && !held_below() {
                         self.forget::<$t>(&k);
                     } else {
                         self.set::<$t>(k, v);

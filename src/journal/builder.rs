@@ -128,6 +128,22 @@ impl JournalBuilder {
         self
     }
 
+    /// Whether checkpoints get a head start in the background (default `true`). At three
+    /// quarters of [`checkpoint_size`](Self::checkpoint_size) the changes so far are
+    /// written into an uncommitted redb transaction on the checkpoint thread while calls go
+    /// on; the checkpoint then adds only the newer changes and commits, so the call that
+    /// triggers it waits about half as long. Nothing is committed early: a crash loses
+    /// nothing either way, since the log holds every change until the checkpoint.
+    ///
+    /// With `false` the head start still happens, but the call that reaches it waits for
+    /// it, so every write to the files happens at a point that the calls determine. Tests
+    /// that inject faults at the n-th write of a storage backend
+    /// ([`open_backends`](Self::open_backends)) need that to be reproducible.
+    pub fn background_checkpoints(mut self, enabled: bool) -> Self {
+        self.config.background_checkpoints = enabled;
+        self
+    }
+
     /// The most memory redb's page cache may use (default 32 MiB). The cache grows with
     /// the pages read, up to this bound, so a journal smaller than it is held whole. A
     /// journal larger than the bound has its other pages read again from the operating

@@ -11,11 +11,12 @@
 //! allocates in its own arena.
 //!
 //! The thread starts at the first checkpoint and ends when the journal is dropped (its
-//! queue closes). It holds nothing of the journal between jobs: a job owns what it writes
-//! (the database and the frozen memtable, shared by `Arc`) and drops it before answering,
-//! so the caller gets them back unshared.
+//! queue closes). A job owns what it writes (the database and the memtables, shared by
+//! `Arc`) and drops it before answering, so the caller gets them back unshared. Between
+//! jobs the thread holds at most one thing: the redb transaction of a checkpoint's head
+//! start ([`Checkpointer::start`]), which the next checkpoint commits.
 
-use std::sync::{Mutex, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 
 use crate::error::{Error, Result};
 use crate::trace;
@@ -35,9 +36,38 @@ pub(crate) struct Checkpointer {
     /// The thread's queue; `None` before the first checkpoint, or after the thread could
     /// not be started (then checkpoints run on the caller's thread).
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    /// A write transaction a head start filled and the next checkpoint commits (only jobs
+    /// use it, on the thread, one at a time).
+    pub(crate) prepared: Arc<Mutex<Option<redb::WriteTransaction>>>,
 }
 
 impl Checkpointer {
+    /// Queues `work` on the checkpoint thread (starting it if needed) and returns at once:
+    /// for work whose outcome nobody waits for (a checkpoint's head start, which the
+    /// checkpoint redoes if it failed). Whether it was queued: without a thread it is not
+    /// run at all (running it here would hold up the caller it is meant to spare).
+    pub(crate) fn start(&self, work: impl FnOnce() -> Result<()> + Send + 'static) -> bool {
+        // The answer, and a panic's payload, are dropped with the receiver.
+        let (reply, _answer) = mpsc::sync_channel(1);
+        let job = Job {
+            work: Box::new(work),
+            context: trace::Context::capture(),
+            reply,
+        };
+        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        if jobs.is_none() {
+            *jobs = spawn();
+        }
+        match jobs.as_ref().map(|tx| tx.send(job)) {
+            Some(Ok(())) => true,
+            Some(Err(_)) => {
+                *jobs = None;
+                false
+            }
+            None => false,
+        }
+    }
+
     /// Runs `work` on the checkpoint thread (starting it if needed) and waits for its
     /// answer. If no thread can be started, runs it on this one. A panic in `work` (redb's,
     /// on damaged data) goes on in this thread, whose panic guard answers it as it would
@@ -111,7 +141,6 @@ fn spawn() -> Option<mpsc::Sender<Job>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
     use std::thread::ThreadId;
 
     fn thread_of(c: &Checkpointer) -> ThreadId {

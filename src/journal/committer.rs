@@ -1,7 +1,7 @@
 //! The group committer: callers enqueue jobs; one leader runs them in one batch, appends
 //! it to the log and syncs once; and, when the log has grown enough, checkpoints.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -9,7 +9,7 @@ use crate::machine::{self, Ctx};
 use redb::ReadableDatabase;
 
 use crate::codec::{self, RecordKind};
-use crate::index::{self, Base, Layers, Memtable, View, WriteTables};
+use crate::index::{self, Base, Memtable, View, WriteTables};
 use crate::record::CheckpointRecord;
 
 use super::Inner;
@@ -343,6 +343,8 @@ impl Inner {
                     // An error poisons the handle: later calls say so. This batch is durable
                     // in the log either way.
                     let _ = self.checkpoint();
+                } else if self.head_start_due() {
+                    self.start_head_start();
                 }
                 drop(leader);
                 q = lock(&c.queue);
@@ -398,7 +400,7 @@ impl Inner {
         // (the session window, the hold-until-ack lock) see them.
         let pending: Vec<LazyEntry> = read_lock(&self.lazy).entries.clone();
         let committed = read_lock(&self.committed);
-        let mut t = WriteTables::over(committed.base.as_ref(), Layers::new(&[&committed.mem]));
+        let mut t = WriteTables::over(committed.base.as_ref(), committed.layers());
         let run = self.run_jobs(&mut t, now, &pending, jobs);
         let changes = t.into_changes();
         drop(committed);
@@ -453,10 +455,10 @@ impl Inner {
                             cache.remove(id);
                         }
                     }
-                    let super::reads::Committed { base, mem } = &mut *committed;
+                    let super::reads::Committed { base, mem, frozen } = &mut *committed;
                     // Unshared here (a checkpoint's job holds it only while the leader
                     // waits for it), so this changes it in place.
-                    Arc::make_mut(mem).absorb_over(changes, base.as_ref());
+                    Arc::make_mut(mem).absorb_over(changes, base.as_ref(), frozen.as_deref());
                 }
                 self.persisted_high_water.fetch_max(now.0, Ordering::SeqCst);
                 self.lazy_committed(pending.len());
@@ -549,7 +551,72 @@ impl Inner {
         }
         let limit = self.cfg.checkpoint_bytes.saturating_mul(factor);
         let used = lock(&self.log).as_ref().map_or(0, crate::log::Writer::used);
-        used >= limit || read_lock(&self.committed).mem.bytes() as u64 >= limit
+        used >= limit || read_lock(&self.committed).bytes() as u64 >= limit
+    }
+
+    /// Whether the checkpoint thread should get a head start on the next checkpoint: the
+    /// log has three quarters of the checkpoint size since the last one, and no head start
+    /// is under way.
+    fn head_start_due(&self) -> bool {
+        if !matches!(self.storage, super::Storage::File) {
+            return false;
+        }
+        let limit = self.cfg.checkpoint_bytes / 4 * 3;
+        let used = lock(&self.log).as_ref().map_or(0, crate::log::Writer::used);
+        let committed = read_lock(&self.committed);
+        committed.frozen.is_none()
+            && !committed.mem.is_empty()
+            && (used >= limit || committed.mem.bytes() as u64 >= limit)
+    }
+
+    /// Gives the checkpoint thread a head start on the next checkpoint: the memtable so far
+    /// is frozen (reads go on through it, and new commits go into a new memtable over it),
+    /// and the thread writes it into a redb transaction while calls go on. The checkpoint
+    /// then writes only the newer memtable into that transaction and commits it: most of
+    /// a checkpoint's work (about half of its time, the B-tree inserts) is then off the
+    /// callers' path. Nothing is committed to redb early: a crash loses nothing, since the
+    /// log holds every change until the checkpoint commits. A head start that fails or
+    /// panics poisons the handle, as a failed checkpoint does: redb refuses writes after
+    /// an I/O error, and the next open replays the log. Without background checkpoints
+    /// (the builder's choice) the leader waits for it, so its writes happen at a point the
+    /// calls determine. Called by the leader only.
+    fn start_head_start(&self) {
+        let Ok(db) = self.db_shared() else {
+            return;
+        };
+        let frozen = {
+            let mut committed = write_lock(&self.committed);
+            if committed.frozen.is_some() || committed.mem.is_empty() {
+                return;
+            }
+            let frozen = std::mem::take(&mut committed.mem);
+            committed.frozen = Some(Arc::clone(&frozen));
+            frozen
+        };
+        let prepared = Arc::clone(&self.checkpointer.prepared);
+        let quick_repair = self.cfg.quick_repair;
+        let poisoned = Arc::clone(&self.poisoned);
+        let work = move || {
+            // Armed here, not before: a job that never runs (no thread) poisons nothing.
+            let mut poison = PoisonUnlessDone {
+                poisoned,
+                done: false,
+            };
+            let mut txn = db.begin_write()?;
+            txn.set_quick_repair(quick_repair);
+            index::checkpoint(&txn, &frozen)?;
+            *lock(&prepared) = Some(txn);
+            poison.done = true;
+            Ok(())
+        };
+        if self.cfg.background_checkpoints {
+            // Not queued (no thread could be started): the checkpoint writes the frozen
+            // memtable itself, with the rest.
+            let _ = self.checkpointer.start(work);
+        } else {
+            // An error has poisoned the handle; the batch is durable in the log either way.
+            let _ = self.checkpointer.run(work);
+        }
     }
 
     /// Writes the memtable into redb in one transaction (durable, two-phase), then starts
@@ -575,7 +642,7 @@ impl Inner {
             .as_mut()
             .ok_or_else(|| Error::new(ErrorKind::Closed))?;
         let cursor = log.cursor();
-        if log.used() == 0 && read_lock(&self.committed).mem.is_empty() {
+        if log.used() == 0 && read_lock(&self.committed).is_empty() {
             return Ok(());
         }
         let next = CheckpointRecord {
@@ -587,14 +654,34 @@ impl Inner {
         // `checkpointer`), with the memtable as it is now: no batch commits while the leader
         // holds the log. The job owns its `Arc`s and drops them before answering.
         let db = self.db_shared()?;
-        let mem = Arc::clone(&read_lock(&self.committed).mem);
+        let (mem, frozen) = {
+            let committed = read_lock(&self.committed);
+            (Arc::clone(&committed.mem), committed.frozen.clone())
+        };
         let quick_repair = self.cfg.quick_repair;
         let record = codec::encode(RecordKind::Meta, &next);
+        let prepared = Arc::clone(&self.checkpointer.prepared);
         self.checkpointer.run(move || {
-            let mut txn = db.begin_write()?;
-            // Quick repair: the allocator state is saved with the commit, so that reopening
-            // after a crash, and read-only opens of a crashed file, need no full scan.
-            txn.set_quick_repair(quick_repair);
+            // A head start's transaction holds `frozen` already (jobs run in order, so
+            // it has ended); without one, `frozen` is written here first.
+            let prepared = lock(&prepared).take();
+            let txn = match (prepared, &frozen) {
+                (Some(txn), Some(_)) => txn,
+                (prepared, frozen) => {
+                    // A transaction without a frozen memtable cannot be (the checkpoint
+                    // that consumed the frozen one took it): never commit it.
+                    drop(prepared);
+                    let mut txn = db.begin_write()?;
+                    // Quick repair: the allocator state is saved with the commit, so that
+                    // reopening after a crash, and read-only opens of a crashed file, need
+                    // no full scan.
+                    txn.set_quick_repair(quick_repair);
+                    if let Some(frozen) = frozen {
+                        index::checkpoint(&txn, frozen)?;
+                    }
+                    txn
+                }
+            };
             index::checkpoint(&txn, &mem)?;
             {
                 let mut meta = txn.open_table(<index::Meta as index::Table>::def())?;
@@ -615,6 +702,7 @@ impl Inner {
         let mut committed = write_lock(&self.committed);
         committed.base = Some(base);
         committed.mem = Arc::new(Memtable::default());
+        committed.frozen = None;
         Ok(())
     }
 
@@ -693,7 +781,311 @@ impl Inner {
     }
 }
 
+/// Poisons the handle when dropped before `done` is set: a head start's work that failed or
+/// panicked (the thread catches the panic and nobody waits for its answer).
+struct PoisonUnlessDone {
+    poisoned: Arc<AtomicBool>,
+    done: bool,
+}
+
+impl Drop for PoisonUnlessDone {
+    fn drop(&mut self) {
+        if !self.done {
+            self.poisoned.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
 pub(super) enum BatchOutcome {
     Done,
     Retry(usize),
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use redb::ReadableDatabase;
+
+    use crate::index::{Receipts, Table};
+    use crate::{Admission, Intent, Journal, Operation, Outcome, ScopeLock};
+
+    fn intent() -> Intent {
+        Intent::from_json("edit", &serde_json::json!({"kind": "add"}))
+            .unwrap_or_else(|e| panic!("a valid intent: {e}"))
+    }
+
+    /// Runs one operation in `scope` to its applied outcome at `revision`.
+    fn run(journal: &Journal, id: &str, scope: &str, revision: u64) {
+        let op = Operation::new(id, intent()).scope(scope).session("s");
+        match journal.submit(op) {
+            Ok(Admission::Fresh(claim)) => {
+                journal
+                    .complete(&claim, Outcome::applied(revision, vec![7u8; 200]))
+                    .unwrap_or_else(|e| panic!("{id} completes: {e}"));
+            }
+            other => panic!("{id} is fresh, not {other:?}"),
+        }
+    }
+
+    fn frozen(journal: &Journal) -> bool {
+        super::read_lock(&journal.inner.committed).frozen.is_some()
+    }
+
+    /// Whether redb's last commit (not the memtables) holds `id`'s receipt.
+    fn in_redb(journal: &Journal, id: &str) -> bool {
+        let db = journal.inner.db().unwrap_or_else(|e| panic!("open: {e}"));
+        let txn = db.begin_read().unwrap_or_else(|e| panic!("read: {e}"));
+        let table = txn
+            .open_table(<Receipts as Table>::def())
+            .unwrap_or_else(|e| panic!("receipts: {e}"));
+        table
+            .get(id)
+            .unwrap_or_else(|e| panic!("get: {e}"))
+            .is_some()
+    }
+
+    /// Waits until the checkpoint thread holds the head start's transaction.
+    fn wait_prepared(journal: &Journal) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while super::lock(&journal.inner.checkpointer.prepared).is_none() {
+            assert!(Instant::now() < deadline, "the head start never finished");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_head_start_writes_the_frozen_memtable_early_and_the_checkpoint_commits_it_with_the_rest() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let path = dir.path().join("j.opj");
+        let journal = Journal::builder()
+            .checkpoint_size(64 * 1024)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("open: {e}"));
+        let mut n = 0;
+        while !frozen(&journal) {
+            n += 1;
+            assert!(n < 10_000, "no head start after {n} operations");
+            run(&journal, &format!("a{n}"), &format!("s{n}"), 1);
+        }
+        let before_freeze = n;
+        wait_prepared(&journal);
+        // Written into a transaction, not committed: redb does not have it yet, and reads
+        // find it through the frozen memtable.
+        assert!(!in_redb(&journal, "a1"));
+        let seen = journal
+            .lookup("a1")
+            .unwrap_or_else(|e| panic!("lookup: {e}"))
+            .map(|r| r.status);
+        assert_eq!(seen, Some(crate::ExecutionStatus::Applied));
+        // Killed now (the files as they are, the transaction uncommitted), the journal
+        // reopens with everything from the log.
+        let copy = dir.path().join("copy.opj");
+        for (from, to) in [
+            (path.clone(), copy.clone()),
+            (
+                crate::FileLog::path_for(&path),
+                crate::FileLog::path_for(&copy),
+            ),
+        ] {
+            std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy: {e}"));
+        }
+        {
+            let crashed = Journal::open(&copy).unwrap_or_else(|e| panic!("reopen copy: {e}"));
+            for i in 1..=before_freeze {
+                let status = crashed
+                    .lookup(&format!("a{i}"))
+                    .unwrap_or_else(|e| panic!("lookup: {e}"))
+                    .map(|r| r.status);
+                assert_eq!(status, Some(crate::ExecutionStatus::Applied), "a{i}");
+            }
+        }
+        // Calls go on over it until the checkpoint, which commits both memtables.
+        while frozen(&journal) {
+            n += 1;
+            assert!(n < 20_000, "no checkpoint after {n} operations");
+            run(&journal, &format!("a{n}"), &format!("s{n}"), 1);
+        }
+        assert!(super::lock(&journal.inner.checkpointer.prepared).is_none());
+        assert!(in_redb(&journal, "a1"));
+        assert!(in_redb(&journal, &format!("a{before_freeze}")));
+        assert!(
+            in_redb(&journal, &format!("a{n}")),
+            "the newer memtable too"
+        );
+        journal.close().unwrap_or_else(|e| panic!("close: {e}"));
+        let journal = Journal::open(&path).unwrap_or_else(|e| panic!("reopen: {e}"));
+        for i in 1..=n {
+            let status = journal
+                .lookup(&format!("a{i}"))
+                .unwrap_or_else(|e| panic!("lookup: {e}"))
+                .map(|r| r.status);
+            assert_eq!(status, Some(crate::ExecutionStatus::Applied), "a{i}");
+        }
+    }
+
+    #[test]
+    fn a_scope_hold_released_over_a_frozen_memtable_stays_released() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let path = dir.path().join("j.opj");
+        let journal = Journal::builder()
+            .checkpoint_size(64 * 1024)
+            .scope_lock(ScopeLock::HoldUntilAck)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("open: {e}"));
+        // The hold is set in the memtable that the head start freezes.
+        run(&journal, "held", "doc", 1);
+        let mut n = 0;
+        while !frozen(&journal) {
+            n += 1;
+            assert!(n < 10_000, "no head start after {n} operations");
+            run(&journal, &format!("f{n}"), &format!("s{n}"), 1);
+        }
+        // Released in the newer memtable: the deletion of a key that only the frozen
+        // memtable holds must hide it (redb does not have it, so a deletion checked
+        // against redb alone would leave no tombstone).
+        journal
+            .acknowledge("held", Some("s"))
+            .unwrap_or_else(|e| panic!("ack: {e}"));
+        journal.flush().unwrap_or_else(|e| panic!("flush: {e}"));
+        assert!(frozen(&journal), "still before the checkpoint");
+        let holders = {
+            use crate::index::View as _;
+            super::read_lock(&journal.inner.committed)
+                .snapshot()
+                .holders("doc")
+                .unwrap_or_else(|e| panic!("holders: {e}"))
+        };
+        assert_eq!(holders, Vec::<String>::new(), "the released hold is hidden");
+        run(&journal, "next", "doc", 2);
+    }
+
+    /// redb's storage in memory, whose writes (`write`, `set_len`, `sync_data`) fail while
+    /// `failing` is set; counts the failures.
+    #[derive(Debug)]
+    struct FailingBackend {
+        inner: redb::backends::InMemoryBackend,
+        failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        failures: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl FailingBackend {
+        fn check(&self) -> std::io::Result<()> {
+            use std::sync::atomic::Ordering;
+            if self.failing.load(Ordering::SeqCst) {
+                self.failures.fetch_add(1, Ordering::SeqCst);
+                return Err(std::io::Error::other("injected EIO"));
+            }
+            Ok(())
+        }
+    }
+
+    impl redb::StorageBackend for FailingBackend {
+        fn len(&self) -> std::io::Result<u64> {
+            self.inner.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+            self.inner.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            self.check()?;
+            self.inner.set_len(len)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.check()?;
+            self.inner.sync_data()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            self.check()?;
+            self.inner.write(offset, data)
+        }
+    }
+
+    #[test]
+    fn a_head_start_that_fails_in_the_background_poisons_the_handle() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let failing = Arc::new(AtomicBool::new(false));
+        let failures = Arc::new(AtomicUsize::new(0));
+        let backend = FailingBackend {
+            inner: redb::backends::InMemoryBackend::new(),
+            failing: Arc::clone(&failing),
+            failures: Arc::clone(&failures),
+        };
+        let journal = Journal::builder()
+            .checkpoint_size(1 << 20)
+            .cache_size(1 << 20)
+            .session_window(1 << 20)
+            .open_backends(backend, crate::MemoryLog::new(), "failing")
+            .unwrap_or_else(|e| panic!("open: {e}"));
+        // Commits append to the log only: from here on, the first write to redb's storage
+        // is the head start's, on the checkpoint thread.
+        failing.store(true, Ordering::SeqCst);
+        let mut n = 0;
+        while !frozen(&journal) {
+            n += 1;
+            assert!(n < 10_000, "no head start after {n} operations");
+            run(&journal, &format!("a{n}"), &format!("s{n}"), 1);
+        }
+        // Nobody waits for the head start: the handle is poisoned when it fails.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !journal.is_poisoned() {
+            assert!(
+                Instant::now() < deadline,
+                "a failed head start left the handle usable ({} failures, prepared: {})",
+                failures.load(Ordering::SeqCst),
+                super::lock(&journal.inner.checkpointer.prepared).is_some()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            failures.load(Ordering::SeqCst) > 0,
+            "the head start wrote to redb"
+        );
+        assert!(super::lock(&journal.inner.checkpointer.prepared).is_none());
+        let err = journal
+            .submit(Operation::new("after", intent()).session("s"))
+            .map(|_| ())
+            .expect_err("a poisoned handle refuses writes");
+        assert_eq!(*err.kind(), crate::ErrorKind::Poisoned);
+        // What was committed is still read, through the frozen memtable.
+        let seen = journal
+            .lookup("a1")
+            .unwrap_or_else(|e| panic!("lookup: {e}"))
+            .map(|r| r.status);
+        assert_eq!(seen, Some(crate::ExecutionStatus::Applied));
+    }
+
+    #[test]
+    fn without_background_checkpoints_the_call_that_reaches_the_head_start_waits_for_it() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let failing = Arc::new(AtomicBool::new(false));
+        let failures = Arc::new(AtomicUsize::new(0));
+        let backend = FailingBackend {
+            inner: redb::backends::InMemoryBackend::new(),
+            failing: Arc::clone(&failing),
+            failures: Arc::clone(&failures),
+        };
+        let journal = Journal::builder()
+            .checkpoint_size(1 << 20)
+            .cache_size(1 << 20)
+            .session_window(1 << 20)
+            .background_checkpoints(false)
+            .open_backends(backend, crate::MemoryLog::new(), "failing")
+            .unwrap_or_else(|e| panic!("open: {e}"));
+        failing.store(true, Ordering::SeqCst);
+        let mut n = 0;
+        while !frozen(&journal) {
+            n += 1;
+            assert!(n < 10_000, "no head start after {n} operations");
+            run(&journal, &format!("a{n}"), &format!("s{n}"), 1);
+        }
+        // The head start ran, and failed, before the call that reached it returned.
+        assert!(
+            failures.load(Ordering::SeqCst) > 0,
+            "the head start wrote to redb"
+        );
+        assert!(journal.is_poisoned(), "poisoned when the call returned");
+    }
 }

@@ -102,7 +102,7 @@ pub(crate) struct Inner {
     high_water: AtomicU64,
     /// The high-water mark of the last commit (the persisted one).
     persisted_high_water: AtomicU64,
-    poisoned: AtomicBool,
+    poisoned: Arc<AtomicBool>,
     /// Foreground calls queued for the writer: a compaction batch in progress ends early
     /// when one arrives, so foreground calls wait behind as little compaction as possible.
     pub(crate) foreground_waiting: Arc<AtomicUsize>,
@@ -138,13 +138,16 @@ impl Drop for Inner {
         // Closing redb writes its allocator state. After the engine panicked on damaged
         // data (caught, and the handle poisoned) its internal locks may be poisoned and
         // closing panics too: contain that here, so dropping a journal never panics. The
-        // file is closed either way (the unwinding drops the engine's fields).
-        if let Some(db) = self.db.take() {
-            let _ = crate::preflight::guarded("close", || {
-                drop(db);
-                Ok(())
-            });
-        }
+        // file is closed either way (the unwinding drops the engine's fields). A head
+        // start's transaction that no checkpoint committed (the handle was poisoned) is
+        // aborted first: nothing of it was committed, and the log holds all of it.
+        let prepared = committer::lock(&self.checkpointer.prepared).take();
+        let db = self.db.take();
+        let _ = crate::preflight::guarded("close", || {
+            drop(prepared);
+            drop(db);
+            Ok(())
+        });
     }
 }
 
@@ -862,8 +865,8 @@ impl Journal {
         let dest = dest.as_ref();
         self.guard("backup", || {
             // A read transaction taken now sees the last checkpoint, or a checkpoint being
-            // installed, which holds exactly the memtable's changes: laid over it again,
-            // they change nothing. The memtable is bounded by the checkpoint size.
+            // installed, which holds exactly the memtables' changes: laid over it again,
+            // they change nothing. The memtables are bounded by the checkpoint size.
             let (base, mem) = {
                 let committed = reads::read_lock(&self.inner.committed);
                 let base = match (&self.inner.storage, &self.inner.db) {
@@ -877,11 +880,15 @@ impl Journal {
                         Some(index::Base::store(std::sync::Arc::new(pg.read()?.0)))
                     }
                 };
-                (base, committed.mem.clone())
+                (base, (committed.mem.clone(), committed.frozen.clone()))
             };
+            let (mem, frozen) = mem;
             let snap = index::Snapshot {
                 base: base.as_ref(),
-                layers: index::Layers::new(&[&mem]),
+                layers: match &frozen {
+                    Some(frozen) => index::Layers::new(&[&mem, frozen]),
+                    None => index::Layers::new(&[&mem]),
+                },
             };
             let mut report = crate::transfer::backup_snapshot(&snap, dest)?;
             report.access = crate::Access::Live;

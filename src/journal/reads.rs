@@ -2,7 +2,7 @@
 //! memtable of everything logged since), and deliveries and acknowledgements that are
 //! checked and visible at once but committed with the next batch.
 
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::clock::Timestamp;
@@ -20,19 +20,54 @@ use super::committer::lock;
 /// memtable of every batch logged since. Replaced under the write lock by a commit (the
 /// memtable grows) and by a checkpoint (a new base, an empty memtable): readers hold the
 /// read lock while they read, so they see one commit or the next, never half of one.
+///
+/// Between the two, the memtable may be split: the checkpoint thread gets a head start on
+/// the next checkpoint by writing the older part (`frozen`) into a redb transaction while
+/// calls go on into a new `mem` (see `Inner::start_head_start`). Reads see `mem` over
+/// `frozen` over `base` until the checkpoint commits both.
 pub(crate) struct Committed {
     /// `None` only while redb compacts its file (it needs no read transaction open).
     pub(crate) base: Option<Base<'static>>,
     /// Shared with a checkpoint while it writes it into redb (see `Inner::checkpoint`).
-    pub(crate) mem: std::sync::Arc<Memtable>,
+    pub(crate) mem: Arc<Memtable>,
+    /// The memtable as it was when the checkpoint's head start began: never changed again,
+    /// and shared with the checkpoint thread, which writes it into redb meanwhile.
+    pub(crate) frozen: Option<Arc<Memtable>>,
 }
 
 impl Committed {
+    pub(crate) fn new(base: Option<Base<'static>>, mem: Memtable) -> Committed {
+        Committed {
+            base,
+            mem: Arc::new(mem),
+            frozen: None,
+        }
+    }
+
+    /// The memtables, top first.
+    pub(crate) fn layers(&self) -> Layers<'_> {
+        match &self.frozen {
+            Some(frozen) => Layers::new(&[&self.mem, frozen]),
+            None => Layers::new(&[&self.mem]),
+        }
+    }
+
     pub(crate) fn snapshot(&self) -> index::Snapshot<'_> {
         index::Snapshot {
             base: self.base.as_ref(),
-            layers: Layers::new(&[&self.mem]),
+            layers: self.layers(),
         }
+    }
+
+    /// The bytes the memtables hold, as they count them: everything logged since the last
+    /// checkpoint.
+    pub(crate) fn bytes(&self) -> usize {
+        self.mem.bytes() + self.frozen.as_ref().map_or(0, |f| f.bytes())
+    }
+
+    /// Whether nothing was logged since the last checkpoint.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.mem.is_empty() && self.frozen.as_ref().is_none_or(|f| f.is_empty())
     }
 }
 
@@ -145,7 +180,7 @@ impl crate::Journal {
     /// bounds. For tests of that bound (feature `internals`); not a stable API.
     #[doc(hidden)]
     pub fn memtable_bytes(&self) -> usize {
-        read_lock(&self.inner.committed).mem.bytes()
+        read_lock(&self.inner.committed).bytes()
     }
 }
 

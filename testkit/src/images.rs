@@ -14,13 +14,16 @@ use crate::model::ModelConfig;
 /// is `disk.backend()`, the log `disk.log()`. (On custom storage the journal opens redb with
 /// `ConcurrencyMode::ExclusiveWriter`, whatever `cfg.sharing` says: the backend has no
 /// cross-process locks. The commit path, a log append and one sync, is the same in both
-/// sharing modes.)
+/// sharing modes.) Checkpoints run in the foreground (`background_checkpoints(false)`): a
+/// head start's writes then happen at a point the calls determine, so a trigger armed for
+/// the n-th write or sync fires at the same step in every run.
 pub fn open(
     cfg: &ModelConfig,
     clock: &ManualClock,
     disk: &FaultDisk,
 ) -> opjournal::Result<Journal> {
     cfg.builder(clock)
+        .background_checkpoints(false)
         .open_backends(disk.backend(), disk.log(), "fault-disk.opj")
 }
 
