@@ -1088,4 +1088,38 @@ mod tests {
         );
         assert!(journal.is_poisoned(), "poisoned when the call returned");
     }
+
+    #[test]
+    fn a_poisoned_handle_with_a_head_start_uncommitted_closes_and_reopens_with_everything() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let path = dir.path().join("j.opj");
+        let journal = Journal::builder()
+            .checkpoint_size(64 * 1024)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("open: {e}"));
+        let mut n = 0;
+        while !frozen(&journal) {
+            n += 1;
+            assert!(n < 10_000, "no head start after {n} operations");
+            run(&journal, &format!("a{n}"), &format!("s{n}"), 1);
+        }
+        wait_prepared(&journal);
+        // As after an I/O error in a later commit: no checkpoint will commit the head start.
+        journal
+            .inner
+            .poisoned
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let closed = journal.close().map_err(|e| e.kind().clone());
+        assert_eq!(closed, Err(crate::ErrorKind::Poisoned));
+        // The head start's transaction was aborted before redb closed, so no lock is left:
+        // the file opens again, with everything from the log.
+        let journal = Journal::open(&path).unwrap_or_else(|e| panic!("reopen: {e}"));
+        for i in 1..=n {
+            let status = journal
+                .lookup(&format!("a{i}"))
+                .unwrap_or_else(|e| panic!("lookup: {e}"))
+                .map(|r| r.status);
+            assert_eq!(status, Some(crate::ExecutionStatus::Applied), "a{i}");
+        }
+    }
 }
