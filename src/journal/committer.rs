@@ -845,6 +845,43 @@ mod tests {
             .is_some()
     }
 
+    /// Runs operations `{prefix}1`, `{prefix}2`, ... (each in its own scope) until a head
+    /// start froze the memtable; how many ran.
+    fn run_until_frozen(journal: &Journal, prefix: &str) -> usize {
+        let mut n = 0;
+        while !frozen(journal) {
+            n += 1;
+            assert!(n < 10_000, "no head start after {n} operations");
+            run(journal, &format!("{prefix}{n}"), &format!("s{n}"), 1);
+        }
+        n
+    }
+
+    /// Asserts that `{prefix}1` to `{prefix}{n}` are applied.
+    fn assert_applied(journal: &Journal, prefix: &str, n: usize) {
+        for i in 1..=n {
+            let status = journal
+                .lookup(&format!("{prefix}{i}"))
+                .unwrap_or_else(|e| panic!("lookup: {e}"))
+                .map(|r| r.status);
+            assert_eq!(status, Some(crate::ExecutionStatus::Applied), "{prefix}{i}");
+        }
+    }
+
+    /// A journal file with 64 KiB checkpoints, run until the checkpoint thread holds a head
+    /// start's transaction; with its directory, its path and the operations run.
+    fn prepared_on_disk() -> (tempfile::TempDir, std::path::PathBuf, Journal, usize) {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let path = dir.path().join("j.opj");
+        let journal = Journal::builder()
+            .checkpoint_size(64 * 1024)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("open: {e}"));
+        let n = run_until_frozen(&journal, "a");
+        wait_prepared(&journal);
+        (dir, path, journal, n)
+    }
+
     /// Waits until the checkpoint thread holds the head start's transaction.
     fn wait_prepared(journal: &Journal) {
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -856,20 +893,8 @@ mod tests {
 
     #[test]
     fn a_head_start_writes_the_frozen_memtable_early_and_the_checkpoint_commits_it_with_the_rest() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-        let path = dir.path().join("j.opj");
-        let journal = Journal::builder()
-            .checkpoint_size(64 * 1024)
-            .open(&path)
-            .unwrap_or_else(|e| panic!("open: {e}"));
-        let mut n = 0;
-        while !frozen(&journal) {
-            n += 1;
-            assert!(n < 10_000, "no head start after {n} operations");
-            run(&journal, &format!("a{n}"), &format!("s{n}"), 1);
-        }
-        let before_freeze = n;
-        wait_prepared(&journal);
+        let (dir, path, journal, before_freeze) = prepared_on_disk();
+        let mut n = before_freeze;
         // Written into a transaction, not committed: redb does not have it yet, and reads
         // find it through the frozen memtable.
         assert!(!in_redb(&journal, "a1"));
@@ -892,13 +917,7 @@ mod tests {
         }
         {
             let crashed = Journal::open(&copy).unwrap_or_else(|e| panic!("reopen copy: {e}"));
-            for i in 1..=before_freeze {
-                let status = crashed
-                    .lookup(&format!("a{i}"))
-                    .unwrap_or_else(|e| panic!("lookup: {e}"))
-                    .map(|r| r.status);
-                assert_eq!(status, Some(crate::ExecutionStatus::Applied), "a{i}");
-            }
+            assert_applied(&crashed, "a", before_freeze);
         }
         // Calls go on over it until the checkpoint, which commits both memtables.
         while frozen(&journal) {
@@ -915,13 +934,7 @@ mod tests {
         );
         journal.close().unwrap_or_else(|e| panic!("close: {e}"));
         let journal = Journal::open(&path).unwrap_or_else(|e| panic!("reopen: {e}"));
-        for i in 1..=n {
-            let status = journal
-                .lookup(&format!("a{i}"))
-                .unwrap_or_else(|e| panic!("lookup: {e}"))
-                .map(|r| r.status);
-            assert_eq!(status, Some(crate::ExecutionStatus::Applied), "a{i}");
-        }
+        assert_applied(&journal, "a", n);
     }
 
     #[test]
@@ -935,12 +948,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("open: {e}"));
         // The hold is set in the memtable that the head start freezes.
         run(&journal, "held", "doc", 1);
-        let mut n = 0;
-        while !frozen(&journal) {
-            n += 1;
-            assert!(n < 10_000, "no head start after {n} operations");
-            run(&journal, &format!("f{n}"), &format!("s{n}"), 1);
-        }
+        run_until_frozen(&journal, "f");
         // Released in the newer memtable: the deletion of a key that only the frozen
         // memtable holds must hide it (redb does not have it, so a deletion checked
         // against redb alone would leave no tombstone).
@@ -1001,8 +1009,12 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_head_start_that_fails_in_the_background_poisons_the_handle() {
+    /// A journal over storage whose writes fail from just after the open (commits append
+    /// to the log only, so the first write to redb's storage is the head start's), run
+    /// until a head start froze the memtable; and the count of the storage's failures.
+    fn frozen_over_failing_storage(
+        background: bool,
+    ) -> (Journal, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         let failing = Arc::new(AtomicBool::new(false));
@@ -1016,17 +1028,18 @@ mod tests {
             .checkpoint_size(1 << 20)
             .cache_size(1 << 20)
             .session_window(1 << 20)
+            .background_checkpoints(background)
             .open_backends(backend, crate::MemoryLog::new(), "failing")
             .unwrap_or_else(|e| panic!("open: {e}"));
-        // Commits append to the log only: from here on, the first write to redb's storage
-        // is the head start's, on the checkpoint thread.
         failing.store(true, Ordering::SeqCst);
-        let mut n = 0;
-        while !frozen(&journal) {
-            n += 1;
-            assert!(n < 10_000, "no head start after {n} operations");
-            run(&journal, &format!("a{n}"), &format!("s{n}"), 1);
-        }
+        run_until_frozen(&journal, "a");
+        (journal, failures)
+    }
+
+    #[test]
+    fn a_head_start_that_fails_in_the_background_poisons_the_handle() {
+        use std::sync::atomic::Ordering;
+        let (journal, failures) = frozen_over_failing_storage(true);
         // Nobody waits for the head start: the handle is poisoned when it fails.
         let deadline = Instant::now() + Duration::from_secs(30);
         while !journal.is_poisoned() {
@@ -1058,29 +1071,8 @@ mod tests {
 
     #[test]
     fn without_background_checkpoints_the_call_that_reaches_the_head_start_waits_for_it() {
-        use std::sync::Arc;
-        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-        let failing = Arc::new(AtomicBool::new(false));
-        let failures = Arc::new(AtomicUsize::new(0));
-        let backend = FailingBackend {
-            inner: redb::backends::InMemoryBackend::new(),
-            failing: Arc::clone(&failing),
-            failures: Arc::clone(&failures),
-        };
-        let journal = Journal::builder()
-            .checkpoint_size(1 << 20)
-            .cache_size(1 << 20)
-            .session_window(1 << 20)
-            .background_checkpoints(false)
-            .open_backends(backend, crate::MemoryLog::new(), "failing")
-            .unwrap_or_else(|e| panic!("open: {e}"));
-        failing.store(true, Ordering::SeqCst);
-        let mut n = 0;
-        while !frozen(&journal) {
-            n += 1;
-            assert!(n < 10_000, "no head start after {n} operations");
-            run(&journal, &format!("a{n}"), &format!("s{n}"), 1);
-        }
+        use std::sync::atomic::Ordering;
+        let (journal, failures) = frozen_over_failing_storage(false);
         // The head start ran, and failed, before the call that reached it returned.
         assert!(
             failures.load(Ordering::SeqCst) > 0,
@@ -1091,19 +1083,7 @@ mod tests {
 
     #[test]
     fn a_poisoned_handle_with_a_head_start_uncommitted_closes_and_reopens_with_everything() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-        let path = dir.path().join("j.opj");
-        let journal = Journal::builder()
-            .checkpoint_size(64 * 1024)
-            .open(&path)
-            .unwrap_or_else(|e| panic!("open: {e}"));
-        let mut n = 0;
-        while !frozen(&journal) {
-            n += 1;
-            assert!(n < 10_000, "no head start after {n} operations");
-            run(&journal, &format!("a{n}"), &format!("s{n}"), 1);
-        }
-        wait_prepared(&journal);
+        let (_dir, path, journal, n) = prepared_on_disk();
         // As after an I/O error in a later commit: no checkpoint will commit the head start.
         journal
             .inner
@@ -1114,12 +1094,6 @@ mod tests {
         // The head start's transaction was aborted before redb closed, so no lock is left:
         // the file opens again, with everything from the log.
         let journal = Journal::open(&path).unwrap_or_else(|e| panic!("reopen: {e}"));
-        for i in 1..=n {
-            let status = journal
-                .lookup(&format!("a{i}"))
-                .unwrap_or_else(|e| panic!("lookup: {e}"))
-                .map(|r| r.status);
-            assert_eq!(status, Some(crate::ExecutionStatus::Applied), "a{i}");
-        }
+        assert_applied(&journal, "a", n);
     }
 }
