@@ -43,10 +43,11 @@ pub(crate) struct Checkpointer {
 
 impl Checkpointer {
     /// Queues `work` on the checkpoint thread (starting it if needed) and returns at once:
-    /// for work whose outcome nobody waits for (a checkpoint's head start, which the
-    /// checkpoint redoes if it failed). Whether it was queued: without a thread it is not
-    /// run at all (running it here would hold up the caller it is meant to spare).
-    pub(crate) fn start(&self, work: impl FnOnce() -> Result<()> + Send + 'static) -> bool {
+    /// for work whose outcome nobody waits for (a checkpoint's head start, which poisons
+    /// the handle itself if it fails). Without a thread it is not run at all (running it
+    /// here would hold up the caller it is meant to spare): the checkpoint then writes the
+    /// frozen memtable itself, with the rest.
+    pub(crate) fn start(&self, work: impl FnOnce() -> Result<()> + Send + 'static) {
         // The answer, and a panic's payload, are dropped with the receiver.
         let (reply, _answer) = mpsc::sync_channel(1);
         let job = Job {
@@ -58,13 +59,9 @@ impl Checkpointer {
         if jobs.is_none() {
             *jobs = spawn();
         }
-        match jobs.as_ref().map(|tx| tx.send(job)) {
-            Some(Ok(())) => true,
-            Some(Err(_)) => {
-                *jobs = None;
-                false
-            }
-            None => false,
+        if jobs.as_ref().is_some_and(|tx| tx.send(job).is_err()) {
+            // The thread is gone: start a new one next time.
+            *jobs = None;
         }
     }
 

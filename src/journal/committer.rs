@@ -1,7 +1,7 @@
 //! The group committer: callers enqueue jobs; one leader runs them in one batch, appends
 //! it to the log and syncs once; and, when the log has grown enough, checkpoints.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -339,12 +339,14 @@ impl Inner {
                 // It waits for a moment when no call is queued, unless the log has grown
                 // to twice the checkpoint size: a burst of calls is not held up by it.
                 let quiet = self.foreground_waiting.load(Ordering::SeqCst) == 0;
-                if self.checkpoint_due(if quiet { 1 } else { 2 }) {
+                match self.due(if quiet { 1 } else { 2 }) {
                     // An error poisons the handle: later calls say so. This batch is durable
                     // in the log either way.
-                    let _ = self.checkpoint();
-                } else if self.head_start_due() {
-                    self.start_head_start();
+                    Due::Checkpoint => {
+                        let _ = self.checkpoint();
+                    }
+                    Due::HeadStart => self.start_head_start(),
+                    Due::Nothing => {}
                 }
                 drop(leader);
                 q = lock(&c.queue);
@@ -544,29 +546,29 @@ impl Inner {
         Ok(true)
     }
 
-    /// Whether the log or the memtable has outgrown `factor` times the checkpoint size.
-    pub(crate) fn checkpoint_due(&self, factor: u64) -> bool {
+    /// What the log's and the memtables' growth calls for after a batch: a checkpoint once
+    /// either has outgrown `factor` times the checkpoint size; else a head start once they
+    /// reach three quarters of it and none is under way. Read once per batch (the log's lock
+    /// and the memtables' read lock, each taken once).
+    fn due(&self, factor: u64) -> Due {
         if !matches!(self.storage, super::Storage::File) {
-            return false;
+            return Due::Nothing;
         }
-        let limit = self.cfg.checkpoint_bytes.saturating_mul(factor);
-        let used = lock(&self.log).as_ref().map_or(0, crate::log::Writer::used);
-        used >= limit || read_lock(&self.committed).bytes() as u64 >= limit
-    }
-
-    /// Whether the checkpoint thread should get a head start on the next checkpoint: the
-    /// log has three quarters of the checkpoint size since the last one, and no head start
-    /// is under way.
-    fn head_start_due(&self) -> bool {
-        if !matches!(self.storage, super::Storage::File) {
-            return false;
-        }
-        let limit = self.cfg.checkpoint_bytes / 4 * 3;
+        let size = self.cfg.checkpoint_bytes;
         let used = lock(&self.log).as_ref().map_or(0, crate::log::Writer::used);
         let committed = read_lock(&self.committed);
-        committed.frozen.is_none()
+        let limit = size.saturating_mul(factor);
+        if used >= limit || committed.bytes() as u64 >= limit {
+            return Due::Checkpoint;
+        }
+        let head_start = size / 4 * 3;
+        if committed.frozen.is_none()
             && !committed.mem.is_empty()
-            && (used >= limit || committed.mem.bytes() as u64 >= limit)
+            && (used >= head_start || committed.mem.bytes() as u64 >= head_start)
+        {
+            return Due::HeadStart;
+        }
+        Due::Nothing
     }
 
     /// Gives the checkpoint thread a head start on the next checkpoint: the memtable so far
@@ -597,22 +599,21 @@ impl Inner {
         let quick_repair = self.cfg.quick_repair;
         let poisoned = Arc::clone(&self.poisoned);
         let work = move || {
-            // Armed here, not before: a job that never runs (no thread) poisons nothing.
-            let mut poison = PoisonUnlessDone {
-                poisoned,
-                done: false,
-            };
-            let mut txn = db.begin_write()?;
-            txn.set_quick_repair(quick_repair);
-            index::checkpoint(&txn, &frozen)?;
-            *lock(&prepared) = Some(txn);
-            poison.done = true;
-            Ok(())
+            // A panic (redb's, on damaged data) is an error here: nobody else would see it.
+            let written = crate::preflight::guarded("a checkpoint's head start", || {
+                let mut txn = db.begin_write()?;
+                txn.set_quick_repair(quick_repair);
+                index::checkpoint(&txn, &frozen)?;
+                *lock(&prepared) = Some(txn);
+                Ok(())
+            });
+            if written.is_err() {
+                poisoned.store(true, Ordering::SeqCst);
+            }
+            written
         };
         if self.cfg.background_checkpoints {
-            // Not queued (no thread could be started): the checkpoint writes the frozen
-            // memtable itself, with the rest.
-            let _ = self.checkpointer.start(work);
+            self.checkpointer.start(work);
         } else {
             // An error has poisoned the handle; the batch is durable in the log either way.
             let _ = self.checkpointer.run(work);
@@ -781,19 +782,11 @@ impl Inner {
     }
 }
 
-/// Poisons the handle when dropped before `done` is set: a head start's work that failed or
-/// panicked (the thread catches the panic and nobody waits for its answer).
-struct PoisonUnlessDone {
-    poisoned: Arc<AtomicBool>,
-    done: bool,
-}
-
-impl Drop for PoisonUnlessDone {
-    fn drop(&mut self) {
-        if !self.done {
-            self.poisoned.store(true, Ordering::SeqCst);
-        }
-    }
+/// What a batch's growth calls for ([`Inner::due`]).
+enum Due {
+    Checkpoint,
+    HeadStart,
+    Nothing,
 }
 
 pub(super) enum BatchOutcome {
