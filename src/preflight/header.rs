@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 pub(super) const HEADER_LEN: usize = 320;
 /// The god byte: which slot is primary and how the last commit was made.
 pub(super) const GOD_BYTE: usize = 9;
-const PRIMARY_BIT: u8 = 1;
+pub(super) const PRIMARY_BIT: u8 = 1;
 pub(super) const RECOVERY_REQUIRED: u8 = 2;
 pub(super) const TWO_PHASE_COMMIT: u8 = 4;
 pub(super) const PRIMARY_UNFLUSHED: u8 = 8;

@@ -34,10 +34,18 @@ use crate::error::{Error, Result};
 /// checksums: a page that does not parse is left to redb, which answers it as damage.
 ///
 /// Which slot: the one redb reads without verifying it. That is the primary of a clean
-/// file or of a two-phase commit, and the secondary while the primary is marked unflushed
-/// (readers serve the previous commit then). A file a crash left after a one-phase commit
-/// is verified by redb, checksum by checksum, before it uses either slot, so its trees are
-/// not walked; nor is any other secondary, whose pages may have been reused since.
+/// file or of a two-phase commit. A file a crash left after a one-phase commit is verified
+/// by redb, checksum by checksum, before it uses either slot, so its trees are not walked.
+///
+/// The secondary is walked only where a reader would serve it unverified: a header that
+/// marks its primary unflushed (readers beside a writer serve the previous commit until
+/// the writer's flush clears the mark) without the recovery flag. A writer keeps that flag
+/// set while it runs, so on a file a writer left (running, or killed) the mark is not
+/// enough: a killed writer's next open flushes and keeps the primary, and the secondary's
+/// pages may already hold the next transaction's writes. A power cut leaves exactly that:
+/// the write that clears the mark is not synced yet when the next transaction writes over
+/// the secondary's pages (free once the primary's flush made it durable), and those writes
+/// can reach the disk without it.
 ///
 /// It reads every page the trees reach, once (about the file's size; see
 /// [`PagesChecked`]), with memory of one page plus a bit per page of the file.
@@ -68,8 +76,10 @@ pub(crate) fn check_page_numbers(
     if slot_ok(primary) && (two_phase || !(recovery || unflushed)) {
         slots.push(primary);
     }
-    // Readers serve the previous commit while the primary is marked unflushed.
-    if unflushed && slot_ok(1 - primary) {
+    // Readers serve the previous commit while the primary is marked unflushed; with the
+    // recovery flag set, only a live writer's readers do, within its flush, and after a
+    // crash nothing reads it (see above).
+    if unflushed && !recovery && slot_ok(1 - primary) {
         slots.push(1 - primary);
     }
     let mut walk = PageWalk {
@@ -293,6 +303,7 @@ fn outside(page: PageNumber) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::preflight::header::PRIMARY_BIT;
     use crate::preflight::page::u16_at;
     use crate::preflight::test_files::{journal_bytes, reader};
 
@@ -405,6 +416,83 @@ mod tests {
             }
         }
         assert!(unread_by_branch_walk > 0);
+    }
+
+    /// `bytes` with the god byte's flags replaced by `flags` (which slot is primary kept).
+    fn with_flags(bytes: &[u8], flags: u8) -> Vec<u8> {
+        let mut out = bytes.to_vec();
+        out[GOD_BYTE] = (out[GOD_BYTE] & PRIMARY_BIT) | flags;
+        out
+    }
+
+    /// `bytes` with the page at `at` made a branch whose one child claims 4 GiB.
+    fn branch_naming_4_gib(bytes: &[u8], at: usize) -> Vec<u8> {
+        let mut out = bytes.to_vec();
+        out[at] = BRANCH;
+        out[at + 2..at + 4].copy_from_slice(&0u16.to_le_bytes());
+        out[at + 24..at + 32].copy_from_slice(&((20u64 << 59) | 1).to_le_bytes());
+        out
+    }
+
+    /// A power cut between a commit's flip (the primary marked unflushed, synced) and the
+    /// write that clears the mark, after the next transaction wrote over the secondary's
+    /// pages: the state the power-cut harness found refused as damaged. The writer's next
+    /// open flushes and keeps the primary; nothing reads the secondary.
+    #[test]
+    fn a_killed_writers_unflushed_mark_leaves_the_reused_secondary_unread_and_the_file_opens() {
+        let bytes = journal_bytes();
+        let primary_pages: HashSet<usize> = pages_read(&bytes, Depth::Full)
+            .1
+            .into_iter()
+            .map(|(at, _)| at)
+            .collect();
+        // The secondary's pages: walk the file with the other slot made primary.
+        let mut swapped = bytes.clone();
+        swapped[GOD_BYTE] ^= PRIMARY_BIT;
+        let secondary_only: Vec<usize> = pages_read(&swapped, Depth::Full)
+            .1
+            .into_iter()
+            .map(|(at, _)| at)
+            .filter(|at| !primary_pages.contains(at))
+            .collect();
+        assert!(
+            !secondary_only.is_empty(),
+            "the commit before last has pages of its own"
+        );
+        // Reused and torn: any bytes, here a branch naming a page of 4 GiB.
+        let reused = branch_naming_4_gib(&bytes, secondary_only[0]);
+        let killed = with_flags(
+            &reused,
+            TWO_PHASE_COMMIT | RECOVERY_REQUIRED | PRIMARY_UNFLUSHED,
+        );
+        for depth in [Depth::Full, Depth::Branches] {
+            assert!(!refused_as_outside(&killed, depth), "{depth:?}");
+        }
+        // Without the recovery flag no writer left the mark: a reader serves the secondary,
+        // so it is walked and refused. With the mark cleared it is not read at all.
+        let marked = with_flags(&reused, TWO_PHASE_COMMIT | PRIMARY_UNFLUSHED);
+        assert!(refused_as_outside(&marked, Depth::Full));
+        let flushed = with_flags(&reused, TWO_PHASE_COMMIT | RECOVERY_REQUIRED);
+        assert!(!refused_as_outside(&flushed, Depth::Full));
+
+        // The killed writer's file, end to end: verified clean as it is, then reopened by
+        // a writer with every receipt.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("killed.opj");
+        std::fs::write(&path, &killed).expect("write");
+        let report = crate::verify(&path).expect("verify opens it");
+        assert!(report.is_clean(), "{report:?}");
+        let journal = crate::Journal::open(&path).expect("a writer opens it");
+        for i in [0, 199, 399] {
+            let r = journal
+                .lookup(&format!("op_{i}"))
+                .expect("lookup")
+                .expect("every receipt");
+            assert_eq!(r.status, crate::ExecutionStatus::Applied, "op_{i}");
+        }
+        journal.close().expect("close");
+        let report = crate::verify(&path).expect("verify");
+        assert!(report.is_clean(), "{report:?}");
     }
 
     #[test]
