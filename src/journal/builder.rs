@@ -211,8 +211,10 @@ impl JournalBuilder {
     /// Opens (or creates) a journal on custom storage: a redb backend for the index and a
     /// [`LogStorage`] for the log, such as in-memory ones ([`redb::backends::InMemoryBackend`]
     /// and [`MemoryLog`](crate::MemoryLog)) or fault-injecting ones for crash tests. `label`
-    /// names it in messages. The journal opens them exclusively (custom backends have no
-    /// cross-process locks), and a clean close empties the log storage.
+    /// names it in messages. redb runs the commit protocol of the builder's [`Sharing`]
+    /// mode, as for a file (a backend without byte-range locks is opened without
+    /// cross-process locks: one process at a time must use it), and a clean close empties
+    /// the log storage.
     ///
     /// # Errors
     ///

@@ -21,6 +21,17 @@ use super::committer::Committer;
 use super::reads::{Committed, LazyBuffer};
 use super::{Inner, Journal};
 
+/// Whether `backend` takes byte-range locks, which redb's `SingleWriter` mode needs: a
+/// query of one byte's lock, which changes nothing, is answered rather than refused.
+fn supports_range_locks(backend: &impl redb::StorageBackend) -> bool {
+    use std::ops::Bound::Included;
+    match backend.query_lock_range(Included(0), Included(0)) {
+        Err(redb::BackendError::Unsupported) => false,
+        Err(redb::BackendError::Io(e)) => e.kind() != std::io::ErrorKind::Unsupported,
+        _ => true,
+    }
+}
+
 impl Journal {
     pub(crate) fn redb_builder(cfg: &Config) -> redb::Builder {
         let mut builder = redb::Builder::new();
@@ -112,8 +123,14 @@ impl Journal {
         label: &str,
         mut cfg: Config,
     ) -> Result<Journal> {
-        // Custom backends implement no cross-process locks: open them exclusively.
-        cfg.sharing = Sharing::Exclusive;
+        // The sharing mode is redb's commit protocol, not only its locks (with live
+        // readers, a commit's header marks the new primary unflushed until its flush), so
+        // storage with byte-range locks runs the one a file of the same configuration
+        // runs. redb refuses its `SingleWriter` mode on a backend without them (such as
+        // `InMemoryBackend`), which is opened exclusively.
+        if !supports_range_locks(&backend) {
+            cfg.sharing = Sharing::Exclusive;
+        }
         let path = Path::new(label);
         // The storage is input, as a file is: the engine may panic on damaged pages.
         crate::preflight::guarded("open", || {

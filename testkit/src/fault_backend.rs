@@ -30,7 +30,9 @@
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use redb::StorageBackend;
+use std::ops::Bound;
+
+use redb::{BackendError, StorageBackend};
 
 /// The sector size at which a torn write tears.
 pub const SECTOR: u64 = 512;
@@ -146,6 +148,12 @@ pub enum CutPolicy {
     DropAll,
     /// Each independently: kept, dropped or torn (sector by sector).
     Random,
+    /// Every write to the file's first sector (redb's commit slots and flags) dropped, the
+    /// others kept: a disk that wrote a commit's pages but not the header naming it, nor
+    /// the one clearing the mark on the commit before.
+    KeepAllButHeader,
+    /// Every write to the file's first sector dropped, the others as [`CutPolicy::Random`].
+    RandomButHeader,
 }
 
 #[derive(Clone, Debug)]
@@ -432,6 +440,9 @@ struct State {
     /// How long each sync takes before it completes (a real disk's fsync costs
     /// milliseconds; zero by default).
     sync_delay: std::time::Duration,
+    /// Byte-range locks held on the redb file, and the next backend's holder number.
+    locks: Vec<RangeLock>,
+    holders: u64,
 }
 
 /// The simulated disk, shared by every backend and log opened on it (cheap to clone).
@@ -448,10 +459,14 @@ fn errno(code: i32) -> io::Error {
 fn cut(f: &FileState, policy: CutPolicy, rng: &mut dyn FnMut() -> u64) -> Image {
     let mut image = f.durable.clone();
     for p in &f.pending {
+        let header = matches!(p, Pending::Write { offset, .. } | Pending::Zeros { offset, .. } if *offset < SECTOR);
         let choice = match policy {
             CutPolicy::KeepAll => 0,
             CutPolicy::DropAll => 1,
             CutPolicy::Random => rng() % 3,
+            CutPolicy::KeepAllButHeader | CutPolicy::RandomButHeader if header => 1,
+            CutPolicy::KeepAllButHeader => 0,
+            CutPolicy::RandomButHeader => rng() % 3,
         };
         match (p, choice) {
             (_, 1) => {}
@@ -511,7 +526,15 @@ impl FaultDisk {
 
     /// The redb file, as a backend to hand to redb.
     pub fn backend(&self) -> FaultBackend {
-        FaultBackend { disk: self.clone() }
+        let holder = {
+            let mut s = self.lock();
+            s.holders += 1;
+            s.holders
+        };
+        FaultBackend {
+            disk: self.clone(),
+            holder,
+        }
     }
 
     /// The log file, as a [`opjournal::LogStorage`] to hand to the journal.
@@ -746,12 +769,82 @@ fn stats_of(stats: &mut DiskStats, file: DiskFile) -> &mut FileStats {
     }
 }
 
-/// The redb file of a [`FaultDisk`], as a [`StorageBackend`]. It implements no locks
-/// (redb then allows only `ConcurrencyMode::ExclusiveWriter`, which the journal uses on
-/// custom backends).
+/// The redb file of a [`FaultDisk`], as a [`StorageBackend`], with byte-range locks as a
+/// file has them (each backend one holder, like one open file description), so that redb
+/// runs any concurrency mode on it: `SingleWriter`, the journal's default, writes its
+/// commits as it does on a file.
 #[derive(Debug)]
 pub struct FaultBackend {
     disk: FaultDisk,
+    holder: u64,
+}
+
+/// A byte-range lock: its holder, its first and last byte, and whether it is shared.
+#[derive(Clone, Copy, Debug)]
+struct RangeLock {
+    holder: u64,
+    first: u64,
+    last: u64,
+    shared: bool,
+}
+
+/// A lock range's first and last byte (`None` for an empty range).
+fn lock_bounds(start: Bound<u64>, end: Bound<u64>) -> Option<(u64, u64)> {
+    let first = match start {
+        Bound::Unbounded => 0,
+        Bound::Included(x) => x,
+        Bound::Excluded(x) => x.checked_add(1)?,
+    };
+    let last = match end {
+        Bound::Unbounded => u64::MAX,
+        Bound::Included(x) => x,
+        Bound::Excluded(x) => x.checked_sub(1)?,
+    };
+    (first <= last).then_some((first, last))
+}
+
+impl FaultBackend {
+    /// Whether another holder's lock over any of `first..=last` conflicts with a lock of
+    /// this kind.
+    fn conflicts(s: &State, holder: u64, first: u64, last: u64, shared: bool) -> bool {
+        s.locks.iter().any(|l| {
+            l.holder != holder && l.first <= last && first <= l.last && !(shared && l.shared)
+        })
+    }
+
+    fn try_lock(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+        shared: bool,
+    ) -> Result<bool, BackendError> {
+        let (first, last) = lock_bounds(start, end)
+            .ok_or_else(|| BackendError::Io(io::Error::from(io::ErrorKind::InvalidInput)))?;
+        let mut s = self.disk.lock();
+        if Self::conflicts(&s, self.holder, first, last, shared) {
+            return Ok(false);
+        }
+        s.locks.push(RangeLock {
+            holder: self.holder,
+            first,
+            last,
+            shared,
+        });
+        Ok(true)
+    }
+
+    /// Waits for the lock (one process: a holder that never lets go is a test's bug,
+    /// answered after ten seconds instead of a hang).
+    fn lock(&self, start: Bound<u64>, end: Bound<u64>, shared: bool) -> Result<(), BackendError> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !self.try_lock(start, end, shared)? {
+            if std::time::Instant::now() > deadline {
+                return Err(BackendError::Io(io::Error::from(io::ErrorKind::TimedOut)));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        Ok(())
+    }
 }
 
 impl StorageBackend for FaultBackend {
@@ -773,6 +866,58 @@ impl StorageBackend for FaultBackend {
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
         self.disk.write_of(DiskFile::Db, offset, data)
+    }
+
+    fn close(&self) -> Result<(), io::Error> {
+        let holder = self.holder;
+        self.disk.lock().locks.retain(|l| l.holder != holder);
+        Ok(())
+    }
+
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.try_lock(start, end, false)
+    }
+
+    fn try_lock_shared_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> Result<bool, BackendError> {
+        self.try_lock(start, end, true)
+    }
+
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.lock(start, end, false)
+    }
+
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.lock(start, end, true)
+    }
+
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        let (first, last) = lock_bounds(start, end)
+            .ok_or_else(|| BackendError::Io(io::Error::from(io::ErrorKind::InvalidInput)))?;
+        let holder = self.holder;
+        let mut s = self.disk.lock();
+        let at = s
+            .locks
+            .iter()
+            .position(|l| l.holder == holder && l.first == first && l.last == last)
+            .ok_or_else(|| BackendError::Io(io::Error::from(io::ErrorKind::NotFound)))?;
+        s.locks.remove(at);
+        Ok(())
+    }
+
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        let (first, last) = lock_bounds(start, end)
+            .ok_or_else(|| BackendError::Io(io::Error::from(io::ErrorKind::InvalidInput)))?;
+        Ok(Self::conflicts(
+            &self.disk.lock(),
+            self.holder,
+            first,
+            last,
+            false,
+        ))
     }
 }
 

@@ -11,10 +11,10 @@ use crate::fault_backend::{DiskImage, FaultDisk};
 use crate::model::ModelConfig;
 
 /// Opens (or creates) the journal on `disk` with the model's configuration: the redb file
-/// is `disk.backend()`, the log `disk.log()`. (On custom storage the journal opens redb with
-/// `ConcurrencyMode::ExclusiveWriter`, whatever `cfg.sharing` says: the backend has no
-/// cross-process locks. The commit path, a log append and one sync, is the same in both
-/// sharing modes.) Checkpoints run in the foreground (`background_checkpoints(false)`): a
+/// is `disk.backend()`, the log `disk.log()`, with redb in the concurrency mode of
+/// `cfg.sharing`, as on a file (with `LiveReaders`, a checkpoint's commit marks its new
+/// primary unflushed until its flush, and clears the mark in a write of its own that the
+/// next sync makes durable). Checkpoints run in the foreground (`background_checkpoints(false)`): a
 /// head start's writes then happen at a point the calls determine, so a trigger armed for
 /// the n-th write or sync fires at the same step in every run.
 pub fn open(

@@ -57,8 +57,8 @@ pub struct ModelConfig {
     pub max_result_bytes: u64,
     /// Timers fired per compaction batch.
     pub compaction_batch: usize,
-    /// File sharing (the default, `LiveReaders`; on custom backends redb is opened
-    /// exclusively either way).
+    /// File sharing (the default, `LiveReaders`): redb's commit protocol, on the fault
+    /// disk as on a file.
     pub sharing: Sharing,
     /// How large the log grows before a checkpoint (`None`: the library's default, 4 MiB;
     /// at least 64 KiB).

@@ -435,8 +435,8 @@ impl Session {
             cfg.checkpoint_size = Some(64 << 10);
             cfg.max_result_bytes = CHECKPOINTING_RESULT_BYTES;
         }
-        // The default configuration (on custom storage redb is opened exclusively either
-        // way; the commit path is the same).
+        // The default configuration: on the fault disk, which takes byte-range locks, redb
+        // runs its `SingleWriter` protocol, as on a file.
         cfg.sharing = Sharing::LiveReaders;
         let clock = ManualClock::new(Timestamp::from_millis(T0));
         #[cfg(feature = "postgres")]
