@@ -216,6 +216,54 @@ fn types(msgs: &[Value]) -> Vec<&str> {
 // 1. A failed apply ends the operation at once.
 // ---------------------------------------------------------------------------------------
 
+/// SIGTERM and SIGINT stop the service cleanly: it exits 0 and the journal is closed, with
+/// the acknowledgement it answered `acked` committed (a kill may lose it: it is committed
+/// lazily, and only a clean close commits it without a later change).
+#[test]
+fn sigterm_and_sigint_stop_the_service_cleanly_with_the_acknowledgement_committed() -> TestResult {
+    for signal in ["-TERM", "-INT"] {
+        let mut server = Server::start(&[])?;
+        let mut c = server.connect()?;
+        c.hello("tab-1")?;
+        let seen = c.run("op_1", 0, "lamp")?;
+        assert_eq!(types(&seen), ["accepted", "result"], "{seen:?}");
+        let acked = c.ask(&ack("op_1"))?;
+        assert_eq!(acked["type"], "acked", "{acked}");
+        let pid = server.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args([signal, &pid])
+                .status()?
+                .success()
+        );
+        let deadline = Instant::now() + WAIT;
+        let status = loop {
+            if let Some(status) = server.child.try_wait()? {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{signal}: still running after {WAIT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(status.code(), Some(0), "{signal}: {status:?}");
+        let inspector = opjournal::Inspector::open(&server.journal)?;
+        assert_eq!(
+            inspector.access(),
+            opjournal::Access::Idle,
+            "{signal}: closed cleanly"
+        );
+        let receipt = inspector.lookup("op_1")?.ok_or("no receipt")?;
+        assert_eq!(
+            receipt.delivery,
+            Some(opjournal::DeliveryState::Acknowledged),
+            "{signal}: {receipt:?}"
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn a_save_that_fails_releases_the_operation_at_once_and_frees_the_document() -> TestResult {
     let server = Server::start(&[])?;

@@ -6,7 +6,10 @@
 //! `{"type":"listening","data":{"addr":"127.0.0.1:PORT","journal":...,"document":...}}`).
 //! Notes go to stderr. It runs until stopped by a signal: every outcome it answered is
 //! durable, and what a kill can lose (recent delivery counts and acknowledgements) only
-//! causes recognizable redeliveries (docs/protocol.md, "What survives a crash").
+//! causes recognizable redeliveries (docs/protocol.md, "What survives a crash"). SIGINT
+//! (Ctrl-C) and SIGTERM stop it cleanly, losing nothing: it stops accepting, writes the
+//! document's snapshot, commits the pending deliveries and acknowledgements, closes the
+//! journal, and exits 0.
 //!
 //! `opjournal serve --postgres URL` keeps the journal and the document in that database
 //! (`--journal` names them, `editor` by default): several such processes on one database
@@ -131,7 +134,7 @@ pub(crate) fn run(args: &ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let _compactor = match service.journal() {
+    let compactor = match service.journal() {
         Ok(j) => Some(j.spawn_compactor(COMPACT_EVERY)),
         Err(_) => None,
     };
@@ -154,14 +157,65 @@ pub(crate) fn run(args: &ServeArgs) -> ExitCode {
         // Nobody reads stdout: serve anyway.
     }
     drop(out);
-    loop {
-        std::thread::park();
+    let signal = match wait_for_stop_signal() {
+        Ok(signal) => signal,
+        Err(e) => {
+            // Without signal handling, serve as before: until killed.
+            eprintln!("editor: cannot watch for SIGINT and SIGTERM ({e}); serving until killed");
+            loop {
+                std::thread::park();
+            }
+        }
+    };
+    drop(compactor);
+    let Ok(service) = std::sync::Arc::try_unwrap(service) else {
+        // `--fault-hold` keeps a handle for its thread: a test's process, stopped as killed.
+        eprintln!("editor: stopped by {signal} with a fault hold armed: not shut down");
+        return ExitCode::SUCCESS;
+    };
+    match service.shutdown() {
+        Ok(()) => {
+            eprintln!("editor: stopped by {signal}; document saved, journal closed");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: stopping after {signal}: {}", chain(&e));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Blocks until SIGINT or SIGTERM arrives; answers its name.
+///
+/// # Errors
+///
+/// When the signal handlers cannot be installed.
+fn wait_for_stop_signal() -> std::io::Result<&'static str> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()?
+        .block_on(stop_signal())
+}
+
+/// Waits for SIGINT or SIGTERM; answers its name.
+///
+/// # Errors
+///
+/// When the signal handlers cannot be installed.
+async fn stop_signal() -> std::io::Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = interrupt.recv() => Ok("SIGINT"),
+        _ = terminate.recv() => Ok("SIGTERM"),
     }
 }
 
 /// `opjournal serve --mcp`: the editor as MCP tools, over stdio or (with `--port`) over
 /// Streamable HTTP. Over stdio it ends when the host closes stdin (writing a snapshot of the
-/// document); over HTTP it runs until stopped by a signal.
+/// document); over HTTP it runs until SIGINT or SIGTERM, then writes the snapshot and closes
+/// the journal.
 pub(crate) fn run_mcp(args: &ServeArgs) -> ExitCode {
     use opjournal::mcp::editor::{EditorConfig, SceneEditor, serve_http, serve_stdio};
     let hold = match hold_stage(args) {
@@ -233,8 +287,19 @@ pub(crate) fn run_mcp(args: &ServeArgs) -> ExitCode {
             // Nobody reads stdout: serve anyway.
         }
         drop(out);
-        std::future::pending::<()>().await;
-        Ok(())
+        match stop_signal().await {
+            Ok(signal) => {
+                eprintln!("editor: stopped by {signal}; saving the document, closing the journal");
+            }
+            Err(e) => {
+                eprintln!(
+                    "editor: cannot watch for SIGINT and SIGTERM ({e}); serving until killed"
+                );
+                std::future::pending::<()>().await;
+            }
+        }
+        drop(server);
+        editor.snapshot()
     });
     match served {
         Ok(()) => ExitCode::SUCCESS,
