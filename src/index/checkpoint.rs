@@ -33,17 +33,17 @@ pub(crate) fn create_tables(txn: &WriteTransaction) -> Result<()> {
 /// rebuilds each B-tree leaf once instead of once per key.
 pub(crate) fn checkpoint(txn: &WriteTransaction, changes: &Memtable) -> Result<()> {
     write_table::<Meta>(txn, changes, remove_each::<Meta>)?;
-    write_table::<Events>(txn, changes, remove_in_runs)?;
-    write_table::<Receipts>(txn, changes, remove_receipts)?;
-    write_table::<Results>(txn, changes, remove_in_runs)?;
+    write_table::<Events>(txn, changes, remove_in_runs::<Events>)?;
+    write_table::<Receipts>(txn, changes, remove_many::<Receipts>)?;
+    write_table::<Results>(txn, changes, remove_in_runs::<Results>)?;
     write_table::<Scopes>(txn, changes, remove_each::<Scopes>)?;
-    write_table::<OpEvents>(txn, changes, remove_op_events)?;
+    write_table::<OpEvents>(txn, changes, remove_many::<OpEvents>)?;
     write_table::<Timers>(txn, changes, remove_timers)?;
     write_table::<ScopeTimers>(txn, changes, remove_each::<ScopeTimers>)?;
     write_table::<Windows>(txn, changes, remove_each::<Windows>)?;
     write_table::<Holds>(txn, changes, remove_each::<Holds>)?;
     write_table::<InDoubt>(txn, changes, remove_each::<InDoubt>)?;
-    write_table::<Quarantine>(txn, changes, remove_in_runs)?;
+    write_table::<Quarantine>(txn, changes, remove_in_runs::<Quarantine>)?;
     Ok(())
 }
 
@@ -116,55 +116,34 @@ fn one_pass(n: usize, len: u64) -> bool {
     n > 1 && (n as u64).saturating_mul(PASS_SHARE) >= len
 }
 
-/// Removes the receipts of `keys` (operation ids): see [`PASS_SHARE`]. Leaves `keys` empty.
-fn remove_receipts(
-    table: &mut redb::Table<'_, &'static str, &'static [u8]>,
-    keys: &mut Vec<String>,
-) -> Result<()> {
+/// Removes `keys` (receipts' or `op_events`' keys) from `table`: in one pass when they are
+/// a large share of it (see [`PASS_SHARE`]), else one by one. Leaves `keys` empty.
+fn remove_many<T: Table>(table: &mut WriteTable<'_, T>, keys: &mut Vec<T::K>) -> Result<()> {
     use redb::ReadableTableMetadata as _;
     if !one_pass(keys.len(), table.len()?) {
-        return remove_each::<Receipts>(table, keys);
+        return remove_each::<T>(table, keys);
     }
     keys.sort_unstable();
     keys.dedup();
-    if let (Some(first), Some(last)) = (keys.first(), keys.last()) {
-        let mut next = 0;
-        table.retain_in(first.as_str()..=last.as_str(), |key, _| {
-            while next < keys.len() && keys[next].as_str() < key {
-                next += 1;
-            }
-            !(next < keys.len() && keys[next] == key)
-        })?;
-    }
+    remove_in_one_pass::<T>(table, keys)?;
     keys.clear();
     Ok(())
 }
 
-/// Removes the `op_events` entries `keys` (operation id, sequence number): see
-/// [`PASS_SHARE`]. Leaves `keys` empty.
-fn remove_op_events(
-    table: &mut redb::Table<'_, (&'static str, u64), ()>,
-    keys: &mut Vec<(String, u64)>,
-) -> Result<()> {
-    use redb::ReadableTableMetadata as _;
-    if !one_pass(keys.len(), table.len()?) {
-        return remove_each::<OpEvents>(table, keys);
-    }
-    keys.sort_unstable();
-    keys.dedup();
-    if let (Some(first), Some(last)) = (keys.first(), keys.last()) {
-        let mut next = 0;
-        table.retain_in(
-            (first.0.as_str(), first.1)..=(last.0.as_str(), last.1),
-            |(id, seq), ()| {
-                while next < keys.len() && (keys[next].0.as_str(), keys[next].1) < (id, seq) {
-                    next += 1;
-                }
-                !(next < keys.len() && (keys[next].0.as_str(), keys[next].1) == (id, seq))
-            },
-        )?;
-    }
-    keys.clear();
+/// Removes `keys`, sorted and without duplicates, from `table` in one `retain_in` pass from
+/// the first to the last: it steps over the live keys between them and rebuilds each leaf
+/// it deletes from once.
+fn remove_in_one_pass<T: Table>(table: &mut WriteTable<'_, T>, keys: &[T::K]) -> Result<()> {
+    let (Some(first), Some(last)) = (keys.first(), keys.last()) else {
+        return Ok(());
+    };
+    let mut next = 0;
+    table.retain_in(first.borrow()..=last.borrow(), |key, _| {
+        while keys.get(next).is_some_and(|k| k.cmp_stored(&key).is_lt()) {
+            next += 1;
+        }
+        !keys.get(next).is_some_and(|k| k.cmp_stored(&key).is_eq())
+    })?;
     Ok(())
 }
 
@@ -174,8 +153,8 @@ const RUN_GAP: u64 = 64;
 
 /// Removes `keys` from `table`: each run of nearby keys with one `retain_in` pass, a lone
 /// key with `remove`. Leaves `keys` empty.
-fn remove_in_runs(
-    table: &mut redb::Table<'_, u64, &'static [u8]>,
+fn remove_in_runs<T: Table<K = u64>>(
+    table: &mut WriteTable<'_, T>,
     keys: &mut Vec<u64>,
 ) -> Result<()> {
     keys.sort_unstable();
@@ -186,18 +165,11 @@ fn remove_in_runs(
         while end < keys.len() && keys[end] - keys[end - 1] <= RUN_GAP {
             end += 1;
         }
-        let run = &keys[start..end];
-        if let [key] = run {
-            table.remove(*key)?;
-        } else {
-            let (first, last) = (run[0], run[run.len() - 1]);
-            let mut next = 0;
-            table.retain_in(first..=last, |key, _| {
-                while next < run.len() && run[next] < key {
-                    next += 1;
-                }
-                !(next < run.len() && run[next] == key)
-            })?;
+        match &keys[start..end] {
+            [key] => {
+                table.remove(key.borrow())?;
+            }
+            run => remove_in_one_pass::<T>(table, run)?,
         }
         start = end;
     }
@@ -209,7 +181,7 @@ fn remove_in_runs(
 /// the last key. A compaction batch fires a prefix of each kind's due timers, so the keys
 /// between are due timers of the same batch: the pass steps over at most a batch.
 fn remove_timers(
-    table: &mut redb::Table<'_, (u8, u64, &'static str), ()>,
+    table: &mut WriteTable<'_, Timers>,
     keys: &mut Vec<(u8, u64, String)>,
 ) -> Result<()> {
     keys.sort_unstable();
@@ -218,23 +190,11 @@ fn remove_timers(
     while start < keys.len() {
         let kind = keys[start].0;
         let end = start + keys[start..].iter().take_while(|k| k.0 == kind).count();
-        let run = &keys[start..end];
-        if let [(kind, due, op)] = run {
-            table.remove((*kind, *due, op.as_str()))?;
-        } else {
-            let (first, last) = (&run[0], &run[run.len() - 1]);
-            let mut next = 0;
-            table.retain_in(
-                (first.0, first.1, first.2.as_str())..=(last.0, last.1, last.2.as_str()),
-                |(kind, due, op), ()| {
-                    let key = (kind, due, op);
-                    while next < run.len() && (run[next].0, run[next].1, run[next].2.as_str()) < key
-                    {
-                        next += 1;
-                    }
-                    !(next < run.len() && (run[next].0, run[next].1, run[next].2.as_str()) == key)
-                },
-            )?;
+        match &keys[start..end] {
+            [key] => {
+                table.remove(key.borrow())?;
+            }
+            run => remove_in_one_pass::<Timers>(table, run)?,
         }
         start = end;
     }
@@ -250,21 +210,20 @@ mod tests {
     /// A table of keys `0..n` in memory, `remove_in_runs(doomed)` applied, and the keys
     /// that are left.
     fn left_after(n: u64, doomed: &[u64]) -> Result<Vec<u64>> {
-        const T: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("t");
         let db = redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new())?;
         let txn = db.begin_write()?;
         {
-            let mut table = txn.open_table(T)?;
+            let mut table = txn.open_table(<Events as Table>::def())?;
             for k in 0..n {
                 table.insert(k, [7u8; 100].as_slice())?;
             }
             let mut keys = doomed.to_vec();
-            remove_in_runs(&mut table, &mut keys)?;
+            remove_in_runs::<Events>(&mut table, &mut keys)?;
             assert!(keys.is_empty(), "the list is consumed");
         }
         txn.commit()?;
         let read = db.begin_read()?;
-        let table = read.open_table(T)?;
+        let table = read.open_table(<Events as Table>::def())?;
         let mut out = Vec::new();
         for entry in table.iter()? {
             out.push(entry?.0.value());
@@ -316,13 +275,13 @@ mod tests {
                     }
                 }
                 let mut keys = doomed.clone();
-                remove_receipts(&mut receipts, &mut keys)?;
+                remove_many::<Receipts>(&mut receipts, &mut keys)?;
                 assert!(keys.is_empty());
                 let mut keys: Vec<(String, u64)> = doomed
                     .iter()
                     .flat_map(|id| [(id.clone(), 0), (id.clone(), 2)])
                     .collect();
-                remove_op_events(&mut op_events, &mut keys)?;
+                remove_many::<OpEvents>(&mut op_events, &mut keys)?;
                 assert!(keys.is_empty());
             }
             txn.commit()?;

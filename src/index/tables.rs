@@ -2,6 +2,7 @@
 //! key or value is written in a log record. Everything generic over tables (the
 //! memtable, layered reads, checkpoints) goes through [`Table`].
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -14,6 +15,8 @@ pub(crate) trait TableKey: Ord + Clone + Send + Sync + fmt::Debug + 'static {
     type Redb: redb::Key + Send + Sync + 'static;
     fn own(k: <Self::Redb as redb::Value>::SelfType<'_>) -> Self;
     fn borrow(&self) -> <Self::Redb as redb::Value>::SelfType<'_>;
+    /// How it orders against a key as redb stores it, without owning that one.
+    fn cmp_stored(&self, stored: &<Self::Redb as redb::Value>::SelfType<'_>) -> Ordering;
     /// Bytes it takes in memory, roughly (for the memtable's bound).
     fn size(&self) -> usize;
     fn encode(&self, out: &mut Vec<u8>);
@@ -157,6 +160,9 @@ impl TableKey for String {
     fn borrow(&self) -> &str {
         self.as_str()
     }
+    fn cmp_stored(&self, stored: &&str) -> Ordering {
+        self.borrow().cmp(stored)
+    }
     fn size(&self) -> usize {
         self.len() + 24
     }
@@ -185,6 +191,9 @@ impl TableKey for u64 {
     fn borrow(&self) -> u64 {
         *self
     }
+    fn cmp_stored(&self, stored: &u64) -> Ordering {
+        self.borrow().cmp(stored)
+    }
     fn size(&self) -> usize {
         8
     }
@@ -212,6 +221,9 @@ impl TableKey for (String, u64) {
     }
     fn borrow(&self) -> (&str, u64) {
         (self.0.as_str(), self.1)
+    }
+    fn cmp_stored(&self, stored: &(&str, u64)) -> Ordering {
+        self.borrow().cmp(stored)
     }
     fn size(&self) -> usize {
         self.0.len() + 32
@@ -242,6 +254,9 @@ impl TableKey for (u8, u64, String) {
     }
     fn borrow(&self) -> (u8, u64, &str) {
         (self.0, self.1, self.2.as_str())
+    }
+    fn cmp_stored(&self, stored: &(u8, u64, &str)) -> Ordering {
+        self.borrow().cmp(stored)
     }
     fn size(&self) -> usize {
         self.2.len() + 40
@@ -276,6 +291,9 @@ impl TableKey for (u64, u64) {
     fn borrow(&self) -> (u64, u64) {
         *self
     }
+    fn cmp_stored(&self, stored: &(u64, u64)) -> Ordering {
+        self.borrow().cmp(stored)
+    }
     fn size(&self) -> usize {
         16
     }
@@ -305,6 +323,9 @@ impl TableKey for (String, u64, String) {
     }
     fn borrow(&self) -> (&str, u64, &str) {
         (self.0.as_str(), self.1, self.2.as_str())
+    }
+    fn cmp_stored(&self, stored: &(&str, u64, &str)) -> Ordering {
+        self.borrow().cmp(stored)
     }
     fn size(&self) -> usize {
         self.0.len() + self.2.len() + 56
@@ -337,6 +358,9 @@ impl TableKey for (String, String) {
     }
     fn borrow(&self) -> (&str, &str) {
         (self.0.as_str(), self.1.as_str())
+    }
+    fn cmp_stored(&self, stored: &(&str, &str)) -> Ordering {
+        self.borrow().cmp(stored)
     }
     fn size(&self) -> usize {
         self.0.len() + self.1.len() + 48
