@@ -101,6 +101,9 @@ pub(crate) struct Config {
     pub max_result_bytes: u64,
     pub sharing: Sharing,
     pub compaction_batch: usize,
+    /// Whether compaction scans every receipt (`Some(true)`), looks each due operation up
+    /// (`Some(false)`), or chooses by how much is due (`None`).
+    pub compaction_scan: Option<bool>,
     pub quick_repair: bool,
     pub checkpoint_bytes: u64,
     /// Whether a checkpoint's head start runs on the checkpoint thread while calls go on
@@ -133,6 +136,7 @@ impl Default for Config {
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             sharing: Sharing::LiveReaders,
             compaction_batch: 1000,
+            compaction_scan: None,
             quick_repair: true,
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
             background_checkpoints: true,
@@ -160,6 +164,7 @@ impl std::fmt::Debug for Config {
             .field("max_result_bytes", &self.max_result_bytes)
             .field("sharing", &self.sharing)
             .field("compaction_batch", &self.compaction_batch)
+            .field("compaction_scan", &self.compaction_scan)
             .field("cache_bytes", &self.cache_bytes)
             .field("page_check_bytes", &self.page_check_bytes)
             .field("quick_repair", &self.quick_repair)

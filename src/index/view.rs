@@ -159,6 +159,35 @@ pub(crate) trait View: Layered {
         Ok(out)
     }
 
+    /// Up to `limit` receipts in operation id order, from the first id after `after` (from
+    /// the first id with `None`): a compaction that scans every receipt instead of looking
+    /// each due one up (see `machine::compaction`).
+    fn receipts_after(&self, after: Option<&str>, limit: usize) -> Result<Vec<ReceiptRecord>> {
+        let after = after.map(str::to_string);
+        let lo = match &after {
+            Some(id) => Bound::Excluded(id),
+            None => Bound::Unbounded,
+        };
+        let mut out = Vec::new();
+        for entry in self.range::<Receipts>(lo, Bound::Unbounded)?.take(limit) {
+            let (id, value) = entry?;
+            out.push(decode_receipt(&id, &value)?);
+        }
+        Ok(out)
+    }
+
+    /// The `op_events` entries of the operations with ids from `first` to `last` (both
+    /// included), in key order: one range for a run of operations adjacent in id order.
+    fn op_events_between(&self, first: &str, last: &str) -> Result<Vec<(String, u64)>> {
+        let lo = (first.to_string(), 0u64);
+        let hi = (last.to_string(), u64::MAX);
+        let mut out = Vec::new();
+        for entry in self.range::<OpEvents>(Bound::Included(&lo), Bound::Included(&hi))? {
+            out.push(entry?.0);
+        }
+        Ok(out)
+    }
+
     /// The operations recorded as holding `scope`'s lock.
     fn holders(&self, scope: &str) -> Result<Vec<String>> {
         let lo = (scope.to_string(), String::new());

@@ -109,10 +109,17 @@ impl<'a> WriteTables<'a> {
     /// of its events, in order.
     pub(crate) fn take_op_events(&mut self, op: &str) -> Result<Vec<u64>> {
         let seqs = self.op_event_seqs(op)?;
-        for seq in &seqs {
+        self.drop_op_events(op, &seqs);
+        Ok(seqs)
+    }
+
+    /// Deletes the `op_events` entries `(op, seq)` for each of `seqs` (the caller read them:
+    /// [`WriteTables::take_op_events`], or a compaction scan that read many operations'
+    /// entries in one range).
+    pub(crate) fn drop_op_events(&mut self, op: &str, seqs: &[u64]) {
+        for seq in seqs {
             self.set::<OpEvents>((op.to_string(), *seq), None);
         }
-        Ok(seqs)
     }
 
     /// Writes a receipt. A result stored inline in the value it replaces stays with it

@@ -109,6 +109,18 @@ impl JournalBuilder {
         self
     }
 
+    /// How compaction finds what is due: `Some(true)` scans every receipt in operation id
+    /// order, `Some(false)` looks up each operation whose timer is due, `None` (the
+    /// default) scans when more than half of the receipts are due for retiring or purging. Both
+    /// leave the same journal; this is for the tests and fuzzers that compare them, and is
+    /// not a stable API.
+    #[cfg(feature = "internals")]
+    #[doc(hidden)]
+    pub fn compaction_scan(mut self, scan: Option<bool>) -> Self {
+        self.config.compaction_scan = scan;
+        self
+    }
+
     /// Whether checkpoints record redb's allocator state, so that reopening after a crash
     /// and read-only opens of a crashed file need no full scan of the file (default
     /// `true`). Commits are not affected: they only append to the log.

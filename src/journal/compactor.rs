@@ -28,6 +28,11 @@ pub struct CompactionReport {
     pub purged: u64,
     /// Superseded scope revision events purged.
     pub revision_events_purged: u64,
+    /// Receipts read by a scan of every receipt in operation id order, which a pass runs
+    /// first when more than half of them are due for retiring or purging (one read of each
+    /// page instead of a lookup per due operation); 0 when the pass looked up each
+    /// operation whose timer was due.
+    pub receipts_scanned: u64,
     /// Write transactions used.
     pub batches: u32,
     /// Wall time spent.
@@ -51,6 +56,7 @@ impl CompactionReport {
         self.retired += f.retired;
         self.purged += f.purged;
         self.revision_events_purged += f.revision_events_purged;
+        self.receipts_scanned += f.scanned;
     }
 
     /// Total transitions fired.
@@ -72,13 +78,16 @@ fn delta(after: Fired, before: Fired) -> Fired {
         retired: after.retired - before.retired,
         purged: after.purged - before.purged,
         revision_events_purged: after.revision_events_purged - before.revision_events_purged,
+        scanned: after.scanned - before.scanned,
     }
 }
 
-/// Whether any timer that compaction fires is due (checked on a read snapshot, so an idle
-/// journal's compaction writes nothing).
-fn anything_due(inner: &Inner) -> Result<bool> {
+/// Where a pass starts, if any timer that compaction fires is due (checked on a read
+/// snapshot, so an idle journal's compaction writes nothing): with a scan of every receipt
+/// when the configuration or [`machine::scan_pays`] says so.
+fn first_batch(inner: &Inner) -> Result<Option<machine::Resume>> {
     inner.read_with(None, |snap, now| {
+        let mut due = !snap.tables.scope_timers_due(now.0, 1)?.is_empty();
         for kind in [
             TimerKind::Lease,
             TimerKind::Exhaust,
@@ -86,11 +95,23 @@ fn anything_due(inner: &Inner) -> Result<bool> {
             TimerKind::Retain,
             TimerKind::Purge,
         ] {
-            if !snap.tables.timers_due(kind, now.0, 1)?.is_empty() {
-                return Ok(true);
+            if due {
+                break;
             }
+            due = !snap.tables.timers_due(kind, now.0, 1)?.is_empty();
         }
-        Ok(!snap.tables.scope_timers_due(now.0, 1)?.is_empty())
+        if !due {
+            return Ok(None);
+        }
+        let scan = match inner.cfg.compaction_scan {
+            Some(scan) => scan,
+            None => machine::scan_pays(&snap.tables, now.0)?,
+        };
+        Ok(Some(if scan {
+            machine::Resume::scanning()
+        } else {
+            machine::Resume::default()
+        }))
     })
 }
 
@@ -108,9 +129,8 @@ fn run_pass(inner: &Inner, yielding: bool) -> Result<CompactionReport> {
     inner.check_writable()?;
     // Pending deliveries and acknowledgements first: they change what is due.
     inner.flush()?;
-    if anything_due(inner)? {
+    if let Some(mut resume) = first_batch(inner)? {
         let limit = inner.cfg.compaction_batch;
-        let mut resume = machine::Resume::default();
         loop {
             let waiting = inner.foreground_waiting.clone();
             let from = resume.clone();
@@ -146,6 +166,7 @@ fn run_pass(inner: &Inner, yielding: bool) -> Result<CompactionReport> {
         retired = report.retired,
         purged = report.purged,
         revision_events_purged = report.revision_events_purged,
+        receipts_scanned = report.receipts_scanned,
         batches = report.batches,
         elapsed_us = report.elapsed.as_micros() as u64,
         "compaction pass"

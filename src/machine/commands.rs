@@ -264,6 +264,18 @@ impl Ctx<'_, '_> {
         let Some(rec) = self.t.receipt(id)? else {
             return Ok(None);
         };
+        self.materialize_read(rec, None)
+    }
+
+    /// [`Ctx::materialize`] for a receipt the caller read (as the tables hold it now) and,
+    /// if it read them too, its operation's `op_events` sequence numbers (`None`: the
+    /// purge reads them).
+    pub(crate) fn materialize_read(
+        &mut self,
+        rec: ReceiptRecord,
+        op_events: Option<&[u64]>,
+    ) -> Result<Option<ReceiptRecord>> {
+        let id = rec.operation_id.as_str();
         let (events, purge) = due_transitions(&rec, self.now);
         if purge {
             // The purge erases the record with its events: count what the clocks did, but
@@ -271,7 +283,7 @@ impl Ctx<'_, '_> {
             for kind in &events {
                 self.count(kind);
             }
-            self.purge(&rec)?;
+            self.purge(&rec, op_events)?;
             return Ok(None);
         }
         if events.is_empty() {
@@ -291,9 +303,15 @@ impl Ctx<'_, '_> {
 
     /// Removes an operation, its events, its result and its index entries. If one of its
     /// events anchors its scope's revision, a checkpoint event keeps the revision.
-    fn purge(&mut self, rec: &ReceiptRecord) -> Result<()> {
+    fn purge(&mut self, rec: &ReceiptRecord, op_events: Option<&[u64]>) -> Result<()> {
         let id = rec.operation_id.as_str();
-        let seqs = self.t.take_op_events(id)?;
+        let seqs = match op_events {
+            Some(seqs) => {
+                self.t.drop_op_events(id, seqs);
+                seqs.to_vec()
+            }
+            None => self.t.take_op_events(id)?,
+        };
         if let Some(scope) = &rec.scope
             && let Some(s) = self.t.scope(scope)?
             && seqs.contains(&s.anchor_seq)

@@ -25,6 +25,76 @@ const FIRED_KINDS: [TimerKind; 5] = [
 pub(crate) struct Resume {
     timers: [Option<(u64, String)>; FIRED_KINDS.len()],
     scope: Option<(u64, u64)>,
+    scan: Scan,
+}
+
+/// A run's scan of every receipt, in operation id order, before it fires due timers.
+#[derive(Clone, Debug, Default)]
+enum Scan {
+    /// No scan: each due timer's operation is looked up.
+    #[default]
+    Off,
+    /// Scanning, past this operation id (from the first with `None`).
+    Past(Option<String>),
+}
+
+impl Resume {
+    /// Where a run that scans every receipt first starts (see [`scan_pays`]).
+    pub(crate) fn scanning() -> Resume {
+        Resume {
+            scan: Scan::Past(None),
+            ..Resume::default()
+        }
+    }
+}
+
+/// Receipts below which a run never scans (a small journal's lookups are cheap).
+const SCAN_MIN_RECEIPTS: u64 = 4096;
+
+/// A scan pays when more than one receipt in this many is due for retiring or purging.
+///
+/// Measured with callgrind over 100,000 receipts: purging an operation found by its timer
+/// costs two B-tree descents (its receipt, then the range of its `op_events` entries),
+/// about 29,000 instructions (retiring one, the first descent: about 11,500); visiting a
+/// receipt in a scan costs copying it out of redb, decoding it and stepping over its
+/// `op_events` entries, about 13,600, whether or not it is due. So in instructions a scan
+/// breaks even when about half of the receipts are due for purging; it also reads each
+/// page once, in order, where the lookups miss the page cache for most due operations.
+const SCAN_SHARE: u64 = 2;
+
+/// Whether a compaction run at `now` should scan every receipt in id order (one pass over
+/// `receipts` and `op_events`, each page read once) instead of looking up each operation
+/// whose timer is due: when more than one receipt in [`SCAN_SHARE`] is due for retiring or
+/// purging (a receipt has one timer of the two kinds at a time), as in a journal opened
+/// after its retention passed for most of its history. A journal compacted regularly has a
+/// small share due at each pass and looks each one up. Counts the due timers in bounded
+/// reads, stopping past the share.
+pub(crate) fn scan_pays(t: &impl View, now: u64) -> Result<bool> {
+    const READ: usize = 1024;
+    let Some(base) = t.base() else {
+        return Ok(false);
+    };
+    let receipts = base.len::<crate::index::Receipts>()?;
+    if receipts < SCAN_MIN_RECEIPTS {
+        return Ok(false);
+    }
+    let share = usize::try_from(receipts / SCAN_SHARE).unwrap_or(usize::MAX);
+    let mut due = 0usize;
+    for kind in [TimerKind::Retain, TimerKind::Purge] {
+        let mut after = None;
+        loop {
+            let read = t.timers_due_after(kind, after.as_ref(), now, READ)?;
+            due = due.saturating_add(read.len());
+            if due > share {
+                return Ok(true);
+            }
+            match read.last() {
+                Some(last) if read.len() == READ => after = Some(last.clone()),
+                _ => break,
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// Due timers read at a time. A batch reads, fires, and checks for a waiting foreground
@@ -49,6 +119,46 @@ pub(crate) fn compact_batch(
     let mut next = resume.clone();
     let mut handled = 0usize;
     let before = ctx.fired;
+    while let Scan::Past(after) = &next.scan {
+        let room = limit.saturating_sub(handled).min(CHUNK);
+        if room == 0 {
+            return Ok((true, next));
+        }
+        let receipts = ctx.t.receipts_after(after.as_deref(), room)?;
+        let (Some(first), Some(last)) = (receipts.first(), receipts.last()) else {
+            next.scan = Scan::Off;
+            break;
+        };
+        // The chunk's receipts are adjacent in id order, so one range holds all their
+        // operations' `op_events` entries, sorted the same way.
+        let entries = ctx
+            .t
+            .op_events_between(&first.operation_id, &last.operation_id)?;
+        let mut entries = entries.into_iter().peekable();
+        let last_chunk = receipts.len() < room;
+        for rec in receipts {
+            handled += 1;
+            ctx.fired.scanned += 1;
+            let id = rec.operation_id.clone();
+            let mut seqs = Vec::new();
+            while let Some((op, seq)) = entries.peek() {
+                match op.as_str().cmp(id.as_str()) {
+                    std::cmp::Ordering::Less => {}
+                    std::cmp::Ordering::Equal => seqs.push(*seq),
+                    std::cmp::Ordering::Greater => break,
+                }
+                entries.next();
+            }
+            ctx.materialize_read(rec, Some(&seqs))?;
+            next.scan = Scan::Past(Some(id));
+            if yield_now() {
+                return Ok((true, next));
+            }
+        }
+        if last_chunk {
+            next.scan = Scan::Off;
+        }
+    }
     for (i, kind) in FIRED_KINDS.into_iter().enumerate() {
         loop {
             let room = limit.saturating_sub(handled).min(CHUNK);

@@ -23,7 +23,7 @@ use crate::index::WriteTables;
 use crate::record::StateRecord;
 pub(crate) use clocks::effective;
 pub(crate) use commands::*;
-pub(crate) use compaction::{Resume, compact_batch};
+pub(crate) use compaction::{Resume, compact_batch, scan_pays};
 pub(crate) use fold::{index_entries, transition};
 pub(crate) use reads::*;
 
@@ -36,6 +36,8 @@ pub(crate) struct Fired {
     pub retired: u64,
     pub purged: u64,
     pub revision_events_purged: u64,
+    /// Receipts a compaction's scan visited (not a transition).
+    pub scanned: u64,
 }
 
 /// A write transaction in progress, with the time of its batch.

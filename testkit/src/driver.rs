@@ -190,6 +190,8 @@ pub fn config_for(seed: u64, sharing: Sharing) -> ModelConfig {
     };
     cfg.session_window = 2 + rng.below(3) as u32;
     cfg.compaction_batch = 1 + rng.below(4) as usize;
+    // From a generator of its own, so that each seed's other choices stay as they were.
+    cfg.compaction_scan = Rng::new(seed ^ 0x5CA7_0000).chance(50).then_some(true);
     cfg.sharing = sharing;
     if rng.chance(60) {
         cfg.checkpoint_size = Some(SMALL_CHECKPOINT);

@@ -63,6 +63,10 @@ pub struct ModelConfig {
     /// How large the log grows before a checkpoint (`None`: the library's default, 4 MiB;
     /// at least 64 KiB).
     pub checkpoint_size: Option<u64>,
+    /// How compaction finds what is due (`JournalBuilder::compaction_scan`): `Some(true)`
+    /// scans every receipt, `None` lets the journal choose (these journals are too small
+    /// to scan by themselves).
+    pub compaction_scan: Option<bool>,
 }
 
 impl ModelConfig {
@@ -86,6 +90,7 @@ impl ModelConfig {
             compaction_batch: 3,
             sharing: Sharing::LiveReaders,
             checkpoint_size: None,
+            compaction_scan: None,
         }
     }
 
@@ -105,6 +110,7 @@ impl ModelConfig {
             .scope_lock(self.scope_lock)
             .max_result_bytes(self.max_result_bytes)
             .compaction_batch(self.compaction_batch)
+            .compaction_scan(self.compaction_scan)
             .sharing(self.sharing)
             .clock(clock.clone())
     }

@@ -113,7 +113,8 @@ pub struct Setup {
     /// Session window: 1 + this % 4. Bits 2 and 3 (this / 4 % 4 == 0, one input in four)
     /// select [`Input::verify_end`].
     pub window: u8,
-    /// Compaction batch: 1 + this % 4; from 128 on, also the smallest checkpoint size
+    /// Compaction batch: 1 + this % 4; bit 4 makes compaction scan every receipt instead
+    /// of looking up each due operation; from 128 on, also the smallest checkpoint size
     /// (64 KiB) with results of up to 16 KiB, so that a few completed operations fill the
     /// log and checkpoints (and faults during them) are frequent.
     pub batch: u8,
@@ -431,6 +432,7 @@ impl Session {
         };
         cfg.session_window = 1 + u32::from(setup.window % 4);
         cfg.compaction_batch = 1 + usize::from(setup.batch % 4);
+        cfg.compaction_scan = (setup.batch & 16 != 0).then_some(true);
         if setup.batch >= 128 {
             cfg.checkpoint_size = Some(64 << 10);
             cfg.max_result_bytes = CHECKPOINTING_RESULT_BYTES;

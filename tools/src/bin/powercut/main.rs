@@ -195,6 +195,7 @@ fn model_config() -> ModelConfig {
         compaction_batch: 1000,
         sharing: Sharing::LiveReaders,
         checkpoint_size: Some(SMALL_CHECKPOINT),
+        compaction_scan: None,
     }
 }
 
