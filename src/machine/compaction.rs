@@ -103,6 +103,9 @@ pub(crate) fn scan_pays(t: &impl View, now: u64) -> Result<bool> {
 /// arrived then wait for the whole read: milliseconds for a batch of 1,000).
 const CHUNK: usize = 64;
 
+/// Receipts a scan reads first in each batch (see [`compact_batch`]).
+const SCAN_FIRST_CHUNK: usize = 4;
+
 /// One compaction batch: fires up to `limit` due timers, from `resume` on. Returns whether
 /// more may be due, and where the next batch starts. `yield_now` says a foreground call is
 /// waiting: the batch then ends after the timer in hand (it still commits what it did),
@@ -119,8 +122,14 @@ pub(crate) fn compact_batch(
     let mut next = resume.clone();
     let mut handled = 0usize;
     let before = ctx.fired;
+    // A scan reads receipts whole, which costs more than reading timers: its first read in
+    // a batch is small and each next one twice as large, up to `CHUNK`. A batch that a
+    // foreground call ends early (after one receipt, when calls keep coming) has then read
+    // few receipts for nothing, and the call waited for a short read.
+    let mut scan_chunk = SCAN_FIRST_CHUNK;
     while let Scan::Past(after) = &next.scan {
-        let room = limit.saturating_sub(handled).min(CHUNK);
+        let room = limit.saturating_sub(handled).min(scan_chunk);
+        scan_chunk = (scan_chunk * 2).min(CHUNK);
         if room == 0 {
             return Ok((true, next));
         }
