@@ -150,13 +150,8 @@ pub(crate) trait View: Layered {
 
     /// The seqs of an operation's events, in order.
     fn op_event_seqs(&self, id: &str) -> Result<Vec<u64>> {
-        let lo = (id.to_string(), 0u64);
-        let hi = (id.to_string(), u64::MAX);
-        let mut out = Vec::new();
-        for entry in self.range::<OpEvents>(Bound::Included(&lo), Bound::Included(&hi))? {
-            out.push(entry?.0.1);
-        }
-        Ok(out)
+        let entries = self.op_events_between(id, id)?;
+        Ok(entries.into_iter().map(|(_, seq)| seq).collect())
     }
 
     /// Up to `limit` receipts in operation id order, from the first id after `after` (from
