@@ -1,4 +1,5 @@
-//! One compaction batch: firing due timers.
+//! One compaction batch: firing due timers, after a scan of every receipt in id order when
+//! most of them are due (see [`scan_pays`]).
 
 use super::Ctx;
 
@@ -14,8 +15,8 @@ const FIRED_KINDS: [TimerKind; 5] = [
     TimerKind::Purge,
 ];
 
-/// Where a compaction run's next batch starts reading each timer kind: past the last
-/// timer its batches fired. Timers a batch fired are deleted, and a deletion of what the
+/// Where a compaction run's next batch starts: in its scan of the receipts, if it is
+/// scanning, and in each timer kind, past the last timer its batches fired. Timers a batch fired are deleted, and a deletion of what the
 /// file holds stays a tombstone in memory until the next checkpoint; without this, every
 /// batch stepped again over all the tombstones of the batches before it.
 ///
