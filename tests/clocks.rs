@@ -151,20 +151,26 @@ fn completed(journal: &opjournal::Journal, prefix: &str, n: usize) {
     }
 }
 
+/// Advances the clock by `days`, reopens the journal (its close wrote everything into the
+/// file, where the scan's choice counts receipts) and compacts it.
+fn compact_after(env: &Env, days: u32) -> (opjournal::Journal, opjournal::CompactionReport) {
+    env.advance(Duration::from_secs(24 * 3600) * days);
+    let journal = env.open();
+    let report = journal.compact().expect("compact");
+    (journal, report)
+}
+
 #[test]
 fn compaction_scans_every_receipt_only_when_more_than_half_are_due() {
-    const DAY: Duration = Duration::from_secs(24 * 3600);
     let env = Env::new();
     let journal = env.open();
     completed(&journal, "a", 2_200);
-    env.advance(DAY * 88);
+    env.advance(Duration::from_secs(88 * 24 * 3600));
     completed(&journal, "b", 2_000);
     drop(journal);
 
     // 2,200 of 4,200 receipts are past their audit retention: a scan reads all of them.
-    env.advance(DAY * 3);
-    let journal = env.open();
-    let report = journal.compact().expect("compact");
+    let (journal, report) = compact_after(&env, 3);
     assert_eq!(
         (report.purged, report.receipts_scanned),
         (2_200, 4_200),
@@ -174,9 +180,7 @@ fn compaction_scans_every_receipt_only_when_more_than_half_are_due() {
     drop(journal);
 
     // 2,000 of 4,100 are past their result retention: each is looked up by its timer.
-    env.advance(DAY * 5);
-    let journal = env.open();
-    let report = journal.compact().expect("compact");
+    let (_, report) = compact_after(&env, 5);
     assert_eq!(
         (report.retired, report.purged, report.receipts_scanned),
         (2_000, 0, 0),

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::index::{TimerKind, View};
 use crate::journal::Inner;
 use crate::machine::{self, Fired};
 
@@ -82,36 +81,11 @@ fn delta(after: Fired, before: Fired) -> Fired {
     }
 }
 
-/// Where a pass starts, if any timer that compaction fires is due (checked on a read
-/// snapshot, so an idle journal's compaction writes nothing): with a scan of every receipt
-/// when the configuration or [`machine::scan_pays`] says so.
+/// Where a pass starts, if anything is due (checked on a read snapshot, so an idle
+/// journal's compaction writes nothing).
 fn first_batch(inner: &Inner) -> Result<Option<machine::Resume>> {
     inner.read_with(None, |snap, now| {
-        let mut due = !snap.tables.scope_timers_due(now.0, 1)?.is_empty();
-        for kind in [
-            TimerKind::Lease,
-            TimerKind::Exhaust,
-            TimerKind::AckTimeout,
-            TimerKind::Retain,
-            TimerKind::Purge,
-        ] {
-            if due {
-                break;
-            }
-            due = !snap.tables.timers_due(kind, now.0, 1)?.is_empty();
-        }
-        if !due {
-            return Ok(None);
-        }
-        let scan = match inner.cfg.compaction_scan {
-            Some(scan) => scan,
-            None => machine::scan_pays(&snap.tables, now.0)?,
-        };
-        Ok(Some(if scan {
-            machine::Resume::scanning()
-        } else {
-            machine::Resume::default()
-        }))
+        machine::first_resume(&snap.tables, now.0, inner.cfg.compaction_scan)
     })
 }
 

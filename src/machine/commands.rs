@@ -305,12 +305,16 @@ impl Ctx<'_, '_> {
     /// events anchors its scope's revision, a checkpoint event keeps the revision.
     fn purge(&mut self, rec: &ReceiptRecord, op_events: Option<&[u64]>) -> Result<()> {
         let id = rec.operation_id.as_str();
+        let taken;
         let seqs = match op_events {
             Some(seqs) => {
                 self.t.drop_op_events(id, seqs);
-                seqs.to_vec()
+                seqs
             }
-            None => self.t.take_op_events(id)?,
+            None => {
+                taken = self.t.take_op_events(id)?;
+                &taken[..]
+            }
         };
         if let Some(scope) = &rec.scope
             && let Some(s) = self.t.scope(scope)?
@@ -327,7 +331,7 @@ impl Ctx<'_, '_> {
                 },
             )?;
         }
-        for seq in seqs {
+        for &seq in seqs {
             self.t.delete_event(seq)?;
         }
         if let ExecRecord::Done(d) = &rec.state

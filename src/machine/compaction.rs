@@ -41,12 +41,33 @@ enum Scan {
 
 impl Resume {
     /// Where a run that scans every receipt first starts (see [`scan_pays`]).
-    pub(crate) fn scanning() -> Resume {
+    fn scanning() -> Resume {
         Resume {
             scan: Scan::Past(None),
             ..Resume::default()
         }
     }
+}
+
+/// Where a compaction run starts, if any timer it fires is due at `now`: with a scan of
+/// every receipt first when `scan` says so, or (`None`) when [`scan_pays`].
+pub(crate) fn first_resume(t: &impl View, now: u64, scan: Option<bool>) -> Result<Option<Resume>> {
+    let mut due = !t.scope_timers_due(now, 1)?.is_empty();
+    for kind in FIRED_KINDS {
+        due = due || !t.timers_due(kind, now, 1)?.is_empty();
+    }
+    if !due {
+        return Ok(None);
+    }
+    let scan = match scan {
+        Some(scan) => scan,
+        None => scan_pays(t, now)?,
+    };
+    Ok(Some(if scan {
+        Resume::scanning()
+    } else {
+        Resume::default()
+    }))
 }
 
 /// Receipts below which a run never scans (a small journal's lookups are cheap).
@@ -70,7 +91,7 @@ const SCAN_SHARE: u64 = 2;
 /// after its retention passed for most of its history. A journal compacted regularly has a
 /// small share due at each pass and looks each one up. Counts the due timers in bounded
 /// reads, stopping past the share.
-pub(crate) fn scan_pays(t: &impl View, now: u64) -> Result<bool> {
+fn scan_pays(t: &impl View, now: u64) -> Result<bool> {
     const READ: usize = 1024;
     let Some(base) = t.base() else {
         return Ok(false);

@@ -23,7 +23,7 @@ use crate::index::WriteTables;
 use crate::record::StateRecord;
 pub(crate) use clocks::effective;
 pub(crate) use commands::*;
-pub(crate) use compaction::{Resume, compact_batch, scan_pays};
+pub(crate) use compaction::{Resume, compact_batch, first_resume};
 pub(crate) use fold::{index_entries, transition};
 pub(crate) use reads::*;
 
