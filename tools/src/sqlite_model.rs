@@ -380,8 +380,21 @@ enum Work {
     Acknowledge(String),
     /// Nothing: commits the queued acknowledgements.
     Flush,
-    /// Deletes at most this many operations past audit retention.
-    Purge(usize),
+    /// Deletes at most this many operations past audit retention, this way.
+    Purge(usize, PurgeWay),
+}
+
+/// How a purge's statements are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PurgeWay {
+    /// The due ids read first (in `purge_at` order), then three prepared `DELETE`s per
+    /// operation.
+    PerOperation,
+    /// [`Self::PerOperation`] with the due ids read in key order: the receipts' and the
+    /// events' index pages are then visited in order.
+    PerOperationInKeyOrder,
+    /// Three set-based `DELETE ... WHERE ... IN (SELECT <the due ids>)`, one per table.
+    SetBased,
 }
 
 enum Done {
@@ -414,7 +427,7 @@ impl Job {
                 Done::Written
             }
             Work::Flush => Done::Written,
-            Work::Purge(limit) => Done::Purged(purge_in(conn, now, *limit)?),
+            Work::Purge(limit, way) => Done::Purged(purge_in(conn, now, *limit, *way)?),
         })
     }
 }
@@ -925,11 +938,18 @@ impl SqlJournal {
     }
 
     /// Deletes every operation whose audit retention passed, in durable transactions of at
-    /// most `batch` operations each (events, result and receipt). Returns how many.
+    /// most `batch` operations each (events, result and receipt), with a statement per
+    /// operation ([`PurgeWay::PerOperation`]). Returns how many.
     pub fn purge_expired(&mut self, batch: usize) -> Result<u64> {
+        self.purge_expired_with(batch, PurgeWay::PerOperation)
+    }
+
+    /// [`Self::purge_expired`], the statements written `way`; `usize::MAX` as `batch`
+    /// purges everything in one transaction.
+    pub fn purge_expired_with(&mut self, batch: usize, way: PurgeWay) -> Result<u64> {
         let mut purged = 0u64;
         loop {
-            match self.write(Work::Purge(batch))? {
+            match self.write(Work::Purge(batch, way))? {
                 Done::Purged(0) => return Ok(purged),
                 Done::Purged(n) => purged += n,
                 _ => return Err("purge: unexpected answer".into()),
@@ -1320,27 +1340,48 @@ pub fn acknowledge_in(tx: &Connection, op_id: &str, now: i64) -> Result<()> {
 
 /// Deletes at most `limit` operations past audit retention (events, result and receipt)
 /// inside an open transaction. Returns how many.
-fn purge_in(tx: &Connection, now: i64, limit: usize) -> Result<u64> {
-    let due: Vec<(String, Option<i64>)> = {
-        let mut stmt = tx.prepare_cached(
-            "SELECT op_id, result_seq FROM receipts WHERE purge_at <= ?1 LIMIT ?2",
-        )?;
-        let rows = stmt.query_map(params![now, to_i64(limit as u64)], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })?;
-        rows.collect::<std::result::Result<_, _>>()?
-    };
-    let mut del_events = tx.prepare_cached("DELETE FROM events WHERE op_id = ?1")?;
-    let mut del_result = tx.prepare_cached("DELETE FROM results WHERE seq = ?1")?;
-    let mut del_receipt = tx.prepare_cached("DELETE FROM receipts WHERE op_id = ?1")?;
-    for (id, seq) in &due {
-        del_events.execute(params![id])?;
-        if let Some(seq) = seq {
-            del_result.execute(params![seq])?;
+fn purge_in(tx: &Connection, now: i64, limit: usize, way: PurgeWay) -> Result<u64> {
+    // SQLite reads a negative LIMIT as none.
+    let limit = i64::try_from(limit).unwrap_or(-1);
+    match way {
+        PurgeWay::PerOperation | PurgeWay::PerOperationInKeyOrder => {
+            let due: Vec<(String, Option<i64>)> = {
+                let mut stmt = tx.prepare_cached(if way == PurgeWay::PerOperation {
+                    "SELECT op_id, result_seq FROM receipts WHERE purge_at <= ?1 LIMIT ?2"
+                } else {
+                    "SELECT op_id, result_seq FROM receipts WHERE purge_at <= ?1 \
+                     ORDER BY op_id LIMIT ?2"
+                })?;
+                let rows = stmt.query_map(params![now, limit], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                rows.collect::<std::result::Result<_, _>>()?
+            };
+            let mut del_events = tx.prepare_cached("DELETE FROM events WHERE op_id = ?1")?;
+            let mut del_result = tx.prepare_cached("DELETE FROM results WHERE seq = ?1")?;
+            let mut del_receipt = tx.prepare_cached("DELETE FROM receipts WHERE op_id = ?1")?;
+            for (id, seq) in &due {
+                del_events.execute(params![id])?;
+                if let Some(seq) = seq {
+                    del_result.execute(params![seq])?;
+                }
+                del_receipt.execute(params![id])?;
+            }
+            Ok(due.len() as u64)
         }
-        del_receipt.execute(params![id])?;
+        PurgeWay::SetBased => {
+            // The same rows in all three statements: nothing else writes inside the
+            // transaction, and `receipts_purge` yields them in (purge_at, op_id) order.
+            const DUE: &str =
+                "SELECT op_id FROM receipts WHERE purge_at <= ?1 ORDER BY purge_at, op_id LIMIT ?2";
+            let events = format!("DELETE FROM events WHERE op_id IN ({DUE})");
+            let results = DUE.replacen("op_id", "result_seq", 1);
+            let results = format!("DELETE FROM results WHERE seq IN ({results})");
+            let receipts = format!("DELETE FROM receipts WHERE op_id IN ({DUE})");
+            tx.prepare_cached(&events)?.execute(params![now, limit])?;
+            tx.prepare_cached(&results)?.execute(params![now, limit])?;
+            let n = tx.prepare_cached(&receipts)?.execute(params![now, limit])?;
+            Ok(n as u64)
+        }
     }
-    Ok(due.len() as u64)
 }
 
 #[cfg(test)]
@@ -1445,6 +1486,44 @@ mod tests {
                 },
                 "{writers:?} {acks:?}"
             );
+        }
+    }
+
+    #[test]
+    fn every_purge_way_deletes_exactly_the_expired_operations() {
+        let ways = [
+            PurgeWay::PerOperation,
+            PurgeWay::PerOperationInKeyOrder,
+            PurgeWay::SetBased,
+        ];
+        for way in ways {
+            for batch in [2, usize::MAX] {
+                let dir = tempfile::tempdir().unwrap();
+                let path = dir.path().join("j.sqlite");
+                let store = SqlStore::open(&path, cfg(Writers::Mutex, Acks::NextCommit)).unwrap();
+                let mut db = store.connect().unwrap();
+                for i in 0..5 {
+                    let id = format!("done-{i}");
+                    let claim = fresh(db.submit(op(&id, &id, 0, HASH)).unwrap());
+                    db.complete(&claim, 1, b"r").unwrap();
+                    db.acknowledge(&id).unwrap();
+                }
+                // Still running: it has no purge time and must stay.
+                fresh(db.submit(op("running", "r", 0, HASH)).unwrap());
+                db.flush().unwrap();
+                db.clock_offset = Duration::from_secs(91 * 24 * 3600);
+                assert_eq!(db.purge_expired_with(batch, way).unwrap(), 5, "{way:?}");
+                let conn = open_conn(&path, Cache::Default).unwrap();
+                let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+                assert_eq!(count("SELECT count(*) FROM receipts"), 1, "{way:?} {batch}");
+                assert_eq!(count("SELECT count(*) FROM results"), 0, "{way:?} {batch}");
+                assert_eq!(
+                    count("SELECT count(*) FROM events WHERE op_id <> 'running'"),
+                    0,
+                    "{way:?} {batch}"
+                );
+                assert!(count("SELECT count(*) FROM events WHERE op_id = 'running'") > 0);
+            }
         }
     }
 

@@ -37,8 +37,8 @@ use opjournal::{
 };
 use opjournal_tools::plot::{self, Chart, Series};
 use opjournal_tools::sqlite_model::{
-    Acks, Cache, Checkpoints, Reads, SqlAdmission, SqlConfig, SqlJournal, SqlOp, SqlStore,
-    WriterCfg, Writers,
+    Acks, Cache, Checkpoints, PurgeWay, Reads, SqlAdmission, SqlConfig, SqlJournal, SqlOp,
+    SqlStore, WriterCfg, Writers,
 };
 use opjournal_tools::stats::{Percentiles, Rng, median, percentiles};
 use serde_json::{Value, json};
@@ -2924,10 +2924,77 @@ fn expired_clock() -> ManualClock {
     ))
 }
 
+/// The SQLite purges the compaction section measures: (key, label, batch, way). The
+/// ratio is taken against the fastest of them.
+const SQL_PURGES: [(&str, &str, usize, PurgeWay); 5] = [
+    (
+        "per-op-1000",
+        "a prepared DELETE per operation and table, 1,000 operations per transaction",
+        1000,
+        PurgeWay::PerOperation,
+    ),
+    (
+        "per-op-one-tx",
+        "a prepared DELETE per operation and table, all in one transaction",
+        usize::MAX,
+        PurgeWay::PerOperation,
+    ),
+    (
+        "per-op-key-order-one-tx",
+        "a prepared DELETE per operation and table, in op_id order, all in one transaction",
+        usize::MAX,
+        PurgeWay::PerOperationInKeyOrder,
+    ),
+    (
+        "set-1000",
+        "one set-based DELETE ... WHERE op_id IN (SELECT due) per table, 1,000 operations per transaction",
+        1000,
+        PurgeWay::SetBased,
+    ),
+    (
+        "set-one-tx",
+        "one set-based DELETE ... WHERE op_id IN (SELECT due) per table, all in one transaction",
+        usize::MAX,
+        PurgeWay::SetBased,
+    ),
+];
+
 fn section_compaction(p: &Params, dir: &Path, base: &Base, r: &mut Report) -> Result<()> {
     let mut opj_t = Vec::new();
-    let mut sql_t = Vec::new();
+    let mut sql_t: Vec<Vec<f64>> = SQL_PURGES.iter().map(|_| Vec::new()).collect();
     let mut last_report = Value::Null;
+    let run_opj = |last: &mut Value| -> Result<f64> {
+        let path = dir.join("compact.opj");
+        copy_synced(&base.opj, &path)?;
+        let j = DEFAULT_CFG.builder().clock(expired_clock()).open(&path)?;
+        let start = Instant::now();
+        let report = j.compact()?;
+        let secs = start.elapsed().as_secs_f64();
+        if report.purged < base.n as u64 {
+            return Err(format!("compaction purged {} of {}", report.purged, base.n).into());
+        }
+        *last = serde_json::to_value(&report)?;
+        drop(j);
+        remove_one(&path);
+        Ok(secs)
+    };
+    let run_sql = |batch: usize, way: PurgeWay| -> Result<f64> {
+        let path = dir.join("compact.sqlite");
+        remove_journal(&path);
+        copy_synced(&base.sql, &path)?;
+        let store = SqlStore::open(&path, SQL_STANDARD.cfg)?;
+        let mut db = store.connect()?;
+        db.clock_offset = PAST_AUDIT_RETENTION;
+        let start = Instant::now();
+        let purged = db.purge_expired_with(batch, way)?;
+        let secs = start.elapsed().as_secs_f64();
+        if purged < base.n as u64 {
+            return Err(format!("sqlite purged {purged} of {}", base.n).into());
+        }
+        drop((db, store));
+        remove_journal(&path);
+        Ok(secs)
+    };
     for rep in 0..p.reps {
         progress(&format!(
             "compaction of {} expired operations: repetition {}/{}",
@@ -2935,47 +3002,25 @@ fn section_compaction(p: &Params, dir: &Path, base: &Base, r: &mut Report) -> Re
             rep + 1,
             p.reps
         ));
-        let run_opj = |last: &mut Value| -> Result<f64> {
-            let path = dir.join("compact.opj");
-            copy_synced(&base.opj, &path)?;
-            let j = DEFAULT_CFG.builder().clock(expired_clock()).open(&path)?;
-            let start = Instant::now();
-            let report = j.compact()?;
-            let secs = start.elapsed().as_secs_f64();
-            if report.purged < base.n as u64 {
-                return Err(format!("compaction purged {} of {}", report.purged, base.n).into());
+        // Interleaved, the starting contestant rotated every repetition.
+        let players = SQL_PURGES.len() + 1;
+        for k in 0..players {
+            match (k + rep) % players {
+                0 => opj_t.push(run_opj(&mut last_report)?),
+                i => {
+                    let (_, _, batch, way) = SQL_PURGES[i - 1];
+                    sql_t[i - 1].push(run_sql(batch, way)?);
+                }
             }
-            *last = serde_json::to_value(&report)?;
-            drop(j);
-            remove_one(&path);
-            Ok(secs)
-        };
-        let run_sql = || -> Result<f64> {
-            let path = dir.join("compact.sqlite");
-            remove_journal(&path);
-            copy_synced(&base.sql, &path)?;
-            let store = SqlStore::open(&path, SQL_STANDARD.cfg)?;
-            let mut db = store.connect()?;
-            db.clock_offset = PAST_AUDIT_RETENTION;
-            let start = Instant::now();
-            let purged = db.purge_expired(1000)?;
-            let secs = start.elapsed().as_secs_f64();
-            if purged < base.n as u64 {
-                return Err(format!("sqlite purged {purged} of {}", base.n).into());
-            }
-            drop((db, store));
-            remove_journal(&path);
-            Ok(secs)
-        };
-        if rep % 2 == 0 {
-            opj_t.push(run_opj(&mut last_report)?);
-            sql_t.push(run_sql()?);
-        } else {
-            sql_t.push(run_sql()?);
-            opj_t.push(run_opj(&mut last_report)?);
         }
     }
-    let (o, s) = (median(&opj_t), median(&sql_t));
+    let o = median(&opj_t);
+    let sql_medians: Vec<f64> = sql_t.iter().map(|t| median(t)).collect();
+    let best = (0..SQL_PURGES.len())
+        .min_by(|&a, &b| sql_medians[a].total_cmp(&sql_medians[b]))
+        .ok_or("no SQLite purge")?;
+    let s = sql_medians[best];
+    let (best_key, best_label, ..) = SQL_PURGES[best];
     r.figure_vs(
         "compaction_opj",
         format!(
@@ -2984,25 +3029,41 @@ fn section_compaction(p: &Params, dir: &Path, base: &Base, r: &mut Report) -> Re
         ),
         o * 1e3,
         "ms",
-        ratio_text(o / s, "SQLite's time"),
+        format!(
+            "{} ({best_key})",
+            ratio_text(o / s, "the best SQLite's time")
+        ),
         json!({"samples_s": opj_t, "report": last_report}),
     );
     r.figure_vs(
         "compaction_sqlite",
         format!(
-            "compaction of {} expired operations: SQLite DELETE, 1000 per transaction ({})",
+            "compaction of {} expired operations: best SQLite = {best_label} ({})",
             base.n, SQL_STANDARD.short_label
         ),
         s * 1e3,
         "ms",
-        String::new(),
-        json!({"samples_s": sql_t}),
+        "the ratio above is against this".into(),
+        json!({"samples_s": sql_t[best], "best_of": best_key}),
     );
+    for (i, (key, label, ..)) in SQL_PURGES.iter().enumerate() {
+        r.figure_vs(
+            format!("compaction_sqlite_{key}"),
+            format!(
+                "compaction of {} expired operations: SQLite, {label}",
+                base.n
+            ),
+            sql_medians[i] * 1e3,
+            "ms",
+            ratio_text(sql_medians[i] / s, "the best SQLite's time"),
+            json!({"samples_s": sql_t[i]}),
+        );
+    }
     r.at_most(
         "compaction time vs SQLite",
         o / s,
         0.5,
-        ratio_text(o / s, "SQLite's time"),
+        ratio_text(o / s, "the best SQLite's time"),
         "≤ 0.50×".into(),
     );
     Ok(())
