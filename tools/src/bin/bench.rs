@@ -2383,7 +2383,13 @@ struct Base {
     n: usize,
 }
 
-fn build_opj_base(path: &Path, n: usize, threads: usize, ctx: &Ctx) -> Result<Duration> {
+/// Returns the time and the size of the journal and its log while the journal was open.
+fn build_opj_base(
+    path: &Path,
+    n: usize,
+    threads: usize,
+    ctx: &Ctx,
+) -> Result<(Duration, Footprint)> {
     remove_one(path);
     let j = DEFAULT_CFG.builder().open(path)?;
     let start = Instant::now();
@@ -2422,8 +2428,9 @@ fn build_opj_base(path: &Path, n: usize, threads: usize, ctx: &Ctx) -> Result<Du
         r?;
     }
     let elapsed = start.elapsed();
+    let bytes = Footprint::of(&[path, opjournal::FileLog::path_for(path).as_path()]);
     drop(j);
-    Ok(elapsed)
+    Ok((elapsed, bytes))
 }
 
 /// Returns the time and the size of db + wal while the connection was open.
@@ -2451,7 +2458,14 @@ fn build_sql_base(
     Ok((elapsed, bytes))
 }
 
-fn build_base(p: &Params, dir: &Path, ctx: &Ctx, r: &mut Report) -> Result<(Base, Footprint)> {
+/// The base journals' sizes while their populating handles were open (journal and log;
+/// db and wal).
+struct OpenSizes {
+    opj: Footprint,
+    sql: Footprint,
+}
+
+fn build_base(p: &Params, dir: &Path, ctx: &Ctx, r: &mut Report) -> Result<(Base, OpenSizes)> {
     let base = Base {
         opj: dir.join("base.opj"),
         sql: dir.join("base.sqlite"),
@@ -2461,7 +2475,7 @@ fn build_base(p: &Params, dir: &Path, ctx: &Ctx, r: &mut Report) -> Result<(Base
         "building the base journals: {} completed operations with 1 KiB results ({} threads for opjournal)",
         base.n, p.populate_threads
     ));
-    let t = build_opj_base(&base.opj, base.n, p.populate_threads, ctx)?;
+    let (t, opj_open) = build_opj_base(&base.opj, base.n, p.populate_threads, ctx)?;
     r.figure_vs(
         "populate_opj_32t",
         format!(
@@ -2482,7 +2496,13 @@ fn build_base(p: &Params, dir: &Path, ctx: &Ctx, r: &mut Report) -> Result<(Base
         format!("{:.1} s for {}", t.as_secs_f64(), base.n),
         Value::Null,
     );
-    Ok((base, sql_open))
+    Ok((
+        base,
+        OpenSizes {
+            opj: opj_open,
+            sql: sql_open,
+        },
+    ))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -2817,16 +2837,21 @@ fn section_export_memory(base: &Base, r: &mut Report) -> Result<()> {
     Ok(())
 }
 
-fn section_size(dir: &Path, base: &Base, sql_open: Footprint, r: &mut Report) -> Result<()> {
+fn section_size(dir: &Path, base: &Base, open: &OpenSizes, r: &mut Report) -> Result<()> {
     progress("bytes on disk per receipt");
     let n = base.n as f64;
+    // Bytes on disk: what the file system allocated (`du`), for both engines, in the same
+    // state: at rest (closed: opjournal's log checkpointed and removed, SQLite's wal
+    // checkpointed and removed), and open (the journal and its log; the db and its wal).
+    // The file's length is shown too: redb doubles its file as it grows, and the new space
+    // is a hole that takes no disk until pages are written there.
     let opj_files = Footprint::of(&[&base.opj]);
-    // Bytes on disk: what the file system allocated (`du`), for both engines. The file's
-    // length is shown too: redb doubles its file as it grows, and the new space is a hole
-    // that takes no disk until pages are written there.
-    let opj = opj_files.disk as f64 / n;
-    let sql = sql_open.disk as f64 / n;
     let sql_closed = Footprint::of(&[&base.sql]);
+    let sql_open = open.sql;
+    let opj = opj_files.disk as f64 / n;
+    let sql = sql_closed.disk as f64 / n;
+    let opj_open = open.opj.disk as f64 / n;
+    let sql_open_per = sql_open.disk as f64 / n;
     let bd = redb_breakdown(&base.opj, &dir.join("size-breakdown.opj"))?;
     let per_table: Vec<String> = bd
         .tables
@@ -2837,12 +2862,12 @@ fn section_size(dir: &Path, base: &Base, sql_open: Footprint, r: &mut Report) ->
     r.figure_vs(
         "bytes_per_receipt_opj",
         format!(
-            "bytes on disk per receipt (allocated, as du counts; 1 KiB result, {} receipts): opjournal",
+            "bytes on disk per receipt (allocated, as du counts; 1 KiB result, {} receipts): opjournal, closed",
             base.n
         ),
         opj,
         "B",
-        ratio_text(opj / sql, "SQLite"),
+        ratio_text(opj / sql, "SQLite closed"),
         json!({"file_bytes": opj_files.len, "disk_bytes": opj_files.disk}),
     );
     r.figure_vs(
@@ -2875,7 +2900,7 @@ fn section_size(dir: &Path, base: &Base, sql_open: Footprint, r: &mut Report) ->
         "file length per receipt (ls), opjournal (redb doubles its file as it grows; new space is a hole until written)",
         opj_files.len as f64 / n,
         "B",
-        ratio_text(opj_files.len as f64 / sql_open.len as f64, "SQLite's db + wal length"),
+        ratio_text(opj_files.len as f64 / sql_closed.len as f64, "SQLite's closed db length"),
         Value::Null,
     );
     r.figure_vs(
@@ -2892,23 +2917,41 @@ fn section_size(dir: &Path, base: &Base, sql_open: Footprint, r: &mut Report) ->
     r.figure_vs(
         "bytes_per_receipt_sqlite",
         format!(
-            "bytes on disk per receipt (allocated; 1 KiB result, {} receipts): SQLite db + wal",
+            "bytes on disk per receipt (allocated; 1 KiB result, {} receipts): SQLite db, closed",
             base.n
         ),
         sql,
         "B",
-        format!(
-            "file length {} B; {} B after checkpoint and close",
-            fmt_num(sql_open.len as f64 / n),
-            fmt_num(sql_closed.len as f64 / n)
-        ),
-        json!({"open_bytes": sql_open.len, "open_disk_bytes": sql_open.disk, "closed_db_bytes": sql_closed.len}),
+        format!("file length {} B", fmt_num(sql_closed.len as f64 / n)),
+        json!({"closed_db_bytes": sql_closed.len, "closed_disk_bytes": sql_closed.disk}),
     );
+    r.figure_vs(
+        "bytes_per_receipt_opj_open",
+        "bytes on disk per receipt while open: opjournal journal + log",
+        opj_open,
+        "B",
+        ratio_text(opj_open / sql_open_per, "SQLite db + wal while open"),
+        json!({"open_bytes": open.opj.len, "open_disk_bytes": open.opj.disk}),
+    );
+    r.figure_vs(
+        "bytes_per_receipt_sqlite_open",
+        "bytes on disk per receipt while open: SQLite db + wal",
+        sql_open_per,
+        "B",
+        format!("file length {} B", fmt_num(sql_open.len as f64 / n)),
+        json!({"open_bytes": sql_open.len, "open_disk_bytes": sql_open.disk}),
+    );
+    // The target holds in both states: the larger ratio is the one checked.
+    let worse = (opj / sql).max(opj_open / sql_open_per);
     r.at_most(
-        "bytes on disk per receipt vs SQLite db + wal",
-        opj / sql,
+        "bytes on disk per receipt vs SQLite (closed and open, the larger)",
+        worse,
         1.2,
-        ratio_text(opj / sql, "SQLite"),
+        format!(
+            "{}; open {}",
+            ratio_text(opj / sql, "SQLite closed"),
+            ratio_text(opj_open / sql_open_per, "SQLite open")
+        ),
         "≤ 1.20×".into(),
     );
     Ok(())
@@ -4077,10 +4120,10 @@ fn run(args: Args) -> Result<()> {
         .iter()
         .any(|s| want(s));
     if needs_base {
-        let (base, sql_open) = build_base(p, &data, &ctx, &mut r)?;
+        let (base, open_sizes) = build_base(p, &data, &ctx, &mut r)?;
         settle_disk();
         if want("size") {
-            section_size(&data, &base, sql_open, &mut r)?;
+            section_size(&data, &base, &open_sizes, &mut r)?;
             section_export_memory(&base, &mut r)?;
         }
         if want("replay") {
