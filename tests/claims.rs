@@ -363,6 +363,66 @@ fn the_memtable_stays_within_the_configured_checkpoint_size() {
     );
 }
 
+/// `JournalBuilder::checkpoint_size` bounds the log's file too: it keeps the power of two
+/// that holds the checkpoint size (4 MiB by default) across checkpoints, one caller after
+/// another and with callers always queued (when a checkpoint may wait for up to twice the
+/// size), instead of doubling when the record that makes the checkpoint due passes its end.
+#[test]
+fn the_log_file_keeps_the_power_of_two_that_holds_the_checkpoint_size() {
+    const SIZE: u64 = 4 << 20;
+    let clock = ManualClock::new(T0);
+    let disk = FaultDisk::new();
+    let journal = on_disk(builder(&clock), &disk);
+    // Whole lifecycles in one scope and session, with 1 KiB results: about 3.4 KiB of
+    // log each, so 1,300 of them make a checkpoint due on the log's growth.
+    let lifecycle = |t: usize, i: usize| {
+        let id = format!("log-{t}-{i:04}");
+        let intent = Intent::from_json("claims.edit", &serde_json::json!({ "id": id }))
+            .expect("a valid intent");
+        let op = Operation::new(id.as_str(), intent)
+            .scope(format!("doc-{t}"))
+            .session(format!("session-{t}"));
+        let Admission::Fresh(claim) = journal.submit(op).expect("submit") else {
+            panic!("`{id}` is new");
+        };
+        journal
+            .complete(&claim, Outcome::applied(i as u64 + 1, vec![b'l'; 1 << 10]))
+            .expect("complete");
+        journal
+            .acknowledge(&id, Some(&format!("session-{t}")))
+            .expect("acknowledge");
+    };
+    let log_len = || disk.live_image().log.len() as u64;
+    let db_syncs = disk.stats().db.syncs;
+    for i in 0..4000 {
+        lifecycle(0, i);
+        assert!(
+            log_len() <= SIZE,
+            "after {i} lifecycles the log is {} bytes",
+            log_len()
+        );
+    }
+    let checkpoints = disk.stats().db.syncs - db_syncs;
+    assert!(checkpoints >= 2, "only {checkpoints} checkpoint syncs");
+
+    // Four callers, so that calls are queued at most checkpoints: the log may then reach
+    // twice the size before one is taken, and its file the next power of two, no more.
+    let db_syncs = disk.stats().db.syncs;
+    std::thread::scope(|s| {
+        for t in 1..=4 {
+            let lifecycle = &lifecycle;
+            s.spawn(move || (0..2500).for_each(|i| lifecycle(t, i)));
+        }
+    });
+    let checkpoints = disk.stats().db.syncs - db_syncs;
+    assert!(checkpoints >= 2, "only {checkpoints} checkpoint syncs");
+    assert!(
+        log_len() <= 2 * SIZE,
+        "with queued callers the log grew to {} bytes",
+        log_len()
+    );
+}
+
 /// `JournalBuilder::replay_cache_size`: the replay cache never holds more bytes than its
 /// bound (read from `Stats::replay_cache`, after every replay), while a workload that
 /// re-asks 200 results of 500 bytes (far more than the bound) fills it and is served from

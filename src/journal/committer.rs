@@ -254,6 +254,20 @@ fn next_batch(queue: &mut Vec<Box<dyn Job>>, waiting: &AtomicUsize) -> Vec<Box<d
     }
 }
 
+/// How much of the log a checkpoint due at `limit` bytes of it lets pass: a little less
+/// than the power of two that holds `limit`. The log's file grows to the next power of two
+/// when a record passes its end (a length `verify` checks), and a checkpoint is seen to be
+/// due only after the batch that reaches it; without the margin every log file would be
+/// twice the size it needs (8 MiB for the default 4 MiB checkpoints, 16 MiB under load).
+/// A batch larger than the margin (a sixteenth of `limit`) still grows the file.
+fn log_limit(limit: u64) -> u64 {
+    let fits = limit
+        .checked_next_power_of_two()
+        .unwrap_or(u64::MAX)
+        .saturating_sub(crate::log::START + limit / 16);
+    limit.min(fits)
+}
+
 /// Fills every job's slot with an error if the leader unwinds, so no caller waits forever.
 struct BatchGuard<'a> {
     jobs: Vec<Box<dyn Job>>,
@@ -558,7 +572,7 @@ impl Inner {
         let used = lock(&self.log).as_ref().map_or(0, crate::log::Writer::used);
         let committed = read_lock(&self.committed);
         let limit = size.saturating_mul(factor);
-        if used >= limit || committed.bytes() as u64 >= limit {
+        if used >= log_limit(limit) || committed.bytes() as u64 >= limit {
             return Due::Checkpoint;
         }
         let head_start = size / 4 * 3;
