@@ -714,10 +714,15 @@ impl Inner {
         );
         log.restart(next.generation);
         let base = Base::new(self.db()?.begin_read()?);
-        let mut committed = write_lock(&self.committed);
-        committed.base = Some(base);
-        committed.mem = Arc::new(Memtable::default());
-        committed.frozen = None;
+        let written = {
+            let mut committed = write_lock(&self.committed);
+            committed.base = Some(base);
+            let mem = std::mem::replace(&mut committed.mem, Arc::new(Memtable::default()));
+            (mem, committed.frozen.take())
+        };
+        // Freed after the lock: after a compaction's batches they hold hundreds of
+        // thousands of keys, and readers on other threads wait for the lock, not for this.
+        drop(written);
         Ok(())
     }
 
