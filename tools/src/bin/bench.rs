@@ -16,6 +16,9 @@
 //! `bench.jsonl` and `lifecycle_concurrency.svg`. Scratch files live in `<out>/data`,
 //! which must be on the disk being measured (not a tmpfs).
 //!
+//! Operation ids are random (a 64-bit hash of each operation's name, in hex), as agents'
+//! ids are; `OPJ_BENCH_SEQUENTIAL_IDS=1` uses the names, nearly in key order.
+//!
 //! SQLite is measured in several arrangements (tools/src/sqlite_model.rs), the strongest
 //! being a dedicated writer thread with group commit, and every ratio is taken against the
 //! best one measured in the same run. The repository's .cargo/config.toml builds SQLite
@@ -1155,8 +1158,41 @@ fn session_of(t: usize) -> String {
     format!("session/{t}")
 }
 
-fn base_id(i: usize) -> String {
+/// Whether operation ids are the names the sections give them: set
+/// `OPJ_BENCH_SEQUENTIAL_IDS=1` (read from the environment, so the memory section's child
+/// processes see it too).
+fn sequential_ids() -> bool {
+    std::env::var_os("OPJ_BENCH_SEQUENTIAL_IDS").is_some_and(|v| v != "0")
+}
+
+/// The operation id a section's name for an operation stands for. By default a 64-bit
+/// hash of the name in hex (`op-3f9a0c...`): agents' ids (UUIDs, random call ids) land at
+/// random places in every index keyed by id, in both engines. With
+/// [`sequential_ids`], the name itself: names like `op-0000123` arrive nearly in key
+/// order, which packs B-tree pages and keeps a purge's deletions together, and flatters
+/// both engines (and opjournal more: its receipts hold their results).
+fn op_id(name: &str) -> String {
+    static SEQUENTIAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *SEQUENTIAL.get_or_init(sequential_ids) {
+        return name.to_string();
+    }
+    // FNV-1a over the name, then splitmix64's finalizer to spread it.
+    let mut z = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    format!("op-{:016x}", z ^ (z >> 31))
+}
+
+/// The name of the base journals' `i`-th operation (see [`op_id`]).
+fn base_name(i: usize) -> String {
     format!("op-{i:07}")
+}
+
+/// The id of the base journals' `i`-th operation.
+fn base_id(i: usize) -> String {
+    op_id(&base_name(i))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1211,6 +1247,8 @@ impl Conn<'_> {
         session: &str,
         rev: &mut u64,
     ) -> Result<CallTimes> {
+        let id = op_id(id);
+        let id = id.as_str();
         let mut times = CallTimes::default();
         match self {
             Conn::Opj(j) => {
@@ -2404,7 +2442,7 @@ fn build_opj_base(
                     let session = format!("base-session/{t}");
                     let mut rev = 0;
                     for i in (t..n).step_by(threads) {
-                        conn.lifecycle(ctx, &base_id(i), &scope, &session, &mut rev)?;
+                        conn.lifecycle(ctx, &base_name(i), &scope, &session, &mut rev)?;
                         if t == 0 && i > 0 && i % (n / 10).max(1) < threads {
                             progress(&format!(
                                 "  populated {i} of {n}, {:.0} ops/s so far",
@@ -3387,7 +3425,8 @@ fn reopen_once(
     // operation completed before the kill (in the log tail), through the same call a
     // client's retry makes (`submit`). Checked afterwards, untimed.
     let ctx = Ctx::new()?;
-    let last = format!("crash-{}", tail.saturating_sub(1));
+    // The id its lifecycle gave it (see `op_id`).
+    let last = op_id(&format!("crash-{}", tail.saturating_sub(1)));
     let secs = match engine {
         Engine::Opj(cfg) => {
             let start = Instant::now();
@@ -3636,7 +3675,7 @@ fn memory_child(args: &[String]) -> Result<()> {
                             }
                             None => {
                                 // What the caller builds for a lifecycle, then drops.
-                                let op = Operation::new(id.as_str(), ctx.intent.clone())
+                                let op = Operation::new(op_id(&id), ctx.intent.clone())
                                     .scope(scope.as_str())
                                     .base_revision(rev)
                                     .session(session.as_str());
@@ -3932,8 +3971,19 @@ fn profile(args: &[String]) -> Result<()> {
             let path = PathBuf::from(args.get(1).ok_or("missing PATH")?);
             let copy = path.with_extension("profile.opj");
             copy_synced(&path, &copy)?;
-            let j = DEFAULT_CFG.builder().clock(expired_clock()).open(&copy)?;
+            let scan = match std::env::var("OPJ_COMPACT_SCAN").as_deref() {
+                Ok("on") => Some(true),
+                Ok("off") => Some(false),
+                _ => None,
+            };
+            let j = DEFAULT_CFG
+                .builder()
+                .clock(expired_clock())
+                .compaction_scan(scan)
+                .open(&copy)?;
+            let start = Instant::now();
             let report = j.compact()?;
+            eprintln!("compact() took {:.3} s", start.elapsed().as_secs_f64());
             eprintln!("{}", serde_json::to_string(&report)?);
             drop(j);
             remove_one(&copy);
@@ -4098,6 +4148,14 @@ fn run(args: Args) -> Result<()> {
                 "{n} B (OPJ_BENCH_CACHE_SIZE)"
             )),
         ),
+    ));
+    r.env.push((
+        "operation ids".into(),
+        if sequential_ids() {
+            "sequential names, nearly in key order (OPJ_BENCH_SEQUENTIAL_IDS)".into()
+        } else {
+            "random: a 64-bit hash of each name in hex, as agents' ids are".into()
+        },
     ));
     r.env.push(("load average at start".into(), load_average()));
     let ctx = Ctx::new()?;
