@@ -16,9 +16,10 @@ const FIRED_KINDS: [TimerKind; 5] = [
 ];
 
 /// Where a compaction run's next batch starts: in its scan of the receipts, if it is
-/// scanning, and in each timer kind, past the last timer its batches fired. Timers a batch fired are deleted, and a deletion of what the
-/// file holds stays a tombstone in memory until the next checkpoint; without this, every
-/// batch stepped again over all the tombstones of the batches before it.
+/// scanning, and in each timer kind, past the last timer its batches fired. Timers a batch
+/// fired are deleted, and a deletion of what the file holds stays a tombstone in memory
+/// until the next checkpoint; without this, every batch stepped again over all the
+/// tombstones of the batches before it.
 ///
 /// A timer due at or before `now` that appears behind the position meanwhile (a deadline
 /// already past when it was set) waits for the next run; reads apply the clocks anyway.
