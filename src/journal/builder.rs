@@ -131,9 +131,9 @@ impl JournalBuilder {
 
     /// How large the log may grow before a checkpoint writes it into redb and starts it
     /// over (default 4 MiB, at least 64 KiB). A checkpoint waits for a moment when no call
-    /// is queued, up to twice this size; it is taken a sixteenth early, so that the log's
-    /// file keeps the power of two that holds the size (twice that under a steady load)
-    /// instead of growing to the next. Changes logged since the last checkpoint are also
+    /// is queued, up to twice this size; it is taken up to a sixteenth early, so that the
+    /// log's file keeps the power of two that holds the size (twice that under a steady
+    /// load) instead of growing to the next. Changes logged since the last checkpoint are also
     /// held in memory (roughly as much again), so this bounds the journal's memory beside
     /// the page cache, and the time a reopen after a crash spends reading the log back.
     /// Larger values checkpoint less often (fewer, larger redb transactions).
