@@ -624,7 +624,8 @@ fn a_newer_format_exits_2_naming_both_versions() -> TestResult {
         {
             let mut meta = txn.open_table(redb::TableDefinition::<&str, &[u8]>::new("meta"))?;
             let record = NewerFormatRecord {
-                format_version: 4,
+                // 5: a record that says 4 is format 3 with deferred purges pending.
+                format_version: 5,
                 created_at: T0.as_millis(),
                 created_by: "opjournal 9.0.0".into(),
                 upgraded: None,
@@ -640,7 +641,7 @@ fn a_newer_format_exits_2_naming_both_versions() -> TestResult {
     ] {
         assert_fails(
             &[cmd, path_str(&s.path)],
-            "has journal format version 4, but this opjournal 0.1.0 reads version 3",
+            "has journal format version 5, but this opjournal 0.1.0 reads version 3",
             "written by a newer opjournal",
         );
     }

@@ -156,6 +156,10 @@ pub(crate) struct Source {
     pub(crate) refused: Option<Error>,
     /// The log's records of the current cycle.
     pub(crate) mem: Memtable,
+    /// The file's deferred purges (see `index::purged`), read on first use; empty when the
+    /// entry is missing or damaged (a damaged one leaves the purged events and results
+    /// readable, and repair keeps their operations: nothing the journal still held is lost).
+    purged: Option<index::purged::Purged>,
 }
 
 fn is_io(e: &Error) -> bool {
@@ -219,6 +223,7 @@ impl Source {
             db: None,
             refused: None,
             mem: Memtable::default(),
+            purged: None,
         };
         let mut rungs = vec![Rung::InPlace, Rung::Recovered];
         if extent.missing() > 0 && padding_is_bounded(&extent) {
@@ -416,7 +421,11 @@ impl Source {
         let mut base: Vec<(T::K, T::V)> = Vec::new();
         let mut gaps = Vec::new();
         let resume = if self.db.is_some() {
-            self.read_base::<T>(after, limit, &mut base, &mut gaps)?
+            let resume = self.read_base::<T>(after, limit, &mut base, &mut gaps)?;
+            if let Some(set) = self.purged().of(T::ID) {
+                base.retain(|(k, _)| !k.seq().is_some_and(|seq| set.contains(seq)));
+            }
+            resume
         } else {
             if after.is_none() {
                 gaps.push(Gap {
@@ -460,6 +469,18 @@ impl Source {
             }
         }
         Ok(Chunk { gaps, resume })
+    }
+
+    /// The file's deferred purges, read once (see [`Source::purged`]'s field).
+    fn purged(&mut self) -> &index::purged::Purged {
+        if self.purged.is_none() {
+            let read = self.view(|snap| match snap.base {
+                Some(base) => Ok(base.purged()?.cloned()),
+                None => Ok(None),
+            });
+            self.purged = Some(read.ok().flatten().unwrap_or_default());
+        }
+        self.purged.get_or_insert_default()
     }
 
     /// Reads at most `limit` entries of the file's table after `after`, around damage;

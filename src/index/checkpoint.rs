@@ -8,6 +8,9 @@
 //! are receipts and `op_events` entries when a checkpoint removes a large share of them.
 
 use redb::WriteTransaction;
+use roaring::RoaringTreemap;
+
+use super::purged::Purged;
 
 use super::tables::{
     Events, Holds, InDoubt, Memtable, Meta, OpEvents, Quarantine, Receipts, Results, ScopeTimers,
@@ -31,11 +34,24 @@ pub(crate) fn create_tables(txn: &WriteTransaction) -> Result<()> {
 /// compaction purges operations in completion order, so their events and results sit side
 /// by side), and so do fired timers: each run is removed in one cursor pass, which
 /// rebuilds each B-tree leaf once instead of once per key.
-pub(crate) fn checkpoint(txn: &WriteTransaction, changes: &Memtable) -> Result<()> {
+///
+/// With `defer` (a compaction pass is running), the deletions of events and results are
+/// not made: their keys join the file's deferred purges (see `purged`), and the first
+/// checkpoint without `defer` removes them all, each table in one pass.
+pub(crate) fn checkpoint(txn: &WriteTransaction, changes: &Memtable, defer: bool) -> Result<()> {
+    let mut purged = Purged::read_in(txn)?;
+    let had = !purged.is_empty();
     write_table::<Meta>(txn, changes, remove_each::<Meta>)?;
-    write_table::<Events>(txn, changes, remove_in_runs::<Events>)?;
+    let Purged { events, results } = &mut purged;
+    unhide_puts::<Events>(changes, events);
+    unhide_puts::<Results>(changes, results);
+    write_table::<Events>(txn, changes, |t, keys| {
+        purge_seqs::<Events>(t, keys, events, defer)
+    })?;
     write_table::<Receipts>(txn, changes, remove_many::<Receipts>)?;
-    write_table::<Results>(txn, changes, remove_in_runs::<Results>)?;
+    write_table::<Results>(txn, changes, |t, keys| {
+        purge_seqs::<Results>(t, keys, results, defer)
+    })?;
     write_table::<Scopes>(txn, changes, remove_each::<Scopes>)?;
     write_table::<OpEvents>(txn, changes, remove_many::<OpEvents>)?;
     write_table::<Timers>(txn, changes, remove_timers)?;
@@ -44,7 +60,86 @@ pub(crate) fn checkpoint(txn: &WriteTransaction, changes: &Memtable) -> Result<(
     write_table::<Holds>(txn, changes, remove_each::<Holds>)?;
     write_table::<InDoubt>(txn, changes, remove_each::<InDoubt>)?;
     write_table::<Quarantine>(txn, changes, remove_in_runs::<Quarantine>)?;
+    if !defer && had {
+        // Sets that this checkpoint's memtable did not touch are applied here.
+        write_deferred::<Events>(txn, &mut purged.events)?;
+        write_deferred::<Results>(txn, &mut purged.results)?;
+    }
+    if had || !purged.is_empty() {
+        purged.write_in(txn)?;
+    }
     Ok(())
+}
+
+/// Deletes `keys` (events' or results' sequence numbers) from `table`, with the deferred
+/// purges `set`: with `defer`, the keys the table holds join the set and stay in the
+/// table; without, the set's keys are deleted with them and the set is emptied. Leaves
+/// `keys` empty.
+fn purge_seqs<T: Table<K = u64>>(
+    table: &mut WriteTable<'_, T>,
+    keys: &mut Vec<u64>,
+    set: &mut RoaringTreemap,
+    defer: bool,
+) -> Result<()> {
+    use redb::ReadableTable as _;
+    if defer {
+        for k in keys.drain(..) {
+            // Only keys the table holds, so that its count is its length less the set's.
+            if !set.contains(k) && table.get(k)?.is_some() {
+                set.insert(k);
+            }
+        }
+        return Ok(());
+    }
+    remove_in_runs::<T>(table, keys)?;
+    remove_set::<T>(table, set)
+}
+
+/// Removes the keys of a deferred purge set from `table` and empties the set: one pass from
+/// its first key to its last when it is a large share of the table (see [`PASS_SHARE`]),
+/// else in runs. The set is never listed beyond the table's size (a damaged one may claim
+/// billions of keys in a few bytes).
+fn remove_set<T: Table<K = u64>>(
+    table: &mut WriteTable<'_, T>,
+    set: &mut RoaringTreemap,
+) -> Result<()> {
+    use redb::ReadableTableMetadata as _;
+    let (Some(first), Some(last)) = (set.min(), set.max()) else {
+        return Ok(());
+    };
+    if set.len().saturating_mul(PASS_SHARE) >= table.len()? {
+        table.retain_in(first..=last, |key, _| !set.contains(key))?;
+    } else {
+        let mut keys: Vec<u64> = set.iter().collect();
+        remove_in_runs::<T>(table, &mut keys)?;
+    }
+    set.clear();
+    Ok(())
+}
+
+/// Takes the keys `changes` puts into `T` out of its deferred purge set (sequence numbers
+/// are never reused, so this finds none unless a file was edited by hand).
+fn unhide_puts<T: Table<K = u64>>(changes: &Memtable, set: &mut RoaringTreemap) {
+    if set.is_empty() {
+        return;
+    }
+    for (k, v) in T::map(changes) {
+        if v.is_some() {
+            set.remove(*k);
+        }
+    }
+}
+
+/// Applies a deferred purge set to its table when the memtable had no change to it.
+fn write_deferred<T: Table<K = u64>>(
+    txn: &WriteTransaction,
+    set: &mut RoaringTreemap,
+) -> Result<()> {
+    if set.is_empty() {
+        return Ok(());
+    }
+    let mut table = txn.open_table(T::def())?;
+    remove_set::<T>(&mut table, set)
 }
 
 /// A table of `T` open in a write transaction.
@@ -311,6 +406,112 @@ mod tests {
             expected.sort();
             assert_eq!(left, expected, "{doomed_count} ids' op_events deleted");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn deferred_purges_hide_events_until_a_checkpoint_outside_a_pass_removes_them() -> Result<()> {
+        use crate::index::{Base, Layered as _, Layers, Snapshot, View as _};
+        use redb::ReadableTableMetadata as _;
+        let db = redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new())?;
+        let format = crate::record::FormatRecord {
+            format_version: u32::from(crate::codec::FORMAT_VERSION),
+            created_at: crate::clock::Timestamp(0),
+            created_by: "test".into(),
+            upgraded: None,
+        };
+        let mut start = Memtable::default();
+        start.set::<Meta>(
+            "format".into(),
+            Some(crate::codec::encode(
+                crate::codec::RecordKind::Meta,
+                &format,
+            )),
+        );
+        for k in 0..100u64 {
+            start.set::<Events>(k, Some(vec![1; 30]));
+            if k % 10 == 0 {
+                start.set::<Results>(k, Some(vec![2; 30]));
+            }
+        }
+        let commit = |changes: &Memtable, defer: bool| -> Result<()> {
+            let txn = db.begin_write()?;
+            create_tables(&txn)?;
+            checkpoint(&txn, changes, defer)?;
+            txn.commit()?;
+            Ok(())
+        };
+        // What the file holds, physically and as reads see it.
+        let seen = || -> Result<(u64, u64, u64, Vec<u64>, bool, u32)> {
+            let read = db.begin_read()?;
+            let raw = read.open_table(<Events as Table>::def())?.len()?;
+            let meta = read.open_table(<Meta as Table>::def())?;
+            let pending = meta.get(crate::index::purged::KEY)?.is_some();
+            let stored: crate::record::FormatRecord = crate::index::decode_meta(
+                "format",
+                meta.get("format")?
+                    .map(|v| v.value().to_vec())
+                    .unwrap_or_default()
+                    .as_slice(),
+            )?;
+            drop(meta);
+            let base = Base::new(read);
+            let snap = Snapshot {
+                base: Some(&base),
+                layers: Layers::default(),
+            };
+            let keys = snap
+                .all::<Events>()?
+                .map(|e| e.map(|(k, _)| k))
+                .collect::<Result<Vec<u64>>>()?;
+            let live_results = snap.count::<Results>()?;
+            assert_eq!(snap.count::<Events>()?, keys.len() as u64);
+            assert_eq!(snap.get::<Events>(&3)?.is_some(), keys.contains(&3));
+            assert_eq!(snap.format()?.map(|f| f.format_version), Some(3));
+            Ok((
+                raw,
+                live_results,
+                keys.len() as u64,
+                keys,
+                pending,
+                stored.format_version,
+            ))
+        };
+        commit(&start, false)?;
+        // A pass's checkpoint deletes events 0..50 and results 0, 10, 20, 30, 40: deferred.
+        let mut purge = Memtable::default();
+        for k in 0..50u64 {
+            purge.set::<Events>(k, None);
+            if k % 10 == 0 {
+                purge.set::<Results>(k, None);
+            }
+        }
+        purge.set::<Events>(1_000, None); // a key the table never held
+        commit(&purge, true)?;
+        let (raw, results, live, keys, pending, version) = seen()?;
+        assert_eq!(
+            (raw, results, live),
+            (100, 5, 50),
+            "still in the table, hidden"
+        );
+        assert_eq!(keys, (50..100).collect::<Vec<_>>());
+        assert!(pending);
+        assert_eq!(version, crate::index::purged::FORMAT_PENDING_PURGES);
+        // A later checkpoint of the pass adds to the sets.
+        let mut more = Memtable::default();
+        more.set::<Events>(60, None);
+        more.set::<Events>(100, Some(vec![3; 30]));
+        commit(&more, true)?;
+        let (raw, _, live, keys, pending, _) = seen()?;
+        assert_eq!((raw, live), (101, 50));
+        assert!(!keys.contains(&60) && keys.contains(&100) && pending);
+        // The first checkpoint outside a pass removes them, even with nothing of its own.
+        commit(&Memtable::default(), false)?;
+        let (raw, results, live, keys, pending, version) = seen()?;
+        assert_eq!((raw, results, live), (50, 5, 50));
+        assert_eq!(keys.len(), 50);
+        assert!(!pending);
+        assert_eq!(version, u32::from(crate::codec::FORMAT_VERSION));
         Ok(())
     }
 

@@ -10,8 +10,9 @@ use std::sync::OnceLock;
 
 use redb::{ReadOnlyTable, ReadTransaction, ReadableTableMetadata};
 
+use super::purged::Purged;
 use super::store::{self, Store};
-use super::tables::{Memtable, Table, TableKey, TableValue};
+use super::tables::{Events, Memtable, Meta, Results, Table, TableKey, TableValue};
 use crate::error::Result;
 
 /// Entries of a table in key order.
@@ -34,6 +35,9 @@ enum BaseKind<'s> {
     Redb {
         txn: ReadTransaction,
         tables: [OnceLock<Option<Box<dyn Any + Send + Sync>>>; 16],
+        /// The deferred purges the snapshot holds (see `purged`), read on first use by a
+        /// read of `events` or `results`; `None` when there are none.
+        purged: OnceLock<std::result::Result<Option<Purged>, String>>,
     },
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Store(std::sync::Arc<dyn Store + 's>),
@@ -44,6 +48,55 @@ impl<'b> Base<'b> {
         Base(BaseKind::Redb {
             txn,
             tables: Default::default(),
+            purged: OnceLock::new(),
+        })
+    }
+
+    /// The deferred purges of this snapshot (see `purged`), if it holds any.
+    ///
+    /// # Errors
+    ///
+    /// `Corrupt` for `meta`/`purged` when the entry is damaged: then no read of `events`
+    /// or `results` can tell a purged key from a live one.
+    pub(crate) fn purged(&self) -> Result<Option<&Purged>> {
+        let BaseKind::Redb { purged, .. } = &self.0 else {
+            return Ok(None);
+        };
+        let loaded = purged.get_or_init(|| {
+            let read = || -> Result<Option<Purged>> {
+                let Some(meta) = self.table::<Meta>()? else {
+                    return Ok(None);
+                };
+                match meta.get(super::purged::KEY)? {
+                    Some(v) => Ok(Some(Purged::decode(v.value())?).filter(|p| !p.is_empty())),
+                    None => Ok(None),
+                }
+            };
+            read().map_err(|e| e.to_string())
+        });
+        match loaded {
+            Ok(p) => Ok(p.as_ref()),
+            Err(why) => Err(crate::error::Error::corrupt(
+                "meta",
+                super::purged::KEY,
+                why.clone(),
+            )),
+        }
+    }
+
+    /// The keys of `T` that deferred purges hide, if any.
+    fn hidden<T: Table>(&self) -> Result<Option<&roaring::RoaringTreemap>> {
+        if T::ID != <Events as Table>::ID && T::ID != <Results as Table>::ID {
+            return Ok(None);
+        }
+        Ok(self.purged()?.and_then(|p| p.of(T::ID)))
+    }
+
+    /// Whether deferred purges hide `key` of `T`.
+    fn is_hidden<T: Table>(&self, key: &T::K) -> Result<bool> {
+        Ok(match (self.hidden::<T>()?, key.seq()) {
+            (Some(set), Some(seq)) => set.contains(seq),
+            _ => false,
         })
     }
 
@@ -62,7 +115,7 @@ impl<'b> Base<'b> {
     }
 
     fn table<T: Table>(&self) -> Result<Option<&RedbTable<T>>> {
-        let BaseKind::Redb { txn, tables } = &self.0 else {
+        let BaseKind::Redb { txn, tables, .. } = &self.0 else {
             return Ok(None);
         };
         let cell = &tables[usize::from(T::ID)];
@@ -86,7 +139,7 @@ impl<'b> Base<'b> {
         let Some(t) = self.table::<T>()? else {
             return Ok(false);
         };
-        Ok(t.get(key.borrow())?.is_some())
+        Ok(t.get(key.borrow())?.is_some() && !self.is_hidden::<T>(key)?)
     }
 
     pub(crate) fn get<T: Table>(&self, key: &T::K) -> Result<Option<T::V>> {
@@ -96,6 +149,9 @@ impl<'b> Base<'b> {
         let Some(t) = self.table::<T>()? else {
             return Ok(None);
         };
+        if self.is_hidden::<T>(key)? {
+            return Ok(None);
+        }
         Ok(t.get(key.borrow())?.map(|v| T::V::own(v.value())))
     }
 
@@ -113,10 +169,17 @@ impl<'b> Base<'b> {
         let lo = lo.map(TableKey::borrow);
         let hi = hi.map(TableKey::borrow);
         let iter = t.range((lo, hi))?;
-        Ok(Box::new(iter.map(|entry| {
+        let entries = iter.map(|entry| {
             let (k, v) = entry?;
             Ok((T::K::own(k.value()), T::V::own(v.value())))
-        })))
+        });
+        match self.hidden::<T>()? {
+            None => Ok(Box::new(entries)),
+            Some(set) => Ok(Box::new(entries.filter(move |entry| match entry {
+                Ok((k, _)) => !k.seq().is_some_and(|seq| set.contains(seq)),
+                Err(_) => true,
+            }))),
+        }
     }
 
     /// Calls `f` with the bytes stored under `key`, without copying them out of redb.
@@ -146,6 +209,9 @@ impl<'b> Base<'b> {
         let Some(t) = self.table::<T>()? else {
             return Ok(None);
         };
+        if self.is_hidden::<T>(&key)? {
+            return Ok(None);
+        }
         Ok(t.get(key)?.map(|v| f(v.value())))
     }
 
@@ -154,7 +220,10 @@ impl<'b> Base<'b> {
             return s.count(T::ID);
         }
         match self.table::<T>()? {
-            Some(t) => Ok(t.len()?),
+            // Every hidden key is in the table (see `purged`).
+            Some(t) => Ok(t
+                .len()?
+                .saturating_sub(self.hidden::<T>()?.map_or(0, |set| set.len()))),
             None => Ok(0),
         }
     }

@@ -19,6 +19,7 @@
 
 mod checkpoint;
 mod layers;
+pub(crate) mod purged;
 pub(crate) mod store;
 mod tables;
 mod values;

@@ -29,6 +29,11 @@ pub(crate) trait TableKey: Ord + Clone + Send + Sync + fmt::Debug + 'static {
     fn to_ordered(&self, out: &mut Vec<u8>);
     /// Reads a key written by [`TableKey::to_ordered`]; `None` for bytes it did not write.
     fn from_ordered(r: &mut Bytes<'_>) -> Option<Self>;
+    /// The key as a sequence number, for the tables keyed by one (deferred purges hide
+    /// such keys: see `purged`).
+    fn seq(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A value type: framed record bytes, or nothing (set-like index tables).
@@ -211,6 +216,9 @@ impl TableKey for u64 {
     }
     fn from_ordered(r: &mut Bytes<'_>) -> Option<Self> {
         r.u64_be()
+    }
+    fn seq(&self) -> Option<u64> {
+        Some(*self)
     }
 }
 

@@ -178,8 +178,13 @@ pub(crate) fn decode_format(bytes: &[u8]) -> Result<FormatRecord> {
             .map(FormatRecord::from)
             .map_err(|e| corrupt("meta", "format", e)),
         Ok((v, payload)) => {
-            let f: FormatRecord =
+            let mut f: FormatRecord =
                 codec::decode_payload(v, payload).map_err(|e| corrupt("meta", "format", e))?;
+            // Format 3 with deferred purges pending: read as format 3, whose reads here
+            // apply the purges (see `purged`); builds that do not know them refuse it.
+            if f.format_version == super::purged::FORMAT_PENDING_PURGES {
+                f.format_version = u32::from(codec::FORMAT_VERSION);
+            }
             if f.format_version > u32::from(codec::FORMAT_VERSION) {
                 return Err(unsupported(f.format_version));
             }

@@ -612,12 +612,13 @@ impl Inner {
         let prepared = Arc::clone(&self.checkpointer.prepared);
         let quick_repair = self.cfg.quick_repair;
         let poisoned = Arc::clone(&self.poisoned);
+        let defer = self.compacting.load(Ordering::SeqCst) > 0;
         let work = move || {
             // A panic (redb's, on damaged data) is an error here: nobody else would see it.
             let written = crate::preflight::guarded("a checkpoint's head start", || {
                 let mut txn = db.begin_write()?;
                 txn.set_quick_repair(quick_repair);
-                index::checkpoint(&txn, &frozen)?;
+                index::checkpoint(&txn, &frozen, defer)?;
                 *lock(&prepared) = Some(txn);
                 Ok(())
             });
@@ -657,7 +658,7 @@ impl Inner {
             .as_mut()
             .ok_or_else(|| Error::new(ErrorKind::Closed))?;
         let cursor = log.cursor();
-        if log.used() == 0 && read_lock(&self.committed).is_empty() {
+        if log.used() == 0 && read_lock(&self.committed).is_empty() && !self.purges_deferred()? {
             return Ok(());
         }
         let next = CheckpointRecord {
@@ -674,6 +675,7 @@ impl Inner {
             (Arc::clone(&committed.mem), committed.frozen.clone())
         };
         let quick_repair = self.cfg.quick_repair;
+        let defer = self.compacting.load(Ordering::SeqCst) > 0;
         let record = codec::encode(RecordKind::Meta, &next);
         let prepared = Arc::clone(&self.checkpointer.prepared);
         self.checkpointer.run(move || {
@@ -692,12 +694,12 @@ impl Inner {
                     // no full scan.
                     txn.set_quick_repair(quick_repair);
                     if let Some(frozen) = frozen {
-                        index::checkpoint(&txn, frozen)?;
+                        index::checkpoint(&txn, frozen, defer)?;
                     }
                     txn
                 }
             };
-            index::checkpoint(&txn, &mem)?;
+            index::checkpoint(&txn, &mem, defer)?;
             {
                 let mut meta = txn.open_table(<index::Meta as index::Table>::def())?;
                 meta.insert("checkpoint", record.as_slice())?;
@@ -747,6 +749,16 @@ impl Inner {
             }
             Ok(())
         })
+    }
+
+    /// Whether the committed base holds deferred purges (see `index::purged`) that a
+    /// checkpoint outside a compaction pass removes.
+    pub(crate) fn purges_deferred(&self) -> Result<bool> {
+        let committed = read_lock(&self.committed);
+        match committed.base.as_ref() {
+            Some(base) => Ok(base.purged()?.is_some()),
+            None => Ok(false),
+        }
     }
 
     /// Runs `f` as the leader, with no batch in progress: for work that needs the log and
@@ -901,6 +913,141 @@ mod tests {
             assert!(Instant::now() < deadline, "the head start never finished");
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// The file's events table as redb holds it (purged events not yet removed included),
+    /// and whether its `meta` table holds deferred purges.
+    fn raw_events(db: &impl ReadableDatabase) -> (u64, bool) {
+        use redb::ReadableTableMetadata as _;
+        let txn = db.begin_read().unwrap_or_else(|e| panic!("read: {e}"));
+        let events = txn
+            .open_table(<crate::index::Events as Table>::def())
+            .and_then(|t| Ok(t.len()?))
+            .unwrap_or_else(|e| panic!("events: {e}"));
+        let meta = txn
+            .open_table(<crate::index::Meta as Table>::def())
+            .unwrap_or_else(|e| panic!("meta: {e}"));
+        let pending = meta
+            .get(crate::index::purged::KEY)
+            .unwrap_or_else(|e| panic!("get: {e}"))
+            .is_some();
+        (events, pending)
+    }
+
+    #[test]
+    fn a_pass_across_checkpoints_defers_its_event_purges_and_no_crash_brings_one_back() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let path = dir.path().join("j.opj");
+        let clock = crate::ManualClock::new(crate::Timestamp(1_000_000));
+        let builder = || {
+            Journal::builder()
+                .checkpoint_size(64 * 1024)
+                .clock(clock.clone())
+                .ack_timeout(Duration::from_secs(600))
+                .result_retention(Duration::from_secs(3600))
+                .audit_retention(Duration::from_secs(7200))
+        };
+        let journal = builder()
+            .open(&path)
+            .unwrap_or_else(|e| panic!("open: {e}"));
+        // Ids in no order, as agents' are: the events of a pass's operations are anywhere.
+        let id = |i: u64| format!("op-{:016x}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        // Each in its own session: a session's window holds 64 unacknowledged results.
+        let run = |i: u64| {
+            let op = Operation::new(id(i), intent())
+                .scope(format!("s{i}"))
+                .session(format!("s{i}"));
+            match journal.submit(op) {
+                Ok(Admission::Fresh(claim)) => journal
+                    .complete(&claim, Outcome::applied(1, vec![7u8; 200]))
+                    .unwrap_or_else(|e| panic!("{i} completes: {e}")),
+                other => panic!("{i} is fresh, not {other:?}"),
+            };
+        };
+        (0..600).for_each(run);
+        clock.advance(Duration::from_secs(3 * 3600));
+        (600..620).for_each(run);
+        let kept: Vec<_> = (600..620)
+            .map(|i| {
+                journal
+                    .history(&id(i))
+                    .unwrap_or_else(|e| panic!("history: {e}"))
+            })
+            .collect();
+        // A pass that does not end (another is counted as running) leaves the purges its
+        // checkpoints deferred in the file, as a crash in the middle of one would.
+        journal
+            .inner
+            .compacting
+            .fetch_add(1, super::Ordering::SeqCst);
+        let report = journal.compact().unwrap_or_else(|e| panic!("compact: {e}"));
+        assert_eq!(report.purged, 600);
+        journal
+            .inner
+            .exclusive(|| journal.inner.checkpoint())
+            .unwrap_or_else(|e| panic!("checkpoint: {e}"));
+        let live = journal
+            .stats()
+            .unwrap_or_else(|e| panic!("stats: {e}"))
+            .events;
+        let (raw, pending) = raw_events(journal.inner.db().unwrap_or_else(|e| panic!("{e}")));
+        assert!(pending, "the pass's checkpoints deferred the purges");
+        assert!(raw > live, "{raw} events in the table, {live} live");
+        let check = |j: &Journal| {
+            for i in 0..600 {
+                assert_eq!(j.lookup(&id(i)).unwrap_or_else(|e| panic!("{e}")), None);
+                assert!(
+                    j.history(&id(i))
+                        .unwrap_or_else(|e| panic!("{e}"))
+                        .is_empty()
+                );
+            }
+            for (i, history) in (600..620).zip(&kept) {
+                assert_eq!(
+                    &j.history(&id(i)).unwrap_or_else(|e| panic!("{e}")),
+                    history
+                );
+            }
+            assert_eq!(j.stats().unwrap_or_else(|e| panic!("{e}")).events, live);
+        };
+        check(&journal);
+        // Killed now: the copy reads the same, verifies clean, and its first checkpoint
+        // (no pass is running there) removes the purged events from the file.
+        let copy = dir.path().join("copy.opj");
+        for (from, to) in [
+            (path.clone(), copy.clone()),
+            (
+                crate::FileLog::path_for(&path),
+                crate::FileLog::path_for(&copy),
+            ),
+        ] {
+            std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy: {e}"));
+        }
+        let report = crate::verify(&copy).unwrap_or_else(|e| panic!("verify: {e}"));
+        assert!(report.findings.is_empty(), "{:?}", report.findings);
+        assert_eq!(report.events, live);
+        {
+            let crashed = builder()
+                .open(&copy)
+                .unwrap_or_else(|e| panic!("reopen copy: {e}"));
+            check(&crashed);
+            crashed.close().unwrap_or_else(|e| panic!("close: {e}"));
+        }
+        let closed = |p: &std::path::Path| {
+            raw_events(&redb::ReadOnlyDatabase::open(p).unwrap_or_else(|e| panic!("open: {e}")))
+        };
+        assert_eq!(closed(&copy), (live, false));
+        // The pass's end removes them in the journal that ran it.
+        journal
+            .inner
+            .compacting
+            .fetch_sub(1, super::Ordering::SeqCst);
+        journal.compact().unwrap_or_else(|e| panic!("compact: {e}"));
+        check(&journal);
+        let db = journal.inner.db().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(raw_events(db), (live, false));
+        journal.close().unwrap_or_else(|e| panic!("close: {e}"));
+        assert_eq!(closed(&path), (live, false));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Compaction: firing due timers in bounded batches, and the background compactor.
 
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
@@ -101,6 +102,50 @@ fn run_pass(inner: &Inner, yielding: bool) -> Result<CompactionReport> {
     let start = Instant::now();
     let mut report = CompactionReport::default();
     inner.check_writable()?;
+    {
+        // Checkpoints during the pass defer the deletions of events and results; they are
+        // removed at its end, in one pass over each table.
+        let _compacting = Compacting::new(inner);
+        passes(inner, yielding, &mut report)?;
+    }
+    if inner.compacting.load(Ordering::SeqCst) == 0 && inner.purges_deferred()? {
+        inner.exclusive(|| inner.checkpoint())?;
+    }
+    report.elapsed = start.elapsed();
+    crate::trace_event!(
+        DEBUG,
+        lease_expired = report.lease_expired,
+        exhausted = report.exhausted,
+        ack_expired = report.ack_expired,
+        retired = report.retired,
+        purged = report.purged,
+        revision_events_purged = report.revision_events_purged,
+        receipts_scanned = report.receipts_scanned,
+        batches = report.batches,
+        elapsed_us = report.elapsed.as_micros() as u64,
+        "compaction pass"
+    );
+    Ok(report)
+}
+
+/// Counts a running pass in [`Inner::compacting`] for as long as it lives.
+struct Compacting<'a>(&'a Inner);
+
+impl<'a> Compacting<'a> {
+    fn new(inner: &'a Inner) -> Compacting<'a> {
+        inner.compacting.fetch_add(1, Ordering::SeqCst);
+        Compacting(inner)
+    }
+}
+
+impl Drop for Compacting<'_> {
+    fn drop(&mut self) {
+        self.0.compacting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The batches of a pass, each in its own write.
+fn passes(inner: &Inner, yielding: bool, report: &mut CompactionReport) -> Result<()> {
     // Pending deliveries and acknowledgements first: they change what is due.
     inner.flush()?;
     if let Some(mut resume) = first_batch(inner)? {
@@ -131,21 +176,7 @@ fn run_pass(inner: &Inner, yielding: bool) -> Result<CompactionReport> {
             }
         }
     }
-    report.elapsed = start.elapsed();
-    crate::trace_event!(
-        DEBUG,
-        lease_expired = report.lease_expired,
-        exhausted = report.exhausted,
-        ack_expired = report.ack_expired,
-        retired = report.retired,
-        purged = report.purged,
-        revision_events_purged = report.revision_events_purged,
-        receipts_scanned = report.receipts_scanned,
-        batches = report.batches,
-        elapsed_us = report.elapsed.as_micros() as u64,
-        "compaction pass"
-    );
-    Ok(report)
+    Ok(())
 }
 
 /// A running background compactor, from [`Journal::spawn_compactor`](crate::Journal::spawn_compactor).

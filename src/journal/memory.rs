@@ -61,6 +61,7 @@ pub(crate) fn handle(storage: Storage, label: &str, mem: Memtable, cfg: Config) 
             log: Mutex::new(None),
             cache: Mutex::new(super::cache::ReplayCache::new(cache_bytes)),
             foreground_waiting: Arc::new(AtomicUsize::new(0)),
+            compacting: AtomicUsize::new(0),
             committer: Committer::new(),
             checkpointer: Default::default(),
             gate: Arc::new(Mutex::new(false)),

@@ -106,6 +106,9 @@ pub(crate) struct Inner {
     /// Foreground calls queued for the writer: a compaction batch in progress ends early
     /// when one arrives, so foreground calls wait behind as little compaction as possible.
     pub(crate) foreground_waiting: Arc<AtomicUsize>,
+    /// Compaction passes running: while one is, checkpoints defer the deletions of events
+    /// and results (see `index::purged`), and the pass's end applies them.
+    pub(crate) compacting: AtomicUsize,
     /// What this process has committed (see [`Committed`]).
     pub(crate) committed: RwLock<Committed>,
     /// Open handles ([`Journal`] clones); the last one to go closes the journal.

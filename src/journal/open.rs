@@ -210,6 +210,7 @@ impl Journal {
                 log: Mutex::new(Some(writer)),
                 cache: Mutex::new(super::cache::ReplayCache::new(cache_bytes)),
                 foreground_waiting: Arc::new(AtomicUsize::new(0)),
+                compacting: AtomicUsize::new(0),
                 committer: Committer::new(),
                 checkpointer: Default::default(),
                 gate: Arc::new(Mutex::new(false)),
@@ -465,7 +466,7 @@ pub(crate) fn prepare(db: &Database, path: &Path, cfg: &Config) -> Result<()> {
             t.into_changes()
         }
     };
-    index::checkpoint(&txn, &changes)?;
+    index::checkpoint(&txn, &changes, false)?;
     // Every table exists from the start, so readers never meet a missing one.
     index::create_tables(&txn)?;
     txn.commit()?;

@@ -165,7 +165,7 @@ impl BatchWriter {
             txn.set_durability(redb::Durability::None)
                 .map_err(|e| write(e.into()))?;
         }
-        index::checkpoint(&txn, &self.pending).map_err(write)?;
+        index::checkpoint(&txn, &self.pending, false).map_err(write)?;
         txn.commit().map_err(|e| context(e.into(), Step::Commit))?;
         self.pending = Memtable::default();
         self.synced = durable;

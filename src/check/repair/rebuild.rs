@@ -205,6 +205,8 @@ impl<'s> Build<'s> {
             "format" => index::decode_format(v).map(|_| ()),
             "state" => index::decode_meta::<StateRecord>("state", v).map(|_| ()),
             "checkpoint" => index::decode_meta::<CheckpointRecord>("checkpoint", v).map(|_| ()),
+            // Applied as the events and results are read; the new file has none pending.
+            index::purged::KEY => index::purged::Purged::decode(v).map(|_| ()),
             _ => Err(Error::corrupt("meta", k, "not an entry of the meta table")),
         })?;
         let g = self.src.read_table::<index::OpEvents>(|_, ()| Ok(()))?;

@@ -54,6 +54,17 @@ pub(super) fn check_meta<V: View>(
             }
         }
     }
+    // Deferred purges (see `index::purged`): a damaged entry leaves purged events and
+    // results indistinguishable from live ones.
+    match t.get::<index::Meta>(&index::purged::KEY.to_string()) {
+        Ok(Some(v)) => {
+            if let Err(e) = index::purged::Purged::decode(&v) {
+                findings.add("meta", index::purged::KEY, corrupt_detail(&e));
+            }
+        }
+        Ok(None) => {}
+        Err(e) => findings.push(finding_of(&e, "meta", index::purged::KEY)),
+    }
     state
 }
 
