@@ -1026,6 +1026,71 @@ mod tests {
         let report = crate::verify(&copy).unwrap_or_else(|e| panic!("verify: {e}"));
         assert!(report.findings.is_empty(), "{:?}", report.findings);
         assert_eq!(report.events, live);
+        let copy_as = |name: &str| {
+            let to = dir.path().join(name);
+            std::fs::copy(&copy, &to).unwrap_or_else(|e| panic!("copy: {e}"));
+            std::fs::copy(
+                crate::FileLog::path_for(&copy),
+                crate::FileLog::path_for(&to),
+            )
+            .unwrap_or_else(|e| panic!("copy: {e}"));
+            to
+        };
+        let repair = |p: &std::path::Path| {
+            crate::repair(p, &crate::RepairOptions::default(), &mut |_, _| {})
+                .unwrap_or_else(|e| panic!("repair: {e}"))
+        };
+        // Repair rebuilds from the events without the purged ones.
+        let repaired = copy_as("repaired.opj");
+        repair(&repaired);
+        check(
+            &builder()
+                .open(&repaired)
+                .unwrap_or_else(|e| panic!("open: {e}")),
+        );
+        // A damaged entry: verify names it, and repair keeps the purged operations (their
+        // events are all that is left of them; nothing the journal held is lost).
+        let damaged = copy_as("damaged.opj");
+        {
+            use redb::ReadableTable as _;
+            let db = redb::Database::open(&damaged).unwrap_or_else(|e| panic!("open: {e}"));
+            let txn = db.begin_write().unwrap_or_else(|e| panic!("write: {e}"));
+            {
+                let mut meta = txn
+                    .open_table(<crate::index::Meta as Table>::def())
+                    .unwrap_or_else(|e| panic!("meta: {e}"));
+                let mut v = meta
+                    .get(crate::index::purged::KEY)
+                    .unwrap_or_else(|e| panic!("get: {e}"))
+                    .map(|v| v.value().to_vec())
+                    .unwrap_or_else(|| panic!("the entry is there"));
+                let last = v.len() - 1;
+                v[last] ^= 0xFF;
+                meta.insert(crate::index::purged::KEY, v.as_slice())
+                    .unwrap_or_else(|e| panic!("insert: {e}"));
+            }
+            txn.commit().unwrap_or_else(|e| panic!("commit: {e}"));
+        }
+        let report = crate::verify(&damaged).unwrap_or_else(|e| panic!("verify: {e}"));
+        assert!(
+            report
+                .findings
+                .iter()
+                .any(|f| f.table == "meta" && f.key == crate::index::purged::KEY),
+            "{:?}",
+            report.findings
+        );
+        repair(&damaged);
+        let kept = builder()
+            .open(&damaged)
+            .unwrap_or_else(|e| panic!("open: {e}"));
+        assert!(
+            !kept
+                .history(&id(0))
+                .unwrap_or_else(|e| panic!("{e}"))
+                .is_empty()
+        );
+        drop(kept);
         {
             let crashed = builder()
                 .open(&copy)

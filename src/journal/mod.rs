@@ -730,6 +730,13 @@ impl Journal {
 
     /// Fires every due timer now, in bounded batches (one write transaction each).
     ///
+    /// The checkpoints that come due during the pass leave the events and results it
+    /// purged in the file, hidden from every read, and a pass that crossed one ends with a
+    /// checkpoint that removes them all, each table in one pass (a pass over a journal
+    /// whose retention passed for most of its history would otherwise rewrite its events
+    /// table at every checkpoint). A call made meanwhile waits for that checkpoint as for
+    /// any other.
+    ///
     /// # Errors
     ///
     /// Storage errors; [`ErrorKind::Poisoned`].
