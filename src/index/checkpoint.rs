@@ -41,16 +41,22 @@ pub(crate) fn create_tables(txn: &WriteTransaction) -> Result<()> {
 pub(crate) fn checkpoint(txn: &WriteTransaction, changes: &Memtable, defer: bool) -> Result<()> {
     let mut purged = Purged::read_in(txn)?;
     let had = !purged.is_empty();
+    // Every sequence number below the file's `next_seq` (as this transaction holds it,
+    // before `changes`) was written to redb before `changes` (by an earlier commit, or by
+    // a memtable written earlier in this transaction), and a deletion is only made of a
+    // key reads show: so such a key is in its table. Above it, a key `changes` both put
+    // and deleted is not, and only those are looked up.
+    let written_below = if defer { next_seq_in(txn)? } else { 0 };
     write_table::<Meta>(txn, changes, remove_each::<Meta>)?;
     let Purged { events, results } = &mut purged;
     unhide_puts::<Events>(changes, events);
     unhide_puts::<Results>(changes, results);
     write_table::<Events>(txn, changes, |t, keys| {
-        purge_seqs::<Events>(t, keys, events, defer)
+        purge_seqs::<Events>(t, keys, events, defer, written_below)
     })?;
     write_table::<Receipts>(txn, changes, remove_many::<Receipts>)?;
     write_table::<Results>(txn, changes, |t, keys| {
-        purge_seqs::<Results>(t, keys, results, defer)
+        purge_seqs::<Results>(t, keys, results, defer, written_below)
     })?;
     write_table::<Scopes>(txn, changes, remove_each::<Scopes>)?;
     write_table::<OpEvents>(txn, changes, remove_many::<OpEvents>)?;
@@ -80,12 +86,14 @@ fn purge_seqs<T: Table<K = u64>>(
     keys: &mut Vec<u64>,
     set: &mut RoaringTreemap,
     defer: bool,
+    written_below: u64,
 ) -> Result<()> {
     use redb::ReadableTable as _;
     if defer {
         for k in keys.drain(..) {
-            // Only keys the table holds, so that its count is its length less the set's.
-            if !set.contains(k) && table.get(k)?.is_some() {
+            // Only keys the table holds, so that its count is its length less the set's
+            // (looked up only above `written_below`: see `checkpoint`).
+            if k < written_below || table.get(k)?.is_some() {
                 set.insert(k);
             }
         }
@@ -93,6 +101,19 @@ fn purge_seqs<T: Table<K = u64>>(
     }
     remove_in_runs::<T>(table, keys)?;
     remove_set::<T>(table, set)
+}
+
+/// The `next_seq` of the state record `txn` holds (0 without one).
+fn next_seq_in(txn: &WriteTransaction) -> Result<u64> {
+    use redb::ReadableTable as _;
+    let meta = txn.open_table(<Meta as Table>::def())?;
+    let stored = meta.get("state")?;
+    match stored {
+        Some(v) => {
+            Ok(super::decode_meta::<crate::record::StateRecord>("state", v.value())?.next_seq)
+        }
+        None => Ok(0),
+    }
 }
 
 /// Removes the keys of a deferred purge set from `table` and empties the set: one pass from
@@ -427,6 +448,16 @@ mod tests {
                 crate::codec::RecordKind::Meta,
                 &format,
             )),
+        );
+        // Keys below `next_seq` are known to be in the tables; a deletion above it (1,000
+        // below) is looked up.
+        let state = crate::record::StateRecord {
+            clock_high_water: crate::clock::Timestamp(0),
+            next_seq: 100,
+        };
+        start.set::<Meta>(
+            "state".into(),
+            Some(crate::codec::encode(crate::codec::RecordKind::Meta, &state)),
         );
         for k in 0..100u64 {
             start.set::<Events>(k, Some(vec![1; 30]));
