@@ -915,6 +915,16 @@ mod tests {
         }
     }
 
+    /// Copies a journal and its log as they are on disk (what a kill leaves).
+    fn copy_journal(from: &std::path::Path, to: &std::path::Path) {
+        for (from, to) in [
+            (from.to_path_buf(), to.to_path_buf()),
+            (crate::FileLog::path_for(from), crate::FileLog::path_for(to)),
+        ] {
+            std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy: {e}"));
+        }
+    }
+
     /// The file's events table as redb holds it (purged events not yet removed included),
     /// and whether its `meta` table holds deferred purges.
     fn raw_events(db: &impl ReadableDatabase) -> (u64, bool) {
@@ -1014,26 +1024,13 @@ mod tests {
         // Killed now: the copy reads the same, verifies clean, and its first checkpoint
         // (no pass is running there) removes the purged events from the file.
         let copy = dir.path().join("copy.opj");
-        for (from, to) in [
-            (path.clone(), copy.clone()),
-            (
-                crate::FileLog::path_for(&path),
-                crate::FileLog::path_for(&copy),
-            ),
-        ] {
-            std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy: {e}"));
-        }
+        copy_journal(&path, &copy);
         let report = crate::verify(&copy).unwrap_or_else(|e| panic!("verify: {e}"));
         assert!(report.findings.is_empty(), "{:?}", report.findings);
         assert_eq!(report.events, live);
         let copy_as = |name: &str| {
             let to = dir.path().join(name);
-            std::fs::copy(&copy, &to).unwrap_or_else(|e| panic!("copy: {e}"));
-            std::fs::copy(
-                crate::FileLog::path_for(&copy),
-                crate::FileLog::path_for(&to),
-            )
-            .unwrap_or_else(|e| panic!("copy: {e}"));
+            copy_journal(&copy, &to);
             to
         };
         let repair = |p: &std::path::Path| {
@@ -1130,15 +1127,7 @@ mod tests {
         // Killed now (the files as they are, the transaction uncommitted), the journal
         // reopens with everything from the log.
         let copy = dir.path().join("copy.opj");
-        for (from, to) in [
-            (path.clone(), copy.clone()),
-            (
-                crate::FileLog::path_for(&path),
-                crate::FileLog::path_for(&copy),
-            ),
-        ] {
-            std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy: {e}"));
-        }
+        copy_journal(&path, &copy);
         {
             let crashed = Journal::open(&copy).unwrap_or_else(|e| panic!("reopen copy: {e}"));
             assert_applied(&crashed, "a", before_freeze);
