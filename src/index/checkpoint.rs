@@ -67,7 +67,6 @@ pub(crate) fn checkpoint(txn: &WriteTransaction, changes: &Memtable, defer: bool
     write_table::<InDoubt>(txn, changes, remove_each::<InDoubt>)?;
     write_table::<Quarantine>(txn, changes, remove_in_runs::<Quarantine>)?;
     if !defer && had {
-        // Sets that this checkpoint's memtable did not touch are applied here.
         write_deferred::<Events>(txn, &mut purged.events)?;
         write_deferred::<Results>(txn, &mut purged.results)?;
     }
@@ -77,9 +76,9 @@ pub(crate) fn checkpoint(txn: &WriteTransaction, changes: &Memtable, defer: bool
     Ok(())
 }
 
-/// Deletes `keys` (events' or results' sequence numbers) from `table`, with the deferred
-/// purges `set`: with `defer`, the keys the table holds join the set and stay in the
-/// table; without, the set's keys are deleted with them and the set is emptied. Leaves
+/// Deletes `keys` (events' or results' sequence numbers) from `table`; with `defer`, the
+/// keys the table holds join the deferred purges `set` instead and stay in the table
+/// (without, the set is removed after every table is written: [`write_deferred`]). Leaves
 /// `keys` empty.
 fn purge_seqs<T: Table<K = u64>>(
     table: &mut WriteTable<'_, T>,
@@ -99,8 +98,7 @@ fn purge_seqs<T: Table<K = u64>>(
         }
         return Ok(());
     }
-    remove_in_runs::<T>(table, keys)?;
-    remove_set::<T>(table, set)
+    remove_in_runs::<T>(table, keys)
 }
 
 /// The `next_seq` of the state record `txn` holds (0 without one).
@@ -151,7 +149,7 @@ fn unhide_puts<T: Table<K = u64>>(changes: &Memtable, set: &mut RoaringTreemap) 
     }
 }
 
-/// Applies a deferred purge set to its table when the memtable had no change to it.
+/// Removes a deferred purge set from its table (a checkpoint outside a pass).
 fn write_deferred<T: Table<K = u64>>(
     txn: &WriteTransaction,
     set: &mut RoaringTreemap,
