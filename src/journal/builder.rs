@@ -158,7 +158,7 @@ impl JournalBuilder {
         self
     }
 
-    /// The most memory redb's page cache may use (default 32 MiB). The cache grows with
+    /// The most memory redb's page cache may use (default 20 MiB). The cache grows with
     /// the pages read, up to this bound, so a journal smaller than it is held whole. A
     /// journal larger than the bound has its other pages read again from the operating
     /// system's cache when they are needed: replay lookups of old ids slow down first

@@ -3565,7 +3565,7 @@ const MEMORY_MODES: [MemoryMode; 5] = [
         key: "opj-default",
         target: "opj-default",
         env: None,
-        label: "opjournal, default settings (page cache bound 32 MiB)",
+        label: "opjournal, default settings (page cache bound 20 MiB)",
     },
     MemoryMode {
         key: "opj-default-arena1",
