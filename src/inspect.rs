@@ -254,7 +254,10 @@ pub(crate) enum LogRead {
     NoCycle,
     /// The log was read for the cycle `cursor`.
     Read {
-        cursor: crate::log::Cursor,
+        /// The cycles read: which log file (0 for `<journal>-log`, 1 for `<journal>-log2`)
+        /// and the cycle read from it; two when the writer had started the next cycle
+        /// before redb committed the one named by the file.
+        cycles: Vec<(usize, crate::log::Cursor)>,
         /// Records laid over the file.
         records: u64,
         /// Why the header was not used (another journal's, another format's, none).
@@ -452,7 +455,7 @@ impl Inspector {
         let Some(handle) = self.file() else {
             return Err(Error::new(ErrorKind::Closed));
         };
-        let log_path = FileLog::path_for(&self.path);
+        let log_paths = FileLog::paths_for(&self.path);
         let mut attempts = 0;
         loop {
             attempts += 1;
@@ -462,11 +465,23 @@ impl Inspector {
                 layers: Layers::default(),
             };
             let mut mem = Memtable::default();
-            let log = FileLog::open_read_only(&log_path).map_err(|e| {
-                Error::io_while("open the journal's log", "nothing was read or changed", e)
-            })?;
+            let open = |p: &Path| {
+                FileLog::open_read_only(p).map_err(|e| {
+                    Error::io_while("open the journal's log", "nothing was read or changed", e)
+                })
+            };
+            let log = open(&log_paths[0])?;
+            let spare = open(&log_paths[1])?;
             let mut read = LogRead::Absent;
-            if let Some(log) = log {
+            // The second file alone (its first is gone) is read as the first would be.
+            let files: Vec<&dyn crate::log::LogStorage> = match (&log, &spare) {
+                (Some(log), Some(spare)) => vec![log, spare],
+                (Some(log), None) => vec![log],
+                (None, Some(spare)) => vec![spare],
+                (None, None) => Vec::new(),
+            };
+            let second_only = log.is_none();
+            if !files.is_empty() {
                 let Some(cp) = first.checkpoint()? else {
                     read = LogRead::NoCycle;
                     let snap = index::Snapshot {
@@ -482,7 +497,7 @@ impl Inspector {
                     first_lsn: cp.next_lsn,
                 };
                 let mut undecodable = None;
-                let scan = crate::log::scan_storage(&log, cursor, |r| -> Result<()> {
+                let cycles = crate::log::scan_cycles(&files, cursor, |r| -> Result<()> {
                     if undecodable.is_some() {
                         return Ok(());
                     }
@@ -525,14 +540,19 @@ impl Inspector {
                 if moved && attempts < 100 {
                     continue;
                 }
+                let scanned: u64 = cycles.iter().map(|c| c.scan.records).sum();
+                let file_index = |i: usize| if second_only { 1 } else { i };
                 read = LogRead::Read {
-                    cursor,
+                    cycles: cycles
+                        .iter()
+                        .map(|c| (file_index(c.file), c.cursor))
+                        .collect(),
                     records: undecodable
                         .as_ref()
-                        .map_or(scan.records, |(lsn, _)| lsn - cursor.first_lsn),
-                    header_problem: scan.header_problem,
+                        .map_or(scanned, |(lsn, _)| lsn - cursor.first_lsn),
+                    header_problem: cycles.first().and_then(|c| c.scan.header_problem.clone()),
                     undecodable,
-                    len: scan.len,
+                    len: cycles.iter().map(|c| c.scan.len).sum(),
                 };
             }
             let snap = index::Snapshot {
@@ -566,7 +586,7 @@ impl Inspector {
             if self.file().is_some() {
                 let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
                 s.file_bytes = size(&self.path);
-                s.log_bytes = size(&FileLog::path_for(&self.path));
+                s.log_bytes = FileLog::paths_for(&self.path).iter().map(|p| size(p)).sum();
             }
             Ok(s)
         })

@@ -624,8 +624,8 @@ fn a_newer_format_exits_2_naming_both_versions() -> TestResult {
         {
             let mut meta = txn.open_table(redb::TableDefinition::<&str, &[u8]>::new("meta"))?;
             let record = NewerFormatRecord {
-                // 5: a record that says 4 is format 3 with deferred purges pending.
-                format_version: 5,
+                // 6: a record that says 4 or 5 is format 3 (deferred purges pending, two logs).
+                format_version: 6,
                 created_at: T0.as_millis(),
                 created_by: "opjournal 9.0.0".into(),
                 upgraded: None,
@@ -641,7 +641,7 @@ fn a_newer_format_exits_2_naming_both_versions() -> TestResult {
     ] {
         assert_fails(
             &[cmd, path_str(&s.path)],
-            "has journal format version 5, but this opjournal 0.1.0 reads version 3",
+            "has journal format version 6, but this opjournal 0.1.0 reads version 3",
             "written by a newer opjournal",
         );
     }
@@ -1275,7 +1275,9 @@ fn repair_dry_run_works_beside_a_live_writer_and_reports_no_damage() -> TestResu
         completed >= rebuilt,
         "{completed} completed, {rebuilt} seen"
     );
-    // An idle editor: both files are left byte for byte as they were.
+    // An idle editor (its background checkpoint, if any, ended): its files are left byte
+    // for byte as they were.
+    journal.flush()?;
     let log = opjournal::FileLog::path_for(&s.path);
     let before = (std::fs::read(&s.path)?, std::fs::read(&log)?);
     let o = run(&["repair", "--dry-run", p]);

@@ -378,9 +378,9 @@ fn write_meta_only(path: &Path, format_version: u32, envelope: u8) {
 #[test]
 fn newer_format_is_refused_naming_both_versions() {
     // A format record of a newer build: its envelope version, or the version it holds
-    // (5: a record that says 4 is format 3 with deferred purges pending, which this build
-    // reads).
-    for (version, envelope, found) in [(4, 4, 4), (5, 3, 5)] {
+    // (6: a record that says 4 or 5 is format 3 with deferred purges pending or two log
+    // files, which this build reads).
+    for (version, envelope, found) in [(4, 4, 4), (6, 3, 6)] {
         let env = Env::new();
         write_meta_only(&env.path, version, envelope);
         let before = env.bytes();

@@ -31,7 +31,7 @@ fn damaged_copy(name: &str) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
 /// A copy of a checked-in damaged journal and its log (an input of the `open_file`
 /// target that holds both: its magic, the journal's length, the journal, the log) in a
 /// fresh directory, with the bytes of both.
-fn damaged_pair_copy(name: &str) -> (tempfile::TempDir, PathBuf, (Vec<u8>, Vec<u8>)) {
+fn damaged_pair_copy(name: &str) -> (tempfile::TempDir, PathBuf, Files) {
     let input = std::fs::read(regression("open_file", name))
         .unwrap_or_else(|e| panic!("regression input {name}: {e}"));
     assert_eq!(
@@ -45,18 +45,30 @@ fn damaged_pair_copy(name: &str) -> (tempfile::TempDir, PathBuf, (Vec<u8>, Vec<u
     let path = dir.path().join("journal.opj");
     std::fs::write(&path, db).unwrap_or_else(|e| panic!("write: {e}"));
     std::fs::write(opjournal::FileLog::path_for(&path), log).unwrap_or_else(|e| panic!("{e}"));
-    (dir, path, (db.to_vec(), log.to_vec()))
+    (dir, path, (db.to_vec(), log.to_vec(), Vec::new()))
 }
 
-fn files_of(path: &Path) -> (Vec<u8>, Vec<u8>) {
+/// The bytes of a journal file, its log, and its second log file (empty when absent).
+type Files = (Vec<u8>, Vec<u8>, Vec<u8>);
+
+fn files_of(path: &Path) -> Files {
     let read = |p: &Path| std::fs::read(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
-    (read(path), read(&opjournal::FileLog::path_for(path)))
+    let spare = opjournal::FileLog::spare_path_for(path);
+    (
+        read(path),
+        read(&opjournal::FileLog::path_for(path)),
+        if spare.exists() {
+            read(&spare)
+        } else {
+            Vec::new()
+        },
+    )
 }
 
 /// A journal with 120 completed operations, checkpointed into its file (a small
 /// checkpoint size), and the bytes of its file and log copied while its writer had them
 /// open: what a crash leaves, a file the storage engine must recover before reading it.
-fn crash_image() -> (tempfile::TempDir, (Vec<u8>, Vec<u8>)) {
+fn crash_image() -> (tempfile::TempDir, Files) {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let live = dir.path().join("live.opj");
     let journal = Journal::builder()
@@ -80,12 +92,17 @@ fn crash_image() -> (tempfile::TempDir, (Vec<u8>, Vec<u8>)) {
     (dir, image)
 }
 
-/// Writes `db` and `log` as the journal `name` in `dir`, returning its path.
-fn write_pair(dir: &Path, name: &str, db: &[u8], log: &[u8]) -> PathBuf {
+/// Writes `db`, `log` and the second log file (if not empty) as the journal `name` in
+/// `dir`, returning its path.
+fn write_pair(dir: &Path, name: &str, db: &[u8], log: &[u8], spare: &[u8]) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, db).unwrap_or_else(|e| panic!("write: {e}"));
     std::fs::write(opjournal::FileLog::path_for(&path), log)
         .unwrap_or_else(|e| panic!("write: {e}"));
+    if !spare.is_empty() {
+        std::fs::write(opjournal::FileLog::spare_path_for(&path), spare)
+            .unwrap_or_else(|e| panic!("write: {e}"));
+    }
     path
 }
 
@@ -677,7 +694,13 @@ fn dropping_an_inspector_of_a_damaged_file_never_panics() {
     for page in 1..pages {
         let mut db = image.0.clone();
         db[page * PAGE + 200] ^= 0xff;
-        let path = write_pair(dir.path(), &format!("damaged-{page}.opj"), &db, &image.1);
+        let path = write_pair(
+            dir.path(),
+            &format!("damaged-{page}.opj"),
+            &db,
+            &image.1,
+            &image.2,
+        );
         let outcome = std::panic::catch_unwind(|| {
             let insp = match Inspector::open(&path) {
                 Ok(insp) => insp,
@@ -700,7 +723,7 @@ fn dropping_an_inspector_of_a_damaged_file_never_panics() {
             Err(_) => panic!("page {page}: inspecting or dropping the inspector panicked"),
         }
         assert!(
-            files_of(&path) == (db, image.1.clone()),
+            files_of(&path) == (db, image.1.clone(), image.2.clone()),
             "page {page}: inspection changed the files"
         );
     }
@@ -814,8 +837,8 @@ fn repair_and_inspection_of_a_file_with_damaged_page_lists_never_abort() {
     }
 
     // The in-memory recovery, rebuilt.
-    let (dir, (db, log)) = crash_image();
-    let path = write_pair(dir.path(), "crashed.opj", &db, &log);
+    let (dir, (db, log, spare)) = crash_image();
+    let path = write_pair(dir.path(), "crashed.opj", &db, &log, &spare);
     let insp = Inspector::open(&path).unwrap_or_else(|e| panic!("inspect the crash image: {e}"));
     assert_eq!(insp.access(), opjournal::Access::Recovered);
     let receipts = insp
@@ -825,7 +848,7 @@ fn repair_and_inspection_of_a_file_with_damaged_page_lists_never_abort() {
     assert_eq!(receipts, 120, "the crash image holds every operation");
     drop(insp);
     assert!(
-        files_of(&path) == (db.clone(), log.clone()),
+        files_of(&path) == (db.clone(), log.clone(), spare.clone()),
         "inspection changed the crash image"
     );
     let mut options = RepairOptions::default();
@@ -842,7 +865,7 @@ fn repair_and_inspection_of_a_file_with_damaged_page_lists_never_abort() {
         assert!(!report.found_damage(), "{report:?}");
         if dry_run {
             assert!(
-                files_of(&path) == (db.clone(), log.clone()),
+                files_of(&path) == (db.clone(), log.clone(), spare.clone()),
                 "the dry run changed the crash image"
             );
         }

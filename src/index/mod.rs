@@ -28,13 +28,15 @@ mod write;
 
 pub(crate) use checkpoint::{checkpoint, create_tables};
 pub(crate) use layers::{Base, Layered, Layers, Snapshot};
+pub(crate) use purged::mark_two_logs;
 pub(crate) use tables::{
     Events, Holds, InDoubt, Memtable, Meta, OpEvents, Quarantine, Receipts, Results, ScopeTimers,
     Scopes, Staged, Table, TableKey, TableValue, Timers, Windows,
 };
 pub(crate) use values::{
-    decode_event, decode_event_frame, decode_format, decode_inline_result, decode_meta,
-    decode_receipt, decode_receipt_frame, decode_result, decode_scope, split_receipt_value,
+    decode_event, decode_event_frame, decode_format, decode_format_raw, decode_inline_result,
+    decode_meta, decode_receipt, decode_receipt_frame, decode_result, decode_scope,
+    split_receipt_value,
 };
 // Only `crate::fuzzing` writes a result record outside a batch.
 #[cfg(feature = "internals")]

@@ -30,6 +30,56 @@ pub(crate) const KEY: &str = "purged";
 /// `purged` entry, which a reader must apply to `events` and `results`.
 pub(crate) const FORMAT_PENDING_PURGES: u32 = 4;
 
+/// The format version a file says while a writer may keep records in its second log file
+/// (`<journal>-log2`), which a build that knows one log file would not read: format 3,
+/// deferred purges or not (a reader tells them by the `purged` entry).
+pub(crate) const FORMAT_TWO_LOGS: u32 = 5;
+
+/// The format version the file's state calls for: [`FORMAT_TWO_LOGS`] while `two_logs`,
+/// else [`FORMAT_PENDING_PURGES`] while purges are pending, else format 3.
+fn marked_version(two_logs: bool, pending: bool) -> u32 {
+    if two_logs {
+        FORMAT_TWO_LOGS
+    } else if pending {
+        FORMAT_PENDING_PURGES
+    } else {
+        u32::from(codec::FORMAT_VERSION)
+    }
+}
+
+/// Makes the file's format record say whether a writer may keep records in a second log
+/// file (see [`FORMAT_TWO_LOGS`]): called by every checkpoint of a file journal, with
+/// `two_logs` false at a clean close (which removes both logs). Writes only when the
+/// version changes.
+///
+/// Returns whether the file says [`FORMAT_TWO_LOGS`] with the transaction: a file of a
+/// format before 3 (upgraded by the writer's open, after the checkpoints that may come
+/// first) is left as it is.
+///
+/// # Errors
+///
+/// redb's errors; a format record that does not decode.
+pub(crate) fn mark_two_logs(txn: &WriteTransaction, two_logs: bool) -> Result<bool> {
+    let mut meta = txn.open_table(<super::Meta as super::Table>::def())?;
+    let pending = meta.get(KEY)?.is_some();
+    let Some(stored) = meta.get("format")?.map(|v| v.value().to_vec()) else {
+        return Ok(false);
+    };
+    let mut format = super::decode_format_raw(&stored)?;
+    if format.format_version < u32::from(codec::FORMAT_VERSION) {
+        return Ok(false);
+    }
+    let want = marked_version(two_logs, pending);
+    if format.format_version != want {
+        format.format_version = want;
+        meta.insert(
+            "format",
+            codec::encode(RecordKind::Meta, &format).as_slice(),
+        )?;
+    }
+    Ok(want == FORMAT_TWO_LOGS)
+}
+
 /// The stored form: each set in the portable serialization of 64-bit Roaring bitmaps.
 #[derive(Serialize, Deserialize)]
 struct PurgedRecord {
@@ -121,12 +171,12 @@ impl Purged {
         let Some(stored) = meta.get("format")?.map(|v| v.value().to_vec()) else {
             return Ok(());
         };
-        let mut format = super::decode_format(&stored)?;
-        format.format_version = if self.is_empty() {
-            u32::from(codec::FORMAT_VERSION)
-        } else {
-            FORMAT_PENDING_PURGES
-        };
+        let mut format = super::decode_format_raw(&stored)?;
+        if format.format_version == FORMAT_TWO_LOGS {
+            // The two-log mark says more than the pending purges' (see `mark_two_logs`).
+            return Ok(());
+        }
+        format.format_version = marked_version(false, !self.is_empty());
         meta.insert(
             "format",
             codec::encode(RecordKind::Meta, &format).as_slice(),

@@ -167,6 +167,27 @@ pub(crate) fn encode_result(seq: u64, operation_id: &str, result: &OpResult) -> 
 /// both versions named: a file a newer build wrote is never read (or rewritten) as if it
 /// were of this format.
 pub(crate) fn decode_format(bytes: &[u8]) -> Result<FormatRecord> {
+    let mut f = decode_format_raw(bytes)?;
+    // Format 3 with deferred purges pending, or with a second log file: read as format 3,
+    // whose reads here apply the purges (see `purged`) and whose writers and readers
+    // follow both logs; builds that do not know them refuse it.
+    if f.format_version == super::purged::FORMAT_PENDING_PURGES
+        || f.format_version == super::purged::FORMAT_TWO_LOGS
+    {
+        f.format_version = u32::from(codec::FORMAT_VERSION);
+    }
+    if f.format_version > u32::from(codec::FORMAT_VERSION) {
+        return Err(Error::new(crate::error::ErrorKind::UnsupportedFormat {
+            found: f.format_version,
+            supported: u32::from(codec::FORMAT_VERSION),
+        }));
+    }
+    Ok(f)
+}
+
+/// Decodes the `format` record with the version it stores (4 and 5 as they are), for the
+/// checkpoint that rewrites it.
+pub(crate) fn decode_format_raw(bytes: &[u8]) -> Result<FormatRecord> {
     let unsupported = |found: u32| {
         Error::new(crate::error::ErrorKind::UnsupportedFormat {
             found,
@@ -178,17 +199,7 @@ pub(crate) fn decode_format(bytes: &[u8]) -> Result<FormatRecord> {
             .map(FormatRecord::from)
             .map_err(|e| corrupt("meta", "format", e)),
         Ok((v, payload)) => {
-            let mut f: FormatRecord =
-                codec::decode_payload(v, payload).map_err(|e| corrupt("meta", "format", e))?;
-            // Format 3 with deferred purges pending: read as format 3, whose reads here
-            // apply the purges (see `purged`); builds that do not know them refuse it.
-            if f.format_version == super::purged::FORMAT_PENDING_PURGES {
-                f.format_version = u32::from(codec::FORMAT_VERSION);
-            }
-            if f.format_version > u32::from(codec::FORMAT_VERSION) {
-                return Err(unsupported(f.format_version));
-            }
-            Ok(f)
+            codec::decode_payload(v, payload).map_err(|e| corrupt("meta", "format", e))
         }
         Err(codec::FrameError::NewerVersion(v)) => Err(unsupported(u32::from(v))),
         Err(e) => Err(corrupt("meta", "format", e)),

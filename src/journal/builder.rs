@@ -130,29 +130,32 @@ impl JournalBuilder {
     }
 
     /// How large the log may grow before a checkpoint writes it into redb and starts it
-    /// over (default 4 MiB, at least 64 KiB). A checkpoint waits for a moment when no call
-    /// is queued, up to twice this size; it is taken up to a sixteenth early, so that the
-    /// log's file keeps the power of two that holds the size (twice that under a steady
-    /// load) instead of growing to the next. Changes logged since the last checkpoint are also
-    /// held in memory (roughly as much again), so this bounds the journal's memory beside
-    /// the page cache, and the time a reopen after a crash spends reading the log back.
-    /// Larger values checkpoint less often (fewer, larger redb transactions).
+    /// over (default 4 MiB, at least 64 KiB). The checkpoint starts the next cycle in the
+    /// log's other file and commits on the journal's checkpoint thread while calls go on;
+    /// if the one before has not finished by then, it waits for a moment when no call is
+    /// queued, up to twice this size. It is taken up to a sixteenth early, so that each log
+    /// file keeps the power of two that holds the size (twice that under a steady load)
+    /// instead of growing to the next. Changes logged since the last committed checkpoint
+    /// are also held in memory (roughly as much again, up to three times while a checkpoint
+    /// commits under a steady load), so this bounds the journal's memory beside the page
+    /// cache, and the time a reopen after a crash spends reading the log back. Larger
+    /// values checkpoint less often (fewer, larger redb transactions).
     pub fn checkpoint_size(mut self, bytes: u64) -> Self {
         self.config.checkpoint_bytes = bytes;
         self
     }
 
-    /// Whether checkpoints get a head start in the background (default `true`). At three
-    /// quarters of [`checkpoint_size`](Self::checkpoint_size) the changes so far are
-    /// written into an uncommitted redb transaction on the checkpoint thread while calls go
-    /// on; the checkpoint then adds only the newer changes and commits, so the call that
-    /// triggers it waits about half as long. Nothing is committed early: a crash loses
-    /// nothing either way, since the log holds every change until the checkpoint.
+    /// Whether checkpoints commit in the background (default `true`). When the log reaches
+    /// [`checkpoint_size`](Self::checkpoint_size), the call that finds it so starts the
+    /// log's next cycle in its other file and returns; the checkpoint thread writes and
+    /// commits the ended cycle's changes into redb while calls go on. Nothing is lost to a
+    /// crash meanwhile: both log files hold every change redb does not, and recovery reads
+    /// them in order. [`Journal::flush`](crate::Journal::flush) waits for it.
     ///
-    /// With `false` the head start still happens, but the call that reaches it waits for
-    /// it, so every write to the files happens at a point that the calls determine. Tests
-    /// that inject faults at the n-th write of a storage backend
-    /// ([`open_backends`](Self::open_backends)) need that to be reproducible.
+    /// With `false` the call that starts a checkpoint waits for it, so every write to the
+    /// files happens at a point that the calls determine. Tests that inject faults at the
+    /// n-th write of a storage backend ([`open_backends`](Self::open_backends)) need that
+    /// to be reproducible.
     pub fn background_checkpoints(mut self, enabled: bool) -> Self {
         self.config.background_checkpoints = enabled;
         self
@@ -255,7 +258,49 @@ impl JournalBuilder {
     ) -> Result<Journal> {
         let _span = crate::trace_span!(DEBUG, "open", path = %label);
         self.config.validate()?;
-        Journal::open_backends_with(backend, log, label, self.config)
+        Journal::open_backends_with(backend, vec![Arc::new(log)], label, self.config)
+    }
+
+    /// As [`JournalBuilder::open_backends`], with a second log storage, as a journal file
+    /// has (`<journal>-log2`): each cycle of the log starts in the storage the cycle before
+    /// did not use, so that a checkpoint commits into redb on the journal's checkpoint
+    /// thread while calls go on logging, instead of holding them up. Give the same two
+    /// storages, in the same order, every time the journal opens: recovery follows the
+    /// log from one into the other.
+    ///
+    /// # Errors
+    ///
+    /// As [`JournalBuilder::open_backends`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use opjournal::{Journal, MemoryLog};
+    ///
+    /// let journal = Journal::builder().open_backends_with_spare_log(
+    ///     opjournal::redb::backends::InMemoryBackend::new(),
+    ///     MemoryLog::new(),
+    ///     MemoryLog::new(),
+    ///     "in-memory",
+    /// )?;
+    /// assert_eq!(journal.scope_revision("scene/main")?, 0);
+    /// # Ok::<(), opjournal::Error>(())
+    /// ```
+    pub fn open_backends_with_spare_log(
+        self,
+        backend: impl redb::StorageBackend,
+        log: impl LogStorage,
+        spare: impl LogStorage,
+        label: &str,
+    ) -> Result<Journal> {
+        let _span = crate::trace_span!(DEBUG, "open", path = %label);
+        self.config.validate()?;
+        Journal::open_backends_with(
+            backend,
+            vec![Arc::new(log), Arc::new(spare)],
+            label,
+            self.config,
+        )
     }
 
     /// Opens a new, empty journal in memory with these settings (see

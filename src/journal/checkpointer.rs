@@ -12,11 +12,12 @@
 //!
 //! The thread starts at the first checkpoint and ends when the journal is dropped (its
 //! queue closes). A job owns what it writes (the database and the memtables, shared by
-//! `Arc`) and drops it before answering, so the caller gets them back unshared. Between
-//! jobs the thread holds at most one thing: the redb transaction of a checkpoint's head
-//! start ([`Checkpointer::start`]), which the next checkpoint commits.
+//! `Arc`) and drops it before answering, so the caller gets them back unshared. Jobs run in
+//! the order they were queued: one that is waited for ([`Checkpointer::run`]) runs after
+//! every job queued before it, such as a checkpoint committing beside the next cycle
+//! ([`Checkpointer::start`]).
 
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Mutex, mpsc};
 
 use crate::error::{Error, Result};
 use crate::trace;
@@ -36,17 +37,12 @@ pub(crate) struct Checkpointer {
     /// The thread's queue; `None` before the first checkpoint, or after the thread could
     /// not be started (then checkpoints run on the caller's thread).
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
-    /// A write transaction a head start filled and the next checkpoint commits (only jobs
-    /// use it, on the thread, one at a time).
-    pub(crate) prepared: Arc<Mutex<Option<redb::WriteTransaction>>>,
 }
 
 impl Checkpointer {
     /// Queues `work` on the checkpoint thread (starting it if needed) and returns at once:
-    /// for work whose outcome nobody waits for (a checkpoint's head start, which poisons
-    /// the handle itself if it fails). Without a thread it is not run at all (running it
-    /// here would hold up the caller it is meant to spare): the checkpoint then writes the
-    /// frozen memtable itself, with the rest.
+    /// for work whose outcome nobody waits for (a checkpoint beside the next cycle, which
+    /// poisons the handle itself if it fails). Without a thread it runs here.
     pub(crate) fn start(&self, work: impl FnOnce() -> Result<()> + Send + 'static) {
         // The answer, and a panic's payload, are dropped with the receiver.
         let (reply, _answer) = mpsc::sync_channel(1);
@@ -55,13 +51,39 @@ impl Checkpointer {
             context: trace::Context::capture(),
             reply,
         };
-        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-        if jobs.is_none() {
-            *jobs = spawn();
+        let unsent = {
+            let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            if jobs.is_none() {
+                *jobs = spawn();
+            }
+            match jobs.as_ref() {
+                Some(tx) => tx.send(job).err().map(|mpsc::SendError(job)| {
+                    // The thread is gone: start a new one next time.
+                    *jobs = None;
+                    job
+                }),
+                None => Some(job),
+            }
+        };
+        if let Some(job) = unsent {
+            // Its outcome is its own business (it poisons the handle if it fails); a panic
+            // is caught as the thread would catch it.
+            let work = job.work;
+            let _ =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.context.run(work)));
         }
-        if jobs.as_ref().is_some_and(|tx| tx.send(job).is_err()) {
-            // The thread is gone: start a new one next time.
-            *jobs = None;
+    }
+
+    /// Waits until the jobs queued so far have ended (their answers are theirs), if the
+    /// thread was ever started.
+    pub(crate) fn wait_idle(&self) {
+        let started = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if started {
+            let _ = self.run(|| Ok(()));
         }
     }
 
@@ -138,6 +160,7 @@ fn spawn() -> Option<mpsc::Sender<Job>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use std::thread::ThreadId;
 
     fn thread_of(c: &Checkpointer) -> ThreadId {

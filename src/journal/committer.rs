@@ -1,7 +1,7 @@
 //! The group committer: callers enqueue jobs; one leader runs them in one batch, appends
 //! it to the log and syncs once; and, when the log has grown enough, checkpoints.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -357,9 +357,8 @@ impl Inner {
                     // An error poisons the handle: later calls say so. This batch is durable
                     // in the log either way.
                     Due::Checkpoint => {
-                        let _ = self.checkpoint();
+                        let _ = self.checkpoint_as(Checkpoint::Switch);
                     }
-                    Due::HeadStart => self.start_head_start(),
                     Due::Nothing => {}
                 }
                 drop(leader);
@@ -560,105 +559,89 @@ impl Inner {
         Ok(true)
     }
 
-    /// What the log's and the memtables' growth calls for after a batch: a checkpoint once
-    /// either has outgrown `factor` times the checkpoint size; else a head start once they
-    /// reach three quarters of it and none is under way. Read once per batch (the log's lock
-    /// and the memtables' read lock, each taken once).
+    /// What the log's and the memtable's growth calls for after a batch: a checkpoint once
+    /// either has outgrown `factor` times the checkpoint size. Read once per batch (the
+    /// log's lock and the memtables' read lock, each taken once).
     fn due(&self, factor: u64) -> Due {
         if !matches!(self.storage, super::Storage::File) {
             return Due::Nothing;
         }
         let size = self.cfg.checkpoint_bytes;
-        let used = lock(&self.log).as_ref().map_or(0, crate::log::Writer::used);
+        let (used, can_switch) = lock(&self.log).as_ref().map_or((0, false), |l| {
+            (l.used(), l.can_switch() && l.spare_marked())
+        });
         let committed = read_lock(&self.committed);
+        // A checkpoint that switches log files costs the leader microseconds: it is due at
+        // the checkpoint size whether or not calls are queued. One that must wait (for the
+        // one in flight, or for redb's commit) waits for a quiet moment, up to `factor`.
+        let factor = if can_switch && committed.frozen.is_none() {
+            1
+        } else {
+            factor
+        };
         let limit = size.saturating_mul(factor);
-        if used >= log_limit(limit) || committed.bytes() as u64 >= limit {
+        if used >= log_limit(limit) || committed.mem.bytes() as u64 >= limit {
             return Due::Checkpoint;
-        }
-        let head_start = size / 4 * 3;
-        if committed.frozen.is_none()
-            && !committed.mem.is_empty()
-            && (used >= head_start || committed.mem.bytes() as u64 >= head_start)
-        {
-            return Due::HeadStart;
         }
         Due::Nothing
     }
 
-    /// Gives the checkpoint thread a head start on the next checkpoint: the memtable so far
-    /// is frozen (reads go on through it, and new commits go into a new memtable over it),
-    /// and the thread writes it into a redb transaction while calls go on. The checkpoint
-    /// then writes only the newer memtable into that transaction and commits it: most of
-    /// a checkpoint's work (about half of its time, the B-tree inserts) is then off the
-    /// callers' path. Nothing is committed to redb early: a crash loses nothing, since the
-    /// log holds every change until the checkpoint commits. A head start that fails or
-    /// panics poisons the handle, as a failed checkpoint does: redb refuses writes after
-    /// an I/O error, and the next open replays the log. Without background checkpoints
-    /// (the builder's choice) the leader waits for it, so its writes happen at a point the
-    /// calls determine. Called by the leader only.
-    fn start_head_start(&self) {
-        let Ok(db) = self.db_shared() else {
-            return;
-        };
-        let frozen = {
-            let mut committed = write_lock(&self.committed);
-            if committed.frozen.is_some() || committed.mem.is_empty() {
-                return;
-            }
-            let frozen = std::mem::take(&mut committed.mem);
-            committed.frozen = Some(Arc::clone(&frozen));
-            frozen
-        };
-        let prepared = Arc::clone(&self.checkpointer.prepared);
-        let quick_repair = self.cfg.quick_repair;
-        let poisoned = Arc::clone(&self.poisoned);
-        let defer = self.compacting.load(Ordering::SeqCst) > 0;
-        let work = move || {
-            // A panic (redb's, on damaged data) is an error here: nobody else would see it.
-            let written = crate::preflight::guarded("a checkpoint's head start", || {
-                let mut txn = db.begin_write()?;
-                txn.set_quick_repair(quick_repair);
-                index::checkpoint(&txn, &frozen, defer)?;
-                *lock(&prepared) = Some(txn);
-                Ok(())
-            });
-            if written.is_err() {
-                poisoned.store(true, Ordering::SeqCst);
-            }
-            written
-        };
-        if self.cfg.background_checkpoints {
-            self.checkpointer.start(work);
-        } else {
-            // An error has poisoned the handle; the batch is durable in the log either way.
-            let _ = self.checkpointer.run(work);
-        }
+    /// Writes the memtable into redb in one transaction (durable, two-phase), then starts
+    /// the log's next cycle and empties the memtable: on return, redb holds every change
+    /// committed before the call. Called by the leader only (or under
+    /// [`Inner::exclusive`]). On error the handle is poisoned: the log still holds
+    /// everything, and reopening replays it.
+    pub(crate) fn checkpoint(&self) -> Result<()> {
+        self.checkpoint_as(Checkpoint::Durable)
     }
 
-    /// Writes the memtable into redb in one transaction (durable, two-phase), then starts
-    /// the log's next cycle and empties the memtable. Called by the leader only. On error
-    /// the handle is poisoned: the log still holds everything, and reopening replays it.
-    pub(crate) fn checkpoint(&self) -> Result<()> {
+    fn checkpoint_as(&self, kind: Checkpoint) -> Result<()> {
         self.check_writable()?;
         if !matches!(self.storage, super::Storage::File) {
             // Only a file journal has a log to write into its index.
             return Ok(());
         }
-        let r = self.checkpoint_inner();
+        let r = self.checkpoint_inner(kind);
         if r.is_err() {
             self.poisoned.store(true, Ordering::SeqCst);
         }
         r
     }
 
-    fn checkpoint_inner(&self) -> Result<()> {
+    fn checkpoint_inner(&self, kind: Checkpoint) -> Result<()> {
         let _started = std::time::Instant::now();
         let mut log_guard = lock(&self.log);
         let log = log_guard
             .as_mut()
             .ok_or_else(|| Error::new(ErrorKind::Closed))?;
+        if matches!(kind, Checkpoint::Switch) && log.used() > 0 && log.spare_marked() {
+            let can = |log: &crate::log::Writer| {
+                log.can_switch() && read_lock(&self.committed).frozen.is_none()
+            };
+            if !can(log) {
+                // The checkpoint before is still committing, or zeroing the other file:
+                // wait for it (the log has outgrown twice the checkpoint size meanwhile).
+                self.checkpointer.wait_idle();
+                self.check_writable()?;
+            }
+            if can(log) {
+                return self.switch_checkpoint(log);
+            }
+        }
+        // A checkpoint in flight commits first (jobs run in order on the thread): this
+        // one then writes only what came after it, and no job holds redb on return.
+        self.checkpointer.wait_idle();
+        self.check_writable()?;
         let cursor = log.cursor();
-        if log.used() == 0 && read_lock(&self.committed).is_empty() && !self.purges_deferred()? {
+        let closing = matches!(kind, Checkpoint::Close);
+        // The file says format 5 while a second log file may hold records that an older
+        // build would not read; a clean close leaves one file any build of format 3 reads.
+        let two_logs = log.has_spare() && !closing;
+        if log.used() == 0
+            && read_lock(&self.committed).is_empty()
+            && !self.purges_deferred()?
+            && log.spare_marked() == two_logs
+        {
             return Ok(());
         }
         let next = CheckpointRecord {
@@ -670,40 +653,25 @@ impl Inner {
         // `checkpointer`), with the memtable as it is now: no batch commits while the leader
         // holds the log. The job owns its `Arc`s and drops them before answering.
         let db = self.db_shared()?;
-        let (mem, frozen) = {
-            let committed = read_lock(&self.committed);
-            (Arc::clone(&committed.mem), committed.frozen.clone())
-        };
+        let mem = Arc::clone(&read_lock(&self.committed).mem);
         let quick_repair = self.cfg.quick_repair;
         let defer = self.compacting.load(Ordering::SeqCst) > 0;
         let record = codec::encode(RecordKind::Meta, &next);
-        let prepared = Arc::clone(&self.checkpointer.prepared);
+        let marked = Arc::new(AtomicBool::new(false));
+        let says_two_logs = Arc::clone(&marked);
         self.checkpointer.run(move || {
-            // A head start's transaction holds `frozen` already (jobs run in order, so
-            // it has ended); without one, `frozen` is written here first.
-            let prepared = lock(&prepared).take();
-            let txn = match (prepared, &frozen) {
-                (Some(txn), Some(_)) => txn,
-                (prepared, frozen) => {
-                    // A transaction without a frozen memtable cannot be (the checkpoint
-                    // that consumed the frozen one took it): never commit it.
-                    drop(prepared);
-                    let mut txn = db.begin_write()?;
-                    // Quick repair: the allocator state is saved with the commit, so that
-                    // reopening after a crash, and read-only opens of a crashed file, need
-                    // no full scan.
-                    txn.set_quick_repair(quick_repair);
-                    if let Some(frozen) = frozen {
-                        index::checkpoint(&txn, frozen, defer)?;
-                    }
-                    txn
-                }
-            };
+            let txn = db.begin_write()?;
+            // Quick repair: the allocator state is saved with the commit, so that
+            // reopening after a crash, and read-only opens of a crashed file, need no full
+            // scan.
+            let mut txn = txn;
+            txn.set_quick_repair(quick_repair);
             index::checkpoint(&txn, &mem, defer)?;
             {
                 let mut meta = txn.open_table(<index::Meta as index::Table>::def())?;
                 meta.insert("checkpoint", record.as_slice())?;
             }
+            says_two_logs.store(index::mark_two_logs(&txn, two_logs)?, Ordering::SeqCst);
             txn.commit()?;
             Ok(())
         })?;
@@ -715,17 +683,128 @@ impl Inner {
             "checkpoint"
         );
         log.restart(next.generation);
+        log.spare_committed();
+        log.set_spare_marked(marked.load(Ordering::SeqCst));
         let base = Base::new(self.db()?.begin_read()?);
         let written = {
             let mut committed = write_lock(&self.committed);
             committed.base = Some(base);
-            let mem = std::mem::replace(&mut committed.mem, Arc::new(Memtable::default()));
-            (mem, committed.frozen.take())
+            std::mem::replace(&mut committed.mem, Arc::new(Memtable::default()))
         };
         // Freed after the lock: after a compaction's batches they hold hundreds of
         // thousands of keys, and readers on other threads wait for the lock, not for this.
         drop(written);
+        if !closing {
+            self.prepare_spare(log);
+        }
         Ok(())
+    }
+
+    /// Hands the second log file to the checkpoint thread to be zeroed, if it needs it and
+    /// nobody has it yet (found dirty at open, or freed by a checkpoint). A failure poisons
+    /// the handle, as a failed checkpoint does.
+    pub(super) fn prepare_spare(&self, log: &mut crate::log::Writer) {
+        let Some(job) = log.spare_to_prepare() else {
+            return;
+        };
+        let poisoned = Arc::clone(&self.poisoned);
+        let work = move || {
+            let r = job
+                .prepare()
+                .map_err(|e| Error::io_during("zero the journal's second log file", e));
+            if r.is_err() {
+                poisoned.store(true, Ordering::SeqCst);
+            }
+            r
+        };
+        if self.cfg.background_checkpoints {
+            self.checkpointer.start(work);
+        } else {
+            // An error has poisoned the handle.
+            let _ = self.checkpointer.run(work);
+        }
+    }
+
+    /// A checkpoint off the callers' path: the next cycle starts in the second log file
+    /// (zeroed since its last cycle), the memtable is frozen (reads go on through it, and
+    /// new commits go into a new memtable over it), and the checkpoint thread writes it into
+    /// redb and commits, while calls go on logging into the new cycle. Then the thread
+    /// publishes the new redb snapshot with the frozen memtable dropped (in one step, so a
+    /// read never misses a change), and zeroes the old cycle's file for the checkpoint after
+    /// next. A crash before the commit leaves both cycles in the logs: recovery reads the
+    /// cycle redb names and follows into the other file. A failure poisons the handle
+    /// (redb refuses writes after an I/O error; the next open replays both logs). Without
+    /// background checkpoints (the builder's choice) the leader waits for the thread, so
+    /// its writes happen at a point the calls determine. Called by the leader only, with
+    /// the log held.
+    fn switch_checkpoint(&self, log: &mut crate::log::Writer) -> Result<()> {
+        let db = self.db_shared()?;
+        let cursor = log.cursor();
+        let next = CheckpointRecord {
+            journal_id: cursor.journal_id,
+            generation: cursor
+                .generation
+                .checked_add(1)
+                .ok_or_else(|| Error::corrupt("meta", "checkpoint", "the last generation"))?,
+            next_lsn: log.next_lsn(),
+        };
+        // Nothing changes if the switch fails; no batch commits while the leader holds the
+        // log, so the memtable frozen below holds exactly the ended cycle's changes.
+        let ended = log
+            .switch(next.generation)
+            .map_err(|e| Error::io_during("start the log's next cycle", e))?;
+        let frozen = {
+            let mut committed = write_lock(&self.committed);
+            let frozen = std::mem::take(&mut committed.mem);
+            committed.frozen = Some(Arc::clone(&frozen));
+            frozen
+        };
+        let committed = Arc::clone(&self.committed);
+        let quick_repair = self.cfg.quick_repair;
+        let defer = self.compacting.load(Ordering::SeqCst) > 0;
+        let record = codec::encode(RecordKind::Meta, &next);
+        let poisoned = Arc::clone(&self.poisoned);
+        let work = move || {
+            // A panic (redb's, on damaged data) is an error here: nobody else may see it.
+            let done = crate::preflight::guarded("a checkpoint", || {
+                let mut txn = db.begin_write()?;
+                txn.set_quick_repair(quick_repair);
+                index::checkpoint(&txn, &frozen, defer)?;
+                {
+                    let mut meta = txn.open_table(<index::Meta as index::Table>::def())?;
+                    meta.insert("checkpoint", record.as_slice())?;
+                }
+                index::mark_two_logs(&txn, true)?;
+                txn.commit()?;
+                let base = Base::new(db.begin_read()?);
+                let unfrozen = {
+                    let mut committed = write_lock(&committed);
+                    committed.base = Some(base);
+                    committed.frozen.take()
+                };
+                // Freed outside the lock (see `checkpoint_inner`).
+                drop(unfrozen);
+                drop(frozen);
+                ended
+                    .prepare()
+                    .map_err(|e| Error::io_during("zero the journal's previous log file", e))
+            });
+            if done.is_err() {
+                poisoned.store(true, Ordering::SeqCst);
+            }
+            done
+        };
+        crate::trace_event!(
+            DEBUG,
+            generation = next.generation,
+            "checkpoint started beside the next cycle"
+        );
+        if self.cfg.background_checkpoints {
+            self.checkpointer.start(work);
+            Ok(())
+        } else {
+            self.checkpointer.run(work)
+        }
     }
 
     /// Closes cleanly: commits the pending deliveries and acknowledgements and the clock,
@@ -736,7 +815,7 @@ impl Inner {
         self.flush()?;
         self.persist_clock()?;
         self.exclusive(|| {
-            self.checkpoint().map_err(|e| {
+            self.checkpoint_as(Checkpoint::Close).map_err(|e| {
                 e.while_doing(
                     "write the log's records into the journal file at close",
                     "everything committed is durable in the log, which stays for the next open \
@@ -816,8 +895,19 @@ impl Inner {
 /// What a batch's growth calls for ([`Inner::due`]).
 enum Due {
     Checkpoint,
-    HeadStart,
     Nothing,
+}
+
+/// What a checkpoint must achieve.
+#[derive(Clone, Copy)]
+enum Checkpoint {
+    /// The leader's, when the log is full: it may switch log files and leave the commit to
+    /// the checkpoint thread.
+    Switch,
+    /// Everything committed so far is in redb on return.
+    Durable,
+    /// As `Durable`, at a clean close: the file is left readable without its logs.
+    Close,
 }
 
 pub(super) enum BatchOutcome {
@@ -869,16 +959,50 @@ mod tests {
             .is_some()
     }
 
-    /// Runs operations `{prefix}1`, `{prefix}2`, ... (each in its own scope) until a head
-    /// start froze the memtable; how many ran.
+    /// Runs operations `{prefix}1`, `{prefix}2`, ... (each in its own scope) until a
+    /// checkpoint froze the memtable and started the next cycle in the other log file; how
+    /// many ran.
     fn run_until_frozen(journal: &Journal, prefix: &str) -> usize {
         let mut n = 0;
         while !frozen(journal) {
             n += 1;
-            assert!(n < 10_000, "no head start after {n} operations");
-            run(journal, &format!("{prefix}{n}"), &format!("s{n}"), 1);
+            assert!(
+                n < 10_000,
+                "no checkpoint beside the log after {n} operations"
+            );
+            let id = format!("{prefix}{n}");
+            run(journal, &id, &id, 1);
         }
         n
+    }
+
+    /// Runs operations `{prefix}1`, ... until a checkpoint has marked the file as keeping
+    /// two log files (the first checkpoint of a handle commits in the callers' path and
+    /// marks it; the next ones may switch files); how many ran.
+    fn run_until_marked(journal: &Journal, prefix: &str) -> usize {
+        let mut n = 0;
+        while !super::lock(&journal.inner.log)
+            .as_ref()
+            .is_some_and(crate::log::Writer::spare_marked)
+        {
+            n += 1;
+            assert!(n < 10_000, "no checkpoint after {n} operations");
+            let id = format!("{prefix}{n}");
+            run(journal, &id, &id, 1);
+        }
+        n
+    }
+
+    /// Holds the journal's checkpoint thread until the returned sender is dropped (or
+    /// sends): a checkpoint started meanwhile waits behind it, between its switch of log
+    /// files and its commit.
+    fn hold_checkpoints(journal: &Journal) -> std::sync::mpsc::Sender<()> {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        journal.inner.checkpointer.start(move || {
+            let _ = rx.recv();
+            Ok(())
+        });
+        tx
     }
 
     /// Asserts that `{prefix}1` to `{prefix}{n}` are applied.
@@ -892,36 +1016,45 @@ mod tests {
         }
     }
 
-    /// A journal file with 64 KiB checkpoints, run until the checkpoint thread holds a head
-    /// start's transaction; with its directory, its path and the operations run.
-    fn prepared_on_disk() -> (tempfile::TempDir, std::path::PathBuf, Journal, usize) {
+    /// A journal file with 64 KiB checkpoints, run until a checkpoint switched log files
+    /// while the checkpoint thread is held (so it has not committed); with its directory,
+    /// its path, the operations run, and the hold.
+    fn switched_on_disk() -> (
+        tempfile::TempDir,
+        std::path::PathBuf,
+        Journal,
+        usize,
+        std::sync::mpsc::Sender<()>,
+    ) {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let path = dir.path().join("j.opj");
         let journal = Journal::builder()
             .checkpoint_size(64 * 1024)
+            .session_window(1 << 20)
             .open(&path)
             .unwrap_or_else(|e| panic!("open: {e}"));
-        let n = run_until_frozen(&journal, "a");
-        wait_prepared(&journal);
-        (dir, path, journal, n)
-    }
-
-    /// Waits until the checkpoint thread holds the head start's transaction.
-    fn wait_prepared(journal: &Journal) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while super::lock(&journal.inner.checkpointer.prepared).is_none() {
-            assert!(Instant::now() < deadline, "the head start never finished");
-            std::thread::sleep(Duration::from_millis(1));
+        let marked = run_until_marked(&journal, "a");
+        let hold = hold_checkpoints(&journal);
+        let mut n = marked;
+        while !frozen(&journal) {
+            n += 1;
+            assert!(n < 10_000, "no switch after {n} operations");
+            let id = format!("a{n}");
+            run(&journal, &id, &id, 1);
         }
+        (dir, path, journal, n, hold)
     }
 
     /// Copies a journal and its log as they are on disk (what a kill leaves).
     fn copy_journal(from: &std::path::Path, to: &std::path::Path) {
-        for (from, to) in [
-            (from.to_path_buf(), to.to_path_buf()),
-            (crate::FileLog::path_for(from), crate::FileLog::path_for(to)),
-        ] {
-            std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy: {e}"));
+        std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy: {e}"));
+        for (from, to) in crate::FileLog::paths_for(from)
+            .into_iter()
+            .zip(crate::FileLog::paths_for(to))
+        {
+            if from.exists() {
+                std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy: {e}"));
+            }
         }
     }
 
@@ -1113,41 +1246,86 @@ mod tests {
     }
 
     #[test]
-    fn a_head_start_writes_the_frozen_memtable_early_and_the_checkpoint_commits_it_with_the_rest() {
-        let (dir, path, journal, before_freeze) = prepared_on_disk();
-        let mut n = before_freeze;
-        // Written into a transaction, not committed: redb does not have it yet, and reads
-        // find it through the frozen memtable.
-        assert!(!in_redb(&journal, "a1"));
-        let seen = journal
-            .lookup("a1")
-            .unwrap_or_else(|e| panic!("lookup: {e}"))
-            .map(|r| r.status);
-        assert_eq!(seen, Some(crate::ExecutionStatus::Applied));
-        // Killed now (the files as they are, the transaction uncommitted), the journal
-        // reopens with everything from the log.
-        let copy = dir.path().join("copy.opj");
-        copy_journal(&path, &copy);
-        {
-            let crashed = Journal::open(&copy).unwrap_or_else(|e| panic!("reopen copy: {e}"));
-            assert_applied(&crashed, "a", before_freeze);
-        }
-        // Calls go on over it until the checkpoint, which commits both memtables.
+    fn a_checkpoint_commits_beside_the_next_cycle_and_a_kill_before_its_commit_loses_nothing() {
+        let (dir, path, journal, switched) = {
+            let (dir, path, journal, n, hold) = switched_on_disk();
+            // Records of the new cycle go into the second log file while redb has not
+            // committed the cycle before.
+            let mut m = n;
+            for _ in 0..5 {
+                m += 1;
+                let id = format!("a{m}");
+                run(&journal, &id, &id, 1);
+            }
+            assert!(frozen(&journal), "the checkpoint is held before its commit");
+            assert!(!in_redb(&journal, &format!("a{n}")));
+            let seen = journal
+                .lookup(&format!("a{n}"))
+                .unwrap_or_else(|e| panic!("lookup: {e}"))
+                .map(|r| r.status);
+            assert_eq!(seen, Some(crate::ExecutionStatus::Applied));
+            // Killed now: the files as they are, both cycles in the logs.
+            let copy = dir.path().join("copy.opj");
+            copy_journal(&path, &copy);
+            // `verify` reads both cycles and finds nothing wrong; a record damaged in the
+            // second file, with valid ones after it, is damage.
+            let report = crate::verify(&copy).unwrap_or_else(|e| panic!("verify: {e}"));
+            assert!(
+                report.is_clean(),
+                "{:?} {:?}",
+                report.integrity,
+                report.findings
+            );
+            match &report.log {
+                crate::LogCheck::Current { records, .. } => {
+                    assert!(*records > 5, "both cycles' records: {records}")
+                }
+                other => panic!("the log is current, not {other:?}"),
+            }
+            let damaged = dir.path().join("damaged.opj");
+            copy_journal(&path, &damaged);
+            let second = crate::FileLog::spare_path_for(&damaged);
+            let mut bytes = std::fs::read(&second).unwrap_or_else(|e| panic!("read: {e}"));
+            bytes[crate::log::START as usize + crate::log::RECORD_HEADER_LEN + 1] ^= 0x40;
+            std::fs::write(&second, bytes).unwrap_or_else(|e| panic!("write: {e}"));
+            let report = crate::verify(&damaged).unwrap_or_else(|e| panic!("verify: {e}"));
+            assert!(
+                report
+                    .findings
+                    .iter()
+                    .any(|f| f.table == "log" && f.problem.starts_with("damaged")),
+                "{:?}",
+                report.findings
+            );
+            {
+                let crashed = Journal::open(&copy).unwrap_or_else(|e| panic!("reopen copy: {e}"));
+                assert_applied(&crashed, "a", m);
+                crashed.close().unwrap_or_else(|e| panic!("close: {e}"));
+            }
+            assert!(
+                !crate::FileLog::paths_for(&copy).iter().any(|p| p.exists()),
+                "a clean close removes both log files"
+            );
+            drop(hold);
+            (dir, path, journal, m)
+        };
+        // Released, the thread commits the frozen cycle and drops it.
+        let deadline = Instant::now() + Duration::from_secs(30);
         while frozen(&journal) {
-            n += 1;
-            assert!(n < 20_000, "no checkpoint after {n} operations");
-            run(&journal, &format!("a{n}"), &format!("s{n}"), 1);
+            assert!(Instant::now() < deadline, "the checkpoint never committed");
+            std::thread::sleep(Duration::from_millis(1));
         }
-        assert!(super::lock(&journal.inner.checkpointer.prepared).is_none());
         assert!(in_redb(&journal, "a1"));
-        assert!(in_redb(&journal, &format!("a{before_freeze}")));
-        assert!(
-            in_redb(&journal, &format!("a{n}")),
-            "the newer memtable too"
-        );
+        assert!(in_redb(&journal, &format!("a{}", switched - 5)));
+        let mut n = switched;
+        // Later checkpoints go on switching files, each file zeroed in between.
+        for _ in 0..2 {
+            n += run_until_frozen(&journal, &format!("b{n}-"));
+        }
         journal.close().unwrap_or_else(|e| panic!("close: {e}"));
         let journal = Journal::open(&path).unwrap_or_else(|e| panic!("reopen: {e}"));
-        assert_applied(&journal, "a", n);
+        assert_applied(&journal, "a", switched);
+        drop(dir);
     }
 
     #[test]
@@ -1156,10 +1334,13 @@ mod tests {
         let path = dir.path().join("j.opj");
         let journal = Journal::builder()
             .checkpoint_size(64 * 1024)
+            .session_window(1 << 20)
             .scope_lock(ScopeLock::HoldUntilAck)
             .open(&path)
             .unwrap_or_else(|e| panic!("open: {e}"));
-        // The hold is set in the memtable that the head start freezes.
+        run_until_marked(&journal, "m");
+        let hold = hold_checkpoints(&journal);
+        // The hold is set in the memtable that the checkpoint freezes.
         run(&journal, "held", "doc", 1);
         run_until_frozen(&journal, "f");
         // Released in the newer memtable: the deletion of a key that only the frozen
@@ -1169,15 +1350,27 @@ mod tests {
             .acknowledge("held", Some("s"))
             .unwrap_or_else(|e| panic!("ack: {e}"));
         journal.flush().unwrap_or_else(|e| panic!("flush: {e}"));
-        assert!(frozen(&journal), "still before the checkpoint");
-        let holders = {
+        assert!(frozen(&journal), "still before the checkpoint's commit");
+        let holders = || {
             use crate::index::View as _;
             super::read_lock(&journal.inner.committed)
                 .snapshot()
                 .holders("doc")
                 .unwrap_or_else(|e| panic!("holders: {e}"))
         };
-        assert_eq!(holders, Vec::<String>::new(), "the released hold is hidden");
+        assert_eq!(
+            holders(),
+            Vec::<String>::new(),
+            "the released hold is hidden"
+        );
+        drop(hold);
+        journal.inner.checkpointer.wait_idle();
+        assert!(!frozen(&journal));
+        assert_eq!(
+            holders(),
+            Vec::<String>::new(),
+            "and stays so once committed"
+        );
         run(&journal, "next", "doc", 2);
     }
 
@@ -1222,9 +1415,10 @@ mod tests {
         }
     }
 
-    /// A journal over storage whose writes fail from just after the open (commits append
-    /// to the log only, so the first write to redb's storage is the head start's), run
-    /// until a head start froze the memtable; and the count of the storage's failures.
+    /// A journal over storage (two logs in memory) whose redb writes fail from after its
+    /// first checkpoint (commits append to the logs only, so the next write to redb's
+    /// storage is the checkpoint that switches log files), run until that checkpoint froze
+    /// the memtable; and the count of the storage's failures.
     fn frozen_over_failing_storage(
         background: bool,
     ) -> (Journal, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
@@ -1242,39 +1436,46 @@ mod tests {
             .cache_size(1 << 20)
             .session_window(1 << 20)
             .background_checkpoints(background)
-            .open_backends(backend, crate::MemoryLog::new(), "failing")
+            .open_backends_with_spare_log(
+                backend,
+                crate::MemoryLog::new(),
+                crate::MemoryLog::new(),
+                "failing",
+            )
             .unwrap_or_else(|e| panic!("open: {e}"));
+        run_until_marked(&journal, "m");
+        // The first checkpoint's preparation of the second log file has ended.
+        journal.inner.checkpointer.wait_idle();
         failing.store(true, Ordering::SeqCst);
         run_until_frozen(&journal, "a");
         (journal, failures)
     }
 
     #[test]
-    fn a_head_start_that_fails_in_the_background_poisons_the_handle() {
+    fn a_checkpoint_that_fails_beside_the_log_poisons_the_handle() {
         use std::sync::atomic::Ordering;
         let (journal, failures) = frozen_over_failing_storage(true);
-        // Nobody waits for the head start: the handle is poisoned when it fails.
+        // Nobody waits for the commit: the handle is poisoned when it fails.
         let deadline = Instant::now() + Duration::from_secs(30);
         while !journal.is_poisoned() {
             assert!(
                 Instant::now() < deadline,
-                "a failed head start left the handle usable ({} failures, prepared: {})",
+                "a failed checkpoint left the handle usable ({} failures)",
                 failures.load(Ordering::SeqCst),
-                super::lock(&journal.inner.checkpointer.prepared).is_some()
             );
             std::thread::sleep(Duration::from_millis(1));
         }
         assert!(
             failures.load(Ordering::SeqCst) > 0,
-            "the head start wrote to redb"
+            "the checkpoint wrote to redb"
         );
-        assert!(super::lock(&journal.inner.checkpointer.prepared).is_none());
         let err = journal
             .submit(Operation::new("after", intent()).session("s"))
             .map(|_| ())
             .expect_err("a poisoned handle refuses writes");
         assert_eq!(*err.kind(), crate::ErrorKind::Poisoned);
         // What was committed is still read, through the frozen memtable.
+        assert!(frozen(&journal), "the failed checkpoint published nothing");
         let seen = journal
             .lookup("a1")
             .unwrap_or_else(|e| panic!("lookup: {e}"))
@@ -1283,29 +1484,30 @@ mod tests {
     }
 
     #[test]
-    fn without_background_checkpoints_the_call_that_reaches_the_head_start_waits_for_it() {
+    fn without_background_checkpoints_the_call_that_switches_log_files_waits_for_the_commit() {
         use std::sync::atomic::Ordering;
         let (journal, failures) = frozen_over_failing_storage(false);
-        // The head start ran, and failed, before the call that reached it returned.
+        // The checkpoint ran, and failed, before the call that reached it returned.
         assert!(
             failures.load(Ordering::SeqCst) > 0,
-            "the head start wrote to redb"
+            "the checkpoint wrote to redb"
         );
         assert!(journal.is_poisoned(), "poisoned when the call returned");
     }
 
     #[test]
-    fn a_poisoned_handle_with_a_head_start_uncommitted_closes_and_reopens_with_everything() {
-        let (_dir, path, journal, n) = prepared_on_disk();
-        // As after an I/O error in a later commit: no checkpoint will commit the head start.
+    fn a_poisoned_handle_with_a_checkpoint_held_closes_and_reopens_with_everything() {
+        let (_dir, path, journal, n, hold) = switched_on_disk();
+        // As after an I/O error in a later commit.
         journal
             .inner
             .poisoned
             .store(true, std::sync::atomic::Ordering::SeqCst);
+        // Released as the handle closes: closing (and dropping) the handle waits for the
+        // checkpoint thread, which holds redb.
+        drop(hold);
         let closed = journal.close().map_err(|e| e.kind().clone());
         assert_eq!(closed, Err(crate::ErrorKind::Poisoned));
-        // The head start's transaction was aborted before redb closed, so no lock is left:
-        // the file opens again, with everything from the log.
         let journal = Journal::open(&path).unwrap_or_else(|e| panic!("reopen: {e}"));
         assert_applied(&journal, "a", n);
     }

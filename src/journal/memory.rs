@@ -57,7 +57,7 @@ pub(crate) fn handle(storage: Storage, label: &str, mem: Memtable, cfg: Config) 
             persisted_high_water: AtomicU64::new(now.0),
             poisoned: Arc::new(AtomicBool::new(false)),
             lazy: RwLock::new(LazyBuffer::default()),
-            committed: RwLock::new(Committed::new(None, mem)),
+            committed: Arc::new(RwLock::new(Committed::new(None, mem))),
             log: Mutex::new(None),
             cache: Mutex::new(super::cache::ReplayCache::new(cache_bytes)),
             foreground_waiting: Arc::new(AtomicUsize::new(0)),

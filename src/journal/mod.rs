@@ -110,7 +110,7 @@ pub(crate) struct Inner {
     /// and results (see `index::purged`), and the pass's end applies them.
     pub(crate) compacting: AtomicUsize,
     /// What this process has committed (see [`Committed`]).
-    pub(crate) committed: RwLock<Committed>,
+    pub(crate) committed: Arc<RwLock<Committed>>,
     /// Open handles ([`Journal`] clones); the last one to go closes the journal.
     pub(crate) handles: AtomicUsize,
     /// Terminal answers kept in memory (see [`cache::ReplayCache`]).
@@ -141,13 +141,12 @@ impl Drop for Inner {
         // Closing redb writes its allocator state. After the engine panicked on damaged
         // data (caught, and the handle poisoned) its internal locks may be poisoned and
         // closing panics too: contain that here, so dropping a journal never panics. The
-        // file is closed either way (the unwinding drops the engine's fields). A head
-        // start's transaction that no checkpoint committed (the handle was poisoned) is
-        // aborted first: nothing of it was committed, and the log holds all of it.
-        let prepared = committer::lock(&self.checkpointer.prepared).take();
+        // file is closed either way (the unwinding drops the engine's fields). A checkpoint
+        // still running beside the log (or zeroing a log file) ends first: it holds redb,
+        // which must be closed here, not on its thread after the journal is gone.
+        self.checkpointer.wait_idle();
         let db = self.db.take();
         let _ = crate::preflight::guarded("close", || {
-            drop(prepared);
             drop(db);
             Ok(())
         });
@@ -247,8 +246,10 @@ impl Journal {
         let Some(inner) = Arc::get_mut(&mut self.inner) else {
             return Ok(());
         };
-        let committed = inner.committed.get_mut().unwrap_or_else(|e| e.into_inner());
-        committed.base = None;
+        // A job still on the checkpoint thread (a poisoned handle's checkpoint, which no
+        // close waited for) holds redb: it ends first.
+        inner.checkpointer.wait_idle();
+        reads::write_lock(&inner.committed).base = None;
         let Some(db) = inner.db.take() else {
             return Ok(());
         };
@@ -530,14 +531,21 @@ impl Journal {
         })
     }
 
-    /// Makes lazily committed acknowledgements and delivery counts durable now.
+    /// Makes lazily committed acknowledgements and delivery counts durable now, and waits
+    /// for a checkpoint that is committing into the journal file in the background (see
+    /// [`JournalBuilder::background_checkpoints`]): on return, nothing this handle started
+    /// is still writing to its files.
     ///
     /// # Errors
     ///
-    /// Storage errors; [`ErrorKind::Poisoned`].
+    /// Storage errors; [`ErrorKind::Poisoned`], also when the background checkpoint failed.
     pub fn flush(&self) -> Result<()> {
         let _span = crate::trace_span!(DEBUG, "flush");
-        self.guard("flush", || self.inner.flush())
+        self.guard("flush", || {
+            self.inner.flush()?;
+            self.inner.checkpointer.wait_idle();
+            self.inner.check_writable()
+        })
     }
 
     /// The receipt of `operation_id` with every clock applied, or `None` if the id is
@@ -791,8 +799,7 @@ impl Journal {
         // Everything logged goes into redb first, then redb compacts, which needs no read
         // transaction open: the snapshot goes while it runs and comes back after.
         inner.exclusive(|| inner.checkpoint())?;
-        let committed = inner.committed.get_mut().unwrap_or_else(|e| e.into_inner());
-        committed.base = None;
+        reads::write_lock(&inner.committed).base = None;
         // Unshared: a checkpoint's job drops its copy before the checkpoint returns.
         let db = inner
             .db
@@ -803,7 +810,7 @@ impl Journal {
             while db.compact()? {}
             Ok(())
         })();
-        committed.base = Some(Base::new(db.begin_read()?));
+        reads::write_lock(&inner.committed).base = Some(Base::new(db.begin_read()?));
         compacted?;
         Ok((before, size(&inner.path)))
     }
@@ -852,7 +859,10 @@ impl Journal {
                 hits,
                 misses,
             };
-            stats.log_bytes = size(&crate::log::FileLog::path_for(&self.inner.path));
+            stats.log_bytes = crate::log::FileLog::paths_for(&self.inner.path)
+                .iter()
+                .map(|p| size(p))
+                .sum();
             Ok(stats)
         })
     }

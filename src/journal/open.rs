@@ -72,9 +72,16 @@ impl Journal {
                 return Err(e);
             }
             // The log is opened once redb's lock is held: no other writer can be using it.
-            let log = FileLog::open(&FileLog::path_for(path))
-                .map_err(|e| Error::io_during("open the journal's log", e))?;
-            Self::init(db, Box::new(log), path, cfg)
+            let log: Arc<dyn LogStorage> = Arc::new(
+                FileLog::open(&FileLog::path_for(path))
+                    .map_err(|e| Error::io_during("open the journal's log", e))?,
+            );
+            // Its name is made durable by its first sync, on the checkpoint thread.
+            let spare: Arc<dyn LogStorage> = Arc::new(
+                FileLog::open_lazily(&FileLog::spare_path_for(path))
+                    .map_err(|e| Error::io_during("open the journal's second log file", e))?,
+            );
+            Self::init(db, vec![log, spare], path, cfg)
         })
     }
 
@@ -119,7 +126,7 @@ impl Journal {
 
     pub(crate) fn open_backends_with(
         backend: impl redb::StorageBackend,
-        log: impl LogStorage,
+        logs: Vec<Arc<dyn LogStorage>>,
         label: &str,
         mut cfg: Config,
     ) -> Result<Journal> {
@@ -143,7 +150,7 @@ impl Journal {
             let db = Self::redb_builder(&cfg)
                 .create_with_backend(backend)
                 .map_err(|e| open_error(path, e))?;
-            Self::init(db, Box::new(log), path, cfg)
+            Self::init(db, logs, path, cfg)
         })
     }
 
@@ -151,7 +158,7 @@ impl Journal {
     /// memtable, and marks what was running in doubt.
     pub(crate) fn init(
         db: Database,
-        log: Box<dyn LogStorage>,
+        logs: Vec<Arc<dyn LogStorage>>,
         path: &Path,
         cfg: Config,
     ) -> Result<Journal> {
@@ -174,7 +181,8 @@ impl Journal {
         };
         // Read as far as the records go (the log is preallocated with zeros past them).
         let mut staged = index::Staged::default();
-        let scan = log::scan_storage(&*log, cursor, |record| {
+        let files: Vec<&dyn LogStorage> = logs.iter().map(|l| &**l).collect();
+        let mut cycles = log::scan_cycles(&files, cursor, |record| {
             replay_record(&mut staged, record.lsn, record.kind, record.payload)
                 .map_err(ReadLog::Record)
         })
@@ -183,8 +191,25 @@ impl Journal {
             ReadLog::Record(e) => e,
         })?;
         let mem = staged.build();
-        let writer = log::Writer::resume(log, cursor, &scan)
+        // The writer continues the last cycle, in its file; the other file is the spare:
+        // live if it holds the cycle before (not in redb yet), else to be zeroed.
+        let two = cycles.len() == 2;
+        let last = cycles.pop().ok_or_else(|| {
+            Error::io_during(
+                "read the journal's log",
+                std::io::Error::other("no cycle was read"),
+            )
+        })?;
+        let mut logs = logs;
+        let current = logs.swap_remove(last.file);
+        let mut writer = log::Writer::resume(current, last.cursor, &last.scan)
             .map_err(|e| Error::io_during("prepare the journal's log", e))?;
+        if let Some(spare) = logs.pop() {
+            writer.set_spare(
+                log::Spare::found(spare, two)
+                    .map_err(|e| Error::io_during("prepare the journal's second log file", e))?,
+            );
+        }
         // The memtable's state record is the latest, if the log holds one.
         let latest = index::Snapshot {
             base: Some(&base),
@@ -206,7 +231,7 @@ impl Journal {
                 persisted_high_water: AtomicU64::new(state.clock_high_water.0),
                 poisoned: Arc::new(AtomicBool::new(false)),
                 lazy: RwLock::new(LazyBuffer::default()),
-                committed: RwLock::new(Committed::new(Some(base), mem)),
+                committed: Arc::new(RwLock::new(Committed::new(Some(base), mem))),
                 log: Mutex::new(Some(writer)),
                 cache: Mutex::new(super::cache::ReplayCache::new(cache_bytes)),
                 foreground_waiting: Arc::new(AtomicUsize::new(0)),

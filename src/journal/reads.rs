@@ -21,17 +21,18 @@ use super::committer::lock;
 /// memtable grows) and by a checkpoint (a new base, an empty memtable): readers hold the
 /// read lock while they read, so they see one commit or the next, never half of one.
 ///
-/// Between the two, the memtable may be split: the checkpoint thread gets a head start on
-/// the next checkpoint by writing the older part (`frozen`) into a redb transaction while
-/// calls go on into a new `mem` (see `Inner::start_head_start`). Reads see `mem` over
-/// `frozen` over `base` until the checkpoint commits both.
+/// Between the two, the memtable may be split: a checkpoint that starts the log's next cycle
+/// in the other log file hands the older part (`frozen`) to the checkpoint thread, which
+/// writes and commits it into redb while calls go on into a new `mem` (see
+/// `Inner::switch_checkpoint`). Reads see `mem` over `frozen` over `base` until the thread
+/// publishes the new base and drops `frozen`, in one step under the write lock.
 pub(crate) struct Committed {
     /// `None` only while redb compacts its file (it needs no read transaction open).
     pub(crate) base: Option<Base<'static>>,
     /// Shared with a checkpoint while it writes it into redb (see `Inner::checkpoint`).
     pub(crate) mem: Arc<Memtable>,
-    /// The memtable as it was when the checkpoint's head start began: never changed again,
-    /// and shared with the checkpoint thread, which writes it into redb meanwhile.
+    /// The memtable of the cycle a checkpoint is committing beside the next one: never
+    /// changed again, and shared with the checkpoint thread, which writes it into redb.
     pub(crate) frozen: Option<Arc<Memtable>>,
 }
 
@@ -60,7 +61,8 @@ impl Committed {
     }
 
     /// The bytes the memtables hold, as they count them: everything logged since the last
-    /// checkpoint.
+    /// checkpoint that redb committed.
+    #[cfg(any(test, feature = "internals"))]
     pub(crate) fn bytes(&self) -> usize {
         self.mem.bytes() + self.frozen.as_ref().map_or(0, |f| f.bytes())
     }

@@ -3,6 +3,7 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::LogStorage;
 
@@ -11,6 +12,9 @@ use super::LogStorage;
 pub struct FileLog {
     file: File,
     path: PathBuf,
+    /// Created without syncing its directory: its first sync does (see
+    /// [`FileLog::open_lazily`]).
+    name_unsynced: AtomicBool,
 }
 
 impl FileLog {
@@ -19,6 +23,24 @@ impl FileLog {
         let mut name = journal.as_os_str().to_os_string();
         name.push("-log");
         PathBuf::from(name)
+    }
+
+    /// The path of the journal's second log file: `<journal>-log2`. A writer keeps two
+    /// log files and starts each cycle in the one the cycle before did not use, so that a
+    /// checkpoint's commit into redb runs beside the next cycle's records instead of
+    /// before them; recovery follows the records from one file into the other. A clean
+    /// close removes both.
+    pub fn spare_path_for(journal: &Path) -> PathBuf {
+        let mut name = journal.as_os_str().to_os_string();
+        name.push("-log2");
+        PathBuf::from(name)
+    }
+
+    /// Both log paths of the journal at `journal`: [`FileLog::path_for`] and
+    /// [`FileLog::spare_path_for`]. Copying a journal that may hold records in its logs
+    /// (a crashed one) means copying these too.
+    pub fn paths_for(journal: &Path) -> [PathBuf; 2] {
+        [Self::path_for(journal), Self::spare_path_for(journal)]
     }
 
     /// Opens the log at `path` for reading and writing, creating it if missing (and then
@@ -41,6 +63,29 @@ impl FileLog {
         Ok(FileLog {
             file,
             path: path.to_path_buf(),
+            name_unsynced: AtomicBool::new(false),
+        })
+    }
+
+    /// As [`FileLog::open`], but a file it creates has its name made durable by its first
+    /// [`LogStorage::sync_data`] instead of now (so that opening a journal does not wait
+    /// for a directory sync for a file nothing is written to yet).
+    ///
+    /// # Errors
+    ///
+    /// The I/O error of opening or creating it.
+    pub(crate) fn open_lazily(path: &Path) -> io::Result<FileLog> {
+        let existed = path.exists();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        Ok(FileLog {
+            file,
+            path: path.to_path_buf(),
+            name_unsynced: AtomicBool::new(!existed),
         })
     }
 
@@ -54,6 +99,7 @@ impl FileLog {
             Ok(file) => Ok(Some(FileLog {
                 file,
                 path: path.to_path_buf(),
+                name_unsynced: AtomicBool::new(false),
             })),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
@@ -122,7 +168,12 @@ impl LogStorage for FileLog {
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        self.file.sync_data()
+        self.file.sync_data()?;
+        if self.name_unsynced.load(Ordering::SeqCst) {
+            crate::fsutil::sync_parent(&self.path)?;
+            self.name_unsynced.store(false, Ordering::SeqCst);
+        }
+        Ok(())
     }
 
     fn discard(&self) -> io::Result<()> {

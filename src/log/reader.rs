@@ -196,6 +196,94 @@ pub(crate) fn scan_storage<E: From<io::Error>>(
     Ok(out)
 }
 
+/// One cycle's records as read from one of the log files: the file (its index in the
+/// list given to [`scan_cycles`]), the cycle, and the scan.
+#[derive(Debug)]
+pub(crate) struct Cycle {
+    pub file: usize,
+    pub cursor: Cursor,
+    pub scan: Scan,
+}
+
+/// Reads the log's records from `cursor`'s cycle on, across the journal's log files
+/// (`files[0]` is `<journal>-log`, `files[1]`, if given, `<journal>-log2`): the cycle is
+/// in the file whose first record slot holds its first record, whole or not (`files[0]`
+/// when neither does), and the next cycle, if the writer had started it before redb
+/// committed this one, in the other file, if its first slot holds the record that follows
+/// this cycle's last (the next generation's, with the next record number). A first record
+/// that is torn or damaged still places its cycle, with no records read: so recovery
+/// resumes there, and `verify` checks that file for damage. There is never a third cycle:
+/// a cycle starts in a file only after redb holds every record of the cycle before the one
+/// it follows. Returns one or two cycles, the writer's last (where it continues) last.
+///
+/// # Errors
+///
+/// A storage's I/O error; `each`'s error.
+pub(crate) fn scan_cycles<E: From<io::Error>>(
+    files: &[&dyn LogStorage],
+    cursor: Cursor,
+    mut each: impl FnMut(Record<'_>) -> Result<(), E>,
+) -> Result<Vec<Cycle>, E> {
+    let file = match files.get(1) {
+        Some(other) if !starts_cycle(files[0], cursor)? && starts_cycle(*other, cursor)? => 1,
+        _ => 0,
+    };
+    let first = Cycle {
+        file,
+        cursor,
+        scan: scan_storage(files[file], cursor, &mut each)?,
+    };
+    let mut cycles = Vec::with_capacity(2);
+    // A cycle cut short by damage is not followed: the next one's first record number
+    // does not follow the last one read.
+    let follows = files.get(1 - file).zip(cursor.generation.checked_add(1));
+    let next = follows.map(|(other, generation)| {
+        (
+            other,
+            Cursor {
+                journal_id: cursor.journal_id,
+                generation,
+                first_lsn: first.scan.next_lsn,
+            },
+        )
+    });
+    cycles.push(first);
+    if let Some((other, next)) = next
+        && starts_cycle(*other, next)?
+    {
+        let scan = scan_storage(*other, next, &mut each)?;
+        cycles.push(Cycle {
+            file: 1 - file,
+            cursor: next,
+            scan,
+        });
+    }
+    Ok(cycles)
+}
+
+/// Whether `storage` is a log of `cursor`'s journal whose first record slot holds the
+/// first record of `cursor`'s cycle (its header: generation and record number), whether
+/// or not the record is whole.
+fn starts_cycle(storage: &dyn LogStorage, cursor: Cursor) -> io::Result<bool> {
+    let len = storage.len()?;
+    if len < START {
+        return Ok(false);
+    }
+    let mut head = [0u8; HEADER_LEN];
+    storage.read_at(0, &mut head)?;
+    let ours = Header::decode(&head)
+        .is_ok_and(|h| h.journal_id == cursor.journal_id && h.version == u32::from(LOG_VERSION));
+    if !ours {
+        return Ok(false);
+    }
+    let mut reader = Reader::new(storage, len);
+    let prev = seed(cursor.journal_id, cursor.generation);
+    Ok(matches!(
+        reader.slot(START, cursor, cursor.first_lsn, prev)?,
+        Slot::Framed(_) | Slot::TooLong { .. }
+    ))
+}
+
 /// A read-ahead window over a log: records are read in chunks of [`Window::CHUNK`] bytes (or
 /// one record, if larger), so a scan makes a few large reads instead of two per record, and
 /// holds at most one chunk or one record, whatever the log's length.

@@ -20,7 +20,11 @@ fn cursor(generation: u64, first_lsn: u64) -> Cursor {
 fn fresh() -> io::Result<(Writer, std::sync::Arc<MemoryLog>)> {
     let storage = std::sync::Arc::new(MemoryLog::new());
     let scan = scan(&[], cursor(1, 1), |_| Ok(()))?;
-    let w = Writer::resume(Box::new(Shared(storage.clone())), cursor(1, 1), &scan)?;
+    let w = Writer::resume(
+        std::sync::Arc::new(Shared(storage.clone())),
+        cursor(1, 1),
+        &scan,
+    )?;
     Ok((w, storage))
 }
 
@@ -135,7 +139,11 @@ fn a_same_length_record_does_not_chain_into_leftovers_of_a_crashed_tail() -> io:
     storage.write_at(0, &bytes)?;
     let (got, scan) = payloads(&bytes, cursor(1, 1));
     assert_eq!(got.len(), 1);
-    let mut w = Writer::resume(Box::new(Shared(storage.clone())), cursor(1, 1), &scan)?;
+    let mut w = Writer::resume(
+        std::sync::Arc::new(Shared(storage.clone())),
+        cursor(1, 1),
+        &scan,
+    )?;
     w.append(KIND_BATCH, b"TWO")?;
     let bytes = read_all(&*storage)?;
     let (got, _) = payloads(&bytes, cursor(1, 1));
@@ -167,7 +175,7 @@ fn a_log_of_another_journal_has_no_records_for_this_one() -> io::Result<()> {
         scan.header_problem
     );
     // A writer for this journal starts the file over rather than continuing it.
-    let mut w2 = Writer::resume(Box::new(Shared(storage.clone())), other, &scan)?;
+    let mut w2 = Writer::resume(std::sync::Arc::new(Shared(storage.clone())), other, &scan)?;
     w2.append(KIND_BATCH, b"ours")?;
     let (got, _) = payloads(&read_all(&*storage)?, other);
     assert_eq!(got, vec![(1, b"ours".to_vec())]);
@@ -404,7 +412,11 @@ fn a_writer_resuming_after_a_torn_record_zeroes_it_before_writing() -> io::Resul
     let bytes = read_all(&*storage)?;
     let (got, scan) = payloads(&bytes, cursor(1, 1));
     assert_eq!(got.len(), 1);
-    let mut w = Writer::resume(Box::new(Shared(storage.clone())), cursor(1, 1), &scan)?;
+    let mut w = Writer::resume(
+        std::sync::Arc::new(Shared(storage.clone())),
+        cursor(1, 1),
+        &scan,
+    )?;
     w.append(KIND_BATCH, b"short")?;
     let bytes = read_all(&*storage)?;
     let new_end = (START + w.used()) as usize;
@@ -489,7 +501,11 @@ fn no_record_is_ever_written_over_bytes_that_are_not_zero_on_disk() -> io::Resul
     let storage = std::sync::Arc::new(Checked::default());
     let mut c = cursor(1, 1);
     let scan0 = scan(&[], c, |_| Ok(()))?;
-    let mut w = Writer::resume(Box::new(CheckedShare(storage.clone())), c, &scan0)?;
+    let mut w = Writer::resume(
+        std::sync::Arc::new(CheckedShare(storage.clone())),
+        c,
+        &scan0,
+    )?;
     // Cycles of different lengths, records from a few bytes to 500 KB (past the 1 MiB
     // file's doubling), restarts after each cycle, and a resume after a crash in some.
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -521,7 +537,7 @@ fn no_record_is_ever_written_over_bytes_that_are_not_zero_on_disk() -> io::Resul
             );
             storage.now.set_len(durable.len() as u64)?;
             storage.now.write_at(0, &durable)?;
-            w = Writer::resume(Box::new(CheckedShare(storage.clone())), c, &scan)?;
+            w = Writer::resume(std::sync::Arc::new(CheckedShare(storage.clone())), c, &scan)?;
         }
         generation += 1;
         c = cursor(generation, w.next_lsn());
@@ -589,5 +605,101 @@ fn a_failed_read_leaves_no_stale_bytes_in_the_read_ahead_window() -> io::Result<
         window.get(&storage, far, 4, len)?,
         &pattern[far as usize..far as usize + 4]
     );
+    Ok(())
+}
+
+/// A writer with a second log file, both in memory, prepared and ready.
+fn with_spare() -> io::Result<(Writer, std::sync::Arc<MemoryLog>, std::sync::Arc<MemoryLog>)> {
+    let (mut w, first) = fresh()?;
+    let second = std::sync::Arc::new(MemoryLog::new());
+    w.set_spare(Spare::found(
+        std::sync::Arc::new(Shared(second.clone())),
+        false,
+    )?);
+    w.set_spare_marked(true);
+    let job = w
+        .spare_to_prepare()
+        .unwrap_or_else(|| panic!("a new second file needs preparing"));
+    job.prepare()?;
+    assert!(w.can_switch());
+    Ok((w, first, second))
+}
+
+/// Every record `scan_cycles` reads from `files`, from `c` on, with the cycles.
+fn read_cycles(files: &[&dyn LogStorage], c: Cursor) -> (Vec<(u64, Vec<u8>)>, Vec<Cycle>) {
+    let mut out = Vec::new();
+    let cycles = scan_cycles(files, c, |r| -> io::Result<()> {
+        out.push((r.lsn, r.payload.to_vec()));
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("logs in memory read: {e}"));
+    (out, cycles)
+}
+
+#[test]
+fn recovery_follows_the_next_cycle_into_the_other_file_until_the_ended_one_is_zeroed()
+-> io::Result<()> {
+    let (mut w, first, second) = with_spare()?;
+    for i in 0..3u8 {
+        w.append(KIND_BATCH, &[i; 40])?;
+    }
+    // The next cycle starts in the second file; the first keeps its records until redb
+    // holds them.
+    let ended = w.switch(2)?;
+    assert!(!w.can_switch(), "the ended cycle's file is not zeroed yet");
+    for i in 3..5u8 {
+        w.append(KIND_BATCH, &[i; 40])?;
+    }
+    let files: [&dyn LogStorage; 2] = [&*first, &*second];
+    let (records, cycles) = read_cycles(&files, cursor(1, 1));
+    let want: Vec<(u64, Vec<u8>)> = (0..5u8).map(|i| (u64::from(i) + 1, vec![i; 40])).collect();
+    assert_eq!(records, want, "both cycles, in order");
+    assert_eq!(
+        cycles
+            .iter()
+            .map(|c| (c.file, c.cursor))
+            .collect::<Vec<_>>(),
+        vec![(0, cursor(1, 1)), (1, cursor(2, 4))]
+    );
+    // The files given the other way round (the cycle in the second): the same records.
+    let swapped: [&dyn LogStorage; 2] = [&*second, &*first];
+    assert_eq!(read_cycles(&swapped, cursor(1, 1)).0, want);
+    // Once redb holds cycle 1 (it names cycle 2), the first file is zeroed: cycle 2 alone.
+    ended.prepare()?;
+    assert!(w.can_switch());
+    assert!(read_all(&*first)?[START as usize..].iter().all(|b| *b == 0));
+    let (records, cycles) = read_cycles(&files, cursor(2, 4));
+    assert_eq!(records, want[3..].to_vec());
+    assert_eq!(cycles.len(), 1);
+    assert_eq!(cycles[0].file, 1);
+    // Read from cycle 1 now (a reader whose snapshot is older): its records are gone, and
+    // cycle 2 is not taken without them (its first lsn does not follow).
+    let (records, _) = read_cycles(&files, cursor(1, 1));
+    assert_eq!(records, Vec::new());
+    // The third cycle goes back into the first file.
+    w.switch(3)?;
+    w.append(KIND_BATCH, &[9; 40])?;
+    let (records, cycles) = read_cycles(&files, cursor(2, 4));
+    assert_eq!(records.last(), Some(&(6, vec![9; 40])));
+    assert_eq!(cycles.len(), 2);
+    assert_eq!(cycles[1].file, 0);
+    Ok(())
+}
+
+#[test]
+fn a_stale_cycle_in_the_other_file_is_not_followed() -> io::Result<()> {
+    let (mut w, first, second) = with_spare()?;
+    w.append(KIND_BATCH, &[1; 40])?;
+    let ended = w.switch(2)?;
+    w.append(KIND_BATCH, &[2; 40])?;
+    ended.prepare()?;
+    // Cycle 3 back in the first file, with the second still holding cycle 2 (a crash
+    // before the thread zeroed it).
+    w.switch(3)?;
+    w.append(KIND_BATCH, &[3; 40])?;
+    let files: [&dyn LogStorage; 2] = [&*first, &*second];
+    let (records, cycles) = read_cycles(&files, cursor(3, 3));
+    assert_eq!(records, vec![(3, vec![3; 40])]);
+    assert_eq!(cycles.len(), 1, "cycle 2 is not cycle 4: {cycles:?}");
     Ok(())
 }

@@ -2,6 +2,8 @@
 
 use std::fmt;
 use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::format::*;
 use super::reader::{End, Scan};
@@ -18,7 +20,10 @@ use super::storage::LogStorage;
 /// tail found at open; and the file grows (to a power of two, length first) and syncs
 /// before a record goes into the new space.
 pub(crate) struct Writer {
-    storage: Box<dyn LogStorage>,
+    storage: Arc<dyn LogStorage>,
+    /// The second log file, where the next cycle starts (see [`Writer::switch`]); `None`
+    /// for custom storage, whose cycles all start over in one log.
+    spare: Option<Spare>,
     cursor: Cursor,
     next_lsn: u64,
     prev_crc: u32,
@@ -38,6 +43,7 @@ impl fmt::Debug for Writer {
             .field("offset", &self.offset)
             .field("capacity", &self.capacity)
             .field("dirty", &self.dirty)
+            .field("spare", &self.spare)
             .finish_non_exhaustive()
     }
 }
@@ -46,12 +52,13 @@ impl Writer {
     /// A writer that continues after `scan` (the records it found are kept), writing a
     /// header and preallocating the file first if it has none for this journal.
     pub(crate) fn resume(
-        storage: Box<dyn LogStorage>,
+        storage: Arc<dyn LogStorage>,
         cursor: Cursor,
         scan: &Scan,
     ) -> io::Result<Writer> {
         let mut w = Writer {
             storage,
+            spare: None,
             cursor,
             next_lsn: scan.next_lsn,
             prev_crc: scan.prev_crc,
@@ -208,6 +215,108 @@ impl Writer {
         self.offset = START;
     }
 
+    /// Gives the writer its second log file (see [`Spare`]).
+    pub(crate) fn set_spare(&mut self, spare: Spare) {
+        self.spare = Some(spare);
+    }
+
+    /// Whether the writer has a second log file.
+    pub(crate) fn has_spare(&self) -> bool {
+        self.spare.is_some()
+    }
+
+    /// Whether redb's file says (format 5) that a second log file may hold records, as a
+    /// checkpoint of this handle wrote it: a cycle may start there only then.
+    pub(crate) fn spare_marked(&self) -> bool {
+        self.spare.as_ref().is_some_and(|s| s.marked)
+    }
+
+    /// Records what the last checkpoint wrote about the second log file.
+    pub(crate) fn set_spare_marked(&mut self, marked: bool) {
+        if let Some(spare) = self.spare.as_mut() {
+            spare.marked = marked;
+        }
+    }
+
+    /// Whether the next cycle can start in the second log file now: there is one, and it
+    /// has been zeroed since its last cycle.
+    pub(crate) fn can_switch(&self) -> bool {
+        self.spare
+            .as_ref()
+            .is_some_and(|s| s.ready.load(Ordering::SeqCst))
+    }
+
+    /// The second log file, when it needs preparing and nobody has been handed it to
+    /// prepare: it is marked handed over, and the caller prepares it ([`prepare_spare`])
+    /// and then sets the flag it returns. `None` when there is nothing to do, or when it
+    /// holds records not yet in redb (a cycle found at open: [`Writer::spare_committed`]
+    /// tells when they are).
+    pub(crate) fn spare_to_prepare(&mut self) -> Option<SpareJob> {
+        let capacity = self.capacity;
+        let spare = self.spare.as_mut()?;
+        if spare.live || spare.handed || spare.ready.load(Ordering::SeqCst) {
+            return None;
+        }
+        spare.handed = true;
+        Some(SpareJob {
+            storage: Arc::clone(&spare.storage),
+            journal_id: self.cursor.journal_id,
+            dirty_to: spare.dirty_to,
+            capacity,
+            ready: Arc::clone(&spare.ready),
+        })
+    }
+
+    /// Says that redb now holds every record of the second log file (a checkpoint
+    /// committed after the open that found them there): it may be zeroed.
+    pub(crate) fn spare_committed(&mut self) {
+        if let Some(spare) = self.spare.as_mut() {
+            spare.live = false;
+        }
+    }
+
+    /// Starts the next cycle (`generation`) in the second log file, which must be ready
+    /// ([`Writer::can_switch`]), and makes the file of the cycle that ends the spare. No
+    /// write is needed: the spare was zeroed past its header and synced. The ended cycle's
+    /// records are needed until redb holds them: the caller commits them, then zeroes the
+    /// returned file up to the returned offset (where its records end), syncs it, and sets
+    /// the returned flag.
+    ///
+    /// # Errors
+    ///
+    /// The length of the spare cannot be read (nothing changed then).
+    pub(crate) fn switch(&mut self, generation: u64) -> io::Result<SpareJob> {
+        let Some(spare) = self.spare.as_mut() else {
+            return Err(io::Error::other("the journal has one log file"));
+        };
+        if !spare.ready.load(Ordering::SeqCst) {
+            return Err(io::Error::other("the second log file is not zeroed yet"));
+        }
+        let capacity = spare.storage.len()?;
+        let ended_capacity = self.capacity;
+        let ended_to = self
+            .dirty
+            .map_or(self.offset, |(_, to)| to.max(self.offset));
+        std::mem::swap(&mut self.storage, &mut spare.storage);
+        spare.ready.store(false, Ordering::SeqCst);
+        spare.handed = true;
+        spare.live = false;
+        spare.dirty_to = ended_to;
+        self.capacity = capacity;
+        self.dirty = None;
+        self.cursor.generation = generation;
+        self.cursor.first_lsn = self.next_lsn;
+        self.prev_crc = seed(self.cursor.journal_id, generation);
+        self.offset = START;
+        Ok(SpareJob {
+            storage: Arc::clone(&spare.storage),
+            journal_id: self.cursor.journal_id,
+            dirty_to: ended_to,
+            capacity: ended_capacity,
+            ready: Arc::clone(&spare.ready),
+        })
+    }
+
     /// The cycle in progress: what a checkpoint records for the next one.
     pub(crate) fn cursor(&self) -> Cursor {
         self.cursor
@@ -229,8 +338,132 @@ impl Writer {
         self.capacity
     }
 
-    /// Removes the log: after a clean close the journal is one file again.
+    /// Removes the log (both files): after a clean close the journal is one file again.
     pub(crate) fn discard(&self) -> io::Result<()> {
+        if let Some(spare) = &self.spare {
+            spare.storage.discard()?;
+        }
         self.storage.discard()
+    }
+}
+
+/// The writer's second log file: where the next cycle starts, so that the checkpoint of
+/// the cycle that ends can commit beside the new cycle's records. Between cycles it is
+/// zeroed past its header (the invariant [`Writer`] keeps for the file it appends to) by
+/// the checkpoint thread, after redb holds its records.
+pub(crate) struct Spare {
+    storage: Arc<dyn LogStorage>,
+    /// Zeroed past its header up to its length, which is a capacity, and synced: the next
+    /// cycle can start in it. Set by whoever prepared it.
+    ready: Arc<AtomicBool>,
+    /// Handed to a job that prepares it (it sets `ready`).
+    handed: bool,
+    /// Holds records that redb does not hold yet (found at open): not to be zeroed before
+    /// a checkpoint commits them.
+    live: bool,
+    /// Where bytes left by its last cycle may end.
+    dirty_to: u64,
+    /// Whether redb's file says format 5 (see [`Writer::spare_marked`]).
+    marked: bool,
+}
+
+impl fmt::Debug for Spare {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Spare")
+            .field("ready", &self.ready.load(Ordering::SeqCst))
+            .field("handed", &self.handed)
+            .field("live", &self.live)
+            .field("dirty_to", &self.dirty_to)
+            .field("marked", &self.marked)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Spare {
+    /// A second log file as found at open: `live` when it holds records of the cycle
+    /// before the one the writer continues (not in redb yet), else left by an earlier
+    /// cycle (or new, or another journal's), to be prepared before it is used.
+    pub(crate) fn found(storage: Arc<dyn LogStorage>, live: bool) -> io::Result<Spare> {
+        let dirty_to = storage.len()?;
+        Ok(Spare {
+            storage,
+            ready: Arc::new(AtomicBool::new(false)),
+            handed: false,
+            live,
+            dirty_to,
+            marked: false,
+        })
+    }
+}
+
+/// The second log file handed over to be prepared for the next cycle
+/// ([`SpareJob::prepare`]), after redb holds its records.
+pub(crate) struct SpareJob {
+    storage: Arc<dyn LogStorage>,
+    journal_id: u64,
+    dirty_to: u64,
+    /// The length to give it if it must be initialized: the other file's.
+    capacity: u64,
+    ready: Arc<AtomicBool>,
+}
+
+impl SpareJob {
+    /// Prepares the file ([`prepare_spare`]) and marks it ready for the next cycle.
+    ///
+    /// # Errors
+    ///
+    /// The storage's I/O error: the file is not marked ready (the journal is poisoned by
+    /// the caller).
+    pub(crate) fn prepare(self) -> io::Result<()> {
+        prepare_spare(&self.storage, self.journal_id, self.dirty_to, self.capacity)?;
+        self.ready.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Makes `storage` ready to take a cycle of `journal_id`'s log: a header of this journal
+/// and a length that is a capacity (else it is initialized, as a new log is, to
+/// `capacity`), zero from [`START`] up to `dirty_to` (where bytes of its last cycle may
+/// end; zero past it), and synced.
+///
+/// # Errors
+///
+/// The storage's I/O error: nothing is known about what reached the disk.
+fn prepare_spare(
+    storage: &Arc<dyn LogStorage>,
+    journal_id: u64,
+    dirty_to: u64,
+    capacity: u64,
+) -> io::Result<()> {
+    let len = storage.len()?;
+    let ours = if len >= START && is_capacity(len) {
+        let mut head = [0u8; HEADER_LEN];
+        storage.read_at(0, &mut head)?;
+        Header::decode(&head)
+            .is_ok_and(|h| h.journal_id == journal_id && h.version == u32::from(LOG_VERSION))
+    } else {
+        false
+    };
+    let mut w = Writer {
+        storage: Arc::clone(storage),
+        spare: None,
+        cursor: Cursor {
+            journal_id,
+            generation: 0,
+            first_lsn: 0,
+        },
+        next_lsn: 0,
+        prev_crc: 0,
+        offset: START,
+        capacity: len,
+        dirty: None,
+        frame: Vec::new(),
+    };
+    if ours {
+        w.zero_fill(START, dirty_to.min(len))?;
+        w.storage.sync_data()
+    } else {
+        w.capacity = capacity;
+        w.initialize()
     }
 }

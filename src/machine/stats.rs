@@ -74,7 +74,8 @@ pub struct Stats {
     pub quarantined: u64,
     /// The redb file's size in bytes (0 if unknown).
     pub file_bytes: u64,
-    /// The log file's size in bytes: 0 after a clean close, when the journal is one file.
+    /// The log files' size in bytes (`<journal>-log` and `<journal>-log2`): 0 after a
+    /// clean close, when the journal is one file.
     pub log_bytes: u64,
     /// The replay cache of the handle that counted (0 for an [`Inspector`](crate::Inspector)):
     /// bytes held, entries, and answers served from it and not, since the journal opened.

@@ -116,7 +116,7 @@ impl Target {
         File::open(&self.path)
             .and_then(|f| f.sync_all())
             .map_err(failed("sync the repaired journal"))?;
-        let log = FileLog::path_for(journal);
+        let logs = FileLog::paths_for(journal);
         if options.backup {
             let backup = backup_path(journal);
             match std::fs::hard_link(journal, &backup) {
@@ -126,19 +126,21 @@ impl Target {
                         .map_err(failed("write the backup of the journal"))?;
                 }
             }
-            if log.exists() {
-                std::fs::copy(&log, FileLog::path_for(&backup))
-                    .map_err(failed("write the backup of the journal's log"))?;
+            for (log, copy) in logs.iter().zip(FileLog::paths_for(&backup)) {
+                if log.exists() {
+                    std::fs::copy(log, copy)
+                        .map_err(failed("write the backup of the journal's log"))?;
+                }
             }
             report.backup = Some(backup);
         }
         std::fs::rename(&self.path, journal)
             .map_err(failed("rename the repaired journal over the file"))?;
         self.keep = true;
-        // The repaired journal holds everything the log held: a log left now would be of an
-        // older cycle (ignored), but it goes.
-        if log.exists() {
-            std::fs::remove_file(&log).map_err(|e| {
+        // The repaired journal holds everything the logs held: a log left now would be of an
+        // older cycle (ignored), but both go.
+        for log in logs.iter().filter(|l| l.exists()) {
+            std::fs::remove_file(log).map_err(|e| {
                 Error::io_while(
                     "remove the journal's old log",
                     "the journal was repaired; the old log beside it is of an earlier cycle and is ignored",

@@ -18,62 +18,73 @@ use crate::check::verify::Finding;
 /// the records recovery drops.
 pub(super) fn absorb_log(src: &mut Source, report: &mut RepairReport) -> Result<BTreeSet<String>> {
     let mut dropped_ops = BTreeSet::new();
-    let Some(log) = FileLog::open_read_only(&FileLog::path_for(&src.path)).map_err(|e| {
-        Error::io_while(
-            "open the journal's log",
-            "the repair stopped and nothing was changed",
-            e,
-        )
-    })?
-    else {
-        return Ok(dropped_ops);
+    let open = |p: &std::path::Path| {
+        FileLog::open_read_only(p).map_err(|e| {
+            Error::io_while(
+                "open the journal's log",
+                "the repair stopped and nothing was changed",
+                e,
+            )
+        })
     };
+    let paths = FileLog::paths_for(&src.path);
+    // The second file alone (its first is gone) is read as the first would be.
+    let logs: Vec<(FileLog, &std::path::Path)> = [open(&paths[0])?, open(&paths[1])?]
+        .into_iter()
+        .zip(paths.iter())
+        .filter_map(|(log, path)| log.map(|l| (l, path.as_path())))
+        .collect();
+    if logs.is_empty() {
+        return Ok(dropped_ops);
+    }
     let Ok(Some(cp)) = src.view(|v| v.checkpoint()) else {
         // The file's checkpoint (which names the log's current cycle) cannot be read, so
         // the log cannot be laid over the file: its records are not taken. They may hold
         // the only trace of recent operations, so every operation they touch is named as
         // dropped (the sweep in tests/corruption_sweep.rs found such operations vanishing
-        // from the report). The log's own first record tells which cycle to read.
-        let Some(cursor) = log::own_cursor(&log).map_err(|e| {
-            Error::io_while(
-                "read the journal's log",
-                "the repair stopped and nothing was changed",
-                e,
-            )
-        })?
-        else {
-            return Ok(dropped_ops);
-        };
-        let mut records = 0u64;
-        log::scan_storage(&log, cursor, |r| -> Result<()> {
-            let mut m = Memtable::default();
-            if m.apply_encoded(r.payload).is_ok() {
-                for op in index::Receipts::map(&m).keys() {
-                    dropped_ops.insert(op.clone());
+        // from the report). Each log file's own first record tells which cycle to read.
+        for (log, path) in &logs {
+            let Some(cursor) = log::own_cursor(log).map_err(|e| {
+                Error::io_while(
+                    "read the journal's log",
+                    "the repair stopped and nothing was changed",
+                    e,
+                )
+            })?
+            else {
+                continue;
+            };
+            let mut records = 0u64;
+            log::scan_storage(log, cursor, |r| -> Result<()> {
+                let mut m = Memtable::default();
+                if m.apply_encoded(r.payload).is_ok() {
+                    for op in index::Receipts::map(&m).keys() {
+                        dropped_ops.insert(op.clone());
+                    }
+                    for (op, _) in index::OpEvents::map(&m).keys() {
+                        dropped_ops.insert(op.clone());
+                    }
                 }
-                for (op, _) in index::OpEvents::map(&m).keys() {
-                    dropped_ops.insert(op.clone());
-                }
+                records += 1;
+                Ok(())
+            })
+            .map_err(|e: Error| {
+                e.while_doing(
+                    "read the journal's log",
+                    "the repair stopped and nothing was changed",
+                )
+            })?;
+            if records > 0 {
+                report.log_records_dropped += records;
+                report.quarantined.push(Finding::new(
+                    "log",
+                    path.display().to_string(),
+                    format!(
+                        "the journal's checkpoint could not be read, so the log's {records} \
+                         record(s) could not be laid over it and were not taken"
+                    ),
+                ));
             }
-            records += 1;
-            Ok(())
-        })
-        .map_err(|e: Error| {
-            e.while_doing(
-                "read the journal's log",
-                "the repair stopped and nothing was changed",
-            )
-        })?;
-        if records > 0 {
-            report.log_records_dropped += records;
-            report.quarantined.push(Finding::new(
-                "log",
-                FileLog::path_for(&src.path).display().to_string(),
-                format!(
-                    "the journal's checkpoint could not be read, so the log's {records} \
-                     record(s) could not be laid over it and were not taken"
-                ),
-            ));
         }
         return Ok(dropped_ops);
     };
@@ -88,10 +99,11 @@ pub(super) fn absorb_log(src: &mut Source, report: &mut RepairReport) -> Result<
             "the repair stopped and nothing was changed",
         )
     };
+    let files: Vec<&dyn log::LogStorage> = logs.iter().map(|(l, _)| l as _).collect();
     let mut mem = Memtable::default();
     let mut bad: Option<(u64, String)> = None;
     let mut records = 0u64;
-    log::scan_storage(&log, cursor, |r| -> Result<()> {
+    let cycles = log::scan_cycles(&files, cursor, |r| -> Result<()> {
         if bad.is_some() {
             return Ok(());
         }
@@ -124,15 +136,10 @@ pub(super) fn absorb_log(src: &mut Source, report: &mut RepairReport) -> Result<
             ops.insert(op.clone());
         }
     };
-    let log_key = FileLog::path_for(&src.path).display().to_string();
-    let dropped = log::dropped(&log, cursor, |r| -> Result<()> {
-        crate::check::ops_of_log_record(r.payload, &mut dropped_ops);
-        Ok(())
-    })
-    .map_err(io)?;
-    if let Some((lsn, detail)) = bad {
+    if let Some((lsn, detail)) = &bad {
+        let lsn = *lsn;
         // The records from this one on were not absorbed: a writer's open refuses them.
-        let after = log::scan_storage(&log, cursor, |r| -> Result<()> {
+        let after = log::scan_cycles(&files, cursor, |r| -> Result<()> {
             if r.lsn >= lsn {
                 let mut m = Memtable::default();
                 if m.apply_encoded(r.payload).is_ok() {
@@ -142,7 +149,8 @@ pub(super) fn absorb_log(src: &mut Source, report: &mut RepairReport) -> Result<
             Ok(())
         })
         .map_err(io)?;
-        let n = after.records.saturating_sub(lsn - cursor.first_lsn);
+        let scanned: u64 = after.iter().map(|c| c.scan.records).sum();
+        let n = scanned.saturating_sub(lsn - cursor.first_lsn);
         report.log_records_dropped += n;
         report.quarantined.push(Finding::new(
             "log",
@@ -154,42 +162,57 @@ pub(super) fn absorb_log(src: &mut Source, report: &mut RepairReport) -> Result<
             ),
         ));
     }
-    if dropped.header_damaged {
-        report.log_records_dropped += dropped.records;
-        report.quarantined.push(Finding::new(
-            "log",
-            log_key.clone(),
-            format!(
-                "the log's header is damaged: the {} record(s) after it were not taken",
-                dropped.records
-            ),
-        ));
-    }
-    if let Some((lsn, why)) = &dropped.damaged {
-        // The damaged record and the valid ones after it (a crash cannot leave a log so:
-        // they were synced, and their operations are named in the report).
-        report.log_records_dropped += dropped.records + 1;
-        report.quarantined.push(Finding::new(
-            "log",
-            format!("record {lsn}"),
-            format!(
-                "damaged: {why}; it{} {} not taken",
-                crate::check::verify::and_after(dropped.records),
-                if dropped.records == 0 { "was" } else { "were" }
-            ),
-        ));
-    }
-    if let Some(problem) = &dropped.length {
-        // What lay past the cut is gone: the operations it changed cannot be named, only
-        // where they were (as for a table range the engine cannot read).
-        report.unreadable.push(Finding::new(
-            "log",
-            format!("records from {}", cursor.first_lsn + records),
-            format!(
-                "{problem}: the operations those records changed cannot be named, and answer \
-                 as before their changes"
-            ),
-        ));
+    // Each cycle read is checked in its own file (the writer keeps each file's records
+    // followed by zeros), as `verify` does.
+    for cycle in &cycles {
+        let (log, path) = &logs[cycle.file];
+        let log_key = path.display().to_string();
+        let cursor = cycle.cursor;
+        let dropped = log::dropped(log, cursor, |r| -> Result<()> {
+            crate::check::ops_of_log_record(r.payload, &mut dropped_ops);
+            Ok(())
+        })
+        .map_err(io)?;
+        if dropped.header_damaged {
+            report.log_records_dropped += dropped.records;
+            report.quarantined.push(Finding::new(
+                "log",
+                log_key.clone(),
+                format!(
+                    "the log's header is damaged: the {} record(s) after it were not taken",
+                    dropped.records
+                ),
+            ));
+        }
+        if let Some((lsn, why)) = &dropped.damaged {
+            // The damaged record and the valid ones after it (a crash cannot leave a log so:
+            // they were synced, and their operations are named in the report).
+            report.log_records_dropped += dropped.records + 1;
+            report.quarantined.push(Finding::new(
+                "log",
+                format!("record {lsn}"),
+                format!(
+                    "damaged: {why}; it{} {} not taken",
+                    crate::check::verify::and_after(dropped.records),
+                    if dropped.records == 0 { "was" } else { "were" }
+                ),
+            ));
+        }
+        if let Some(problem) = &dropped.length {
+            // What lay past the cut is gone: the operations it changed cannot be named, only
+            // where they were (as for a table range the engine cannot read).
+            report.unreadable.push(Finding::new(
+                "log",
+                format!(
+                    "records from {}",
+                    cursor.first_lsn.saturating_add(cycle.scan.records)
+                ),
+                format!(
+                    "{problem}: the operations those records changed cannot be named, and answer \
+                     as before their changes"
+                ),
+            ));
+        }
     }
     Ok(dropped_ops)
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::inspect::LogRead;
-use crate::log::FileLog;
+use crate::log::{Cursor, FileLog};
 
 use super::{Findings, LogCheck};
 
@@ -19,9 +19,7 @@ pub(super) fn check_log(
     log: &LogRead,
     findings: &mut Findings,
 ) -> Result<LogCheck> {
-    let log_path = FileLog::path_for(journal);
-    let key = log_path.display().to_string();
-    let (cursor, records, header_problem, undecodable, len) = match log {
+    let (cycles, records, header_problem, undecodable, len) = match log {
         LogRead::Absent => return Ok(LogCheck::Absent),
         LogRead::NoCycle => {
             return Ok(LogCheck::Ignored {
@@ -29,18 +27,75 @@ pub(super) fn check_log(
             });
         }
         LogRead::Read {
-            cursor,
+            cycles,
             records,
             header_problem,
             undecodable,
             len,
             ..
-        } => (*cursor, *records, header_problem, undecodable, *len),
+        } => (cycles, *records, header_problem, undecodable, *len),
     };
-    let Some(file) = FileLog::open_read_only(&log_path)
+    // Each cycle read is checked in its own file: the writer keeps the zero-past-the-end
+    // invariant per file, so the torn-or-damaged rules apply to each as to one log.
+    let mut header_damaged_first = false;
+    let mut damaged = false;
+    for (n, (file_index, cursor)) in cycles.iter().enumerate() {
+        let log_path = &FileLog::paths_for(journal)[(*file_index).min(1)];
+        let found = check_file(log_path, *cursor, findings)?;
+        if n == 0 {
+            header_damaged_first = found.header_damaged;
+        }
+        damaged |= found.damaged;
+    }
+    if let Some((lsn, detail)) = undecodable {
+        findings.add(
+            "log",
+            format!("record {lsn}"),
+            format!(
+                "its changes do not decode ({detail}): a writer cannot open the journal; run \
+                 `opjournal repair`"
+            ),
+        );
+    }
+    if let Some(problem) = header_problem
+        && !header_damaged_first
+    {
+        return Ok(LogCheck::Ignored {
+            reason: format!("{problem}: it is not this journal's current log"),
+        });
+    }
+    if records == 0 && undecodable.is_none() && !damaged {
+        return Ok(LogCheck::Ignored {
+            reason: "it holds no record of the current cycle (left by an earlier one, whose \
+                     records are in the file)"
+                .into(),
+        });
+    }
+    Ok(LogCheck::Current {
+        records,
+        bytes: len,
+    })
+}
+
+/// What [`check_file`] found in one log file.
+struct FileCheck {
+    /// Its header is damaged, with records of the cycle after it.
+    header_damaged: bool,
+    /// A damaged record.
+    damaged: bool,
+}
+
+/// Checks one log file's records of `cursor`'s cycle for what recovery drops although no
+/// crash can have left it so, as findings.
+fn check_file(log_path: &Path, cursor: Cursor, findings: &mut Findings) -> Result<FileCheck> {
+    let key = log_path.display().to_string();
+    let Some(file) = FileLog::open_read_only(log_path)
         .map_err(|e| Error::io_while("open the journal's log", "nothing was read or changed", e))?
     else {
-        return Ok(LogCheck::Absent);
+        return Ok(FileCheck {
+            header_damaged: false,
+            damaged: false,
+        });
     };
     let read = |ops: &mut std::collections::BTreeSet<String>| {
         crate::log::dropped(&file, cursor, |r| -> Result<()> {
@@ -105,33 +160,9 @@ pub(super) fn check_log(
     if let Some(problem) = &dropped.length {
         findings.add("log", &key, format!("{problem}; run `opjournal repair`"));
     }
-    if let Some((lsn, detail)) = undecodable {
-        findings.add(
-            "log",
-            format!("record {lsn}"),
-            format!(
-                "its changes do not decode ({detail}): a writer cannot open the journal; run \
-                 `opjournal repair`"
-            ),
-        );
-    }
-    if let Some(problem) = header_problem
-        && !dropped.header_damaged
-    {
-        return Ok(LogCheck::Ignored {
-            reason: format!("{problem}: it is not this journal's current log"),
-        });
-    }
-    if records == 0 && undecodable.is_none() && dropped.damaged.is_none() {
-        return Ok(LogCheck::Ignored {
-            reason: "it holds no record of the current cycle (left by an earlier one, whose \
-                     records are in the file)"
-                .into(),
-        });
-    }
-    Ok(LogCheck::Current {
-        records,
-        bytes: len,
+    Ok(FileCheck {
+        header_damaged: dropped.header_damaged,
+        damaged: dropped.damaged.is_some(),
     })
 }
 

@@ -326,17 +326,22 @@ fn live_copy(file: &Path) -> Result<(tempfile::TempDir, PathBuf), Failure> {
         file.file_name()
             .unwrap_or(std::ffi::OsStr::new("journal.opj")),
     );
-    let (log, log_copy) = (FileLog::path_for(file), FileLog::path_for(&copy));
+    let logs = FileLog::paths_for(file)
+        .into_iter()
+        .zip(FileLog::paths_for(&copy));
     for _ in 0..TRIES {
         let before = header(file).map_err(|e| failed("read the journal", e))?;
         std::fs::copy(file, &copy).map_err(|e| failed("copy the journal", e))?;
-        match std::fs::copy(&log, &log_copy) {
-            Ok(_) => {}
-            // Closed meanwhile: the journal's header changed too, and the copy is retried.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let _ = std::fs::remove_file(&log_copy);
+        for (log, log_copy) in logs.clone() {
+            match std::fs::copy(&log, &log_copy) {
+                Ok(_) => {}
+                // Closed meanwhile: the journal's header changed too, and the copy is
+                // retried.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    let _ = std::fs::remove_file(&log_copy);
+                }
+                Err(e) => return Err(failed("copy the journal's log", e)),
             }
-            Err(e) => return Err(failed("copy the journal's log", e)),
         }
         if header(file).map_err(|e| failed("read the journal", e))? == before {
             return Ok((dir, copy));

@@ -1375,7 +1375,9 @@ fn section_key(engine: Engine) -> &'static str {
 /// opjournal journal killed before closing leaves).
 fn remove_journal(path: &Path) {
     remove_all(&sqlite_files(path));
-    remove_one(&opjournal::FileLog::path_for(path));
+    for log in opjournal::FileLog::paths_for(path) {
+        remove_one(&log);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1673,7 +1675,10 @@ struct LcJournal {
 /// The files an engine syncs: opjournal's redb file and log, SQLite's database and WAL.
 fn synced_files(engine: Engine, path: &Path) -> Vec<PathBuf> {
     match engine {
-        Engine::Opj(_) => vec![path.to_path_buf(), opjournal::FileLog::path_for(path)],
+        Engine::Opj(_) => {
+            let [log, spare] = opjournal::FileLog::paths_for(path);
+            vec![path.to_path_buf(), log, spare]
+        }
         Engine::Sqlite(_) => sqlite_files(path)[..2].to_vec(),
     }
 }
@@ -2466,7 +2471,8 @@ fn build_opj_base(
         r?;
     }
     let elapsed = start.elapsed();
-    let bytes = Footprint::of(&[path, opjournal::FileLog::path_for(path).as_path()]);
+    let [log, spare] = opjournal::FileLog::paths_for(path);
+    let bytes = Footprint::of(&[path, log.as_path(), spare.as_path()]);
     drop(j);
     Ok((elapsed, bytes))
 }

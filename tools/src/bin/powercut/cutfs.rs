@@ -72,7 +72,7 @@ pub enum CutPolicy {
 pub enum Class {
     /// The redb file (`*.opj`, or the temporary file a journal is created under).
     Db,
-    /// The log beside it (`*-log`).
+    /// The logs beside it (`*-log`, `*-log2`).
     Log,
     /// Anything else.
     Other,
@@ -81,7 +81,7 @@ pub enum Class {
 impl Class {
     fn of(name: &OsStr) -> Class {
         let name = name.to_string_lossy();
-        if name.ends_with("-log") {
+        if name.ends_with("-log") || name.ends_with("-log2") {
             Class::Log
         } else if name.ends_with(".opj") || name.contains(".creating-") {
             Class::Db
