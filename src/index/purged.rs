@@ -52,32 +52,49 @@ fn marked_version(two_logs: bool, pending: bool) -> u32 {
 /// `two_logs` false at a clean close (which removes both logs). Writes only when the
 /// version changes.
 ///
-/// Returns whether the file says [`FORMAT_TWO_LOGS`] with the transaction: a file of a
-/// format before 3 (upgraded by the writer's open, after the checkpoints that may come
-/// first) is left as it is.
+/// Returns whether the file says [`FORMAT_TWO_LOGS`] with the transaction, and whether the
+/// record changed: a file of a format before 3 (upgraded by the writer's open, after the
+/// checkpoints that may come first) is left as it is.
 ///
 /// # Errors
 ///
 /// redb's errors; a format record that does not decode.
-pub(crate) fn mark_two_logs(txn: &WriteTransaction, two_logs: bool) -> Result<bool> {
+pub(crate) fn mark_two_logs(txn: &WriteTransaction, two_logs: bool) -> Result<Marked> {
     let mut meta = txn.open_table(<super::Meta as super::Table>::def())?;
     let pending = meta.get(KEY)?.is_some();
+    let unmarked = Marked {
+        two_logs: false,
+        changed: false,
+    };
     let Some(stored) = meta.get("format")?.map(|v| v.value().to_vec()) else {
-        return Ok(false);
+        return Ok(unmarked);
     };
     let mut format = super::decode_format_raw(&stored)?;
     if format.format_version < u32::from(codec::FORMAT_VERSION) {
-        return Ok(false);
+        return Ok(unmarked);
     }
     let want = marked_version(two_logs, pending);
-    if format.format_version != want {
+    let changed = format.format_version != want;
+    if changed {
         format.format_version = want;
         meta.insert(
             "format",
             codec::encode(RecordKind::Meta, &format).as_slice(),
         )?;
     }
-    Ok(want == FORMAT_TWO_LOGS)
+    Ok(Marked {
+        two_logs: want == FORMAT_TWO_LOGS,
+        changed,
+    })
+}
+
+/// What [`mark_two_logs`] left.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Marked {
+    /// The file says [`FORMAT_TWO_LOGS`].
+    pub(crate) two_logs: bool,
+    /// The format record was rewritten.
+    pub(crate) changed: bool,
 }
 
 /// The stored form: each set in the portable serialization of 64-bit Roaring bitmaps.

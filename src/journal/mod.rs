@@ -194,8 +194,9 @@ impl Drop for Journal {
 
 impl Journal {
     /// Closes the journal and reports whether it closed cleanly: pending deliveries and
-    /// acknowledgements are committed, everything in the log is written into the redb
-    /// file (a checkpoint), and the log is removed, so that the journal is one file again.
+    /// acknowledgements are committed, everything in the logs is written into the redb
+    /// file (a checkpoint), and both log files are removed, so that the journal is one file
+    /// again.
     /// Dropping the last handle does the same but cannot report an error.
     ///
     /// While other handles (clones) exist, this one is dropped and the journal stays open
@@ -218,7 +219,7 @@ impl Journal {
     /// let other = journal.clone();
     /// assert!(other.close().is_err(), "another handle is still open");
     /// journal.close()?;
-    /// assert!(!opjournal::FileLog::path_for(&path).exists());
+    /// assert!(!opjournal::FileLog::paths_for(&path).iter().any(|p| p.exists()));
     /// # Ok::<(), opjournal::Error>(())
     /// ```
     pub fn close(mut self) -> Result<()> {

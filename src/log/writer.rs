@@ -228,14 +228,21 @@ impl Writer {
     /// Whether redb's file says (format 5) that a second log file may hold records, as a
     /// checkpoint of this handle wrote it: a cycle may start there only then.
     pub(crate) fn spare_marked(&self) -> bool {
-        self.spare.as_ref().is_some_and(|s| s.marked)
+        self.spare
+            .as_ref()
+            .is_some_and(|s| s.marked.load(Ordering::SeqCst))
     }
 
     /// Records what the last checkpoint wrote about the second log file.
     pub(crate) fn set_spare_marked(&mut self, marked: bool) {
         if let Some(spare) = self.spare.as_mut() {
-            spare.marked = marked;
+            spare.marked.store(marked, Ordering::SeqCst);
         }
+    }
+
+    /// The flag [`Writer::spare_marked`] reads, for a job that marks the file.
+    pub(crate) fn spare_mark(&self) -> Option<Arc<AtomicBool>> {
+        self.spare.as_ref().map(|s| Arc::clone(&s.marked))
     }
 
     /// Whether the next cycle can start in the second log file now: there is one, and it
@@ -364,7 +371,7 @@ pub(crate) struct Spare {
     /// Where bytes left by its last cycle may end.
     dirty_to: u64,
     /// Whether redb's file says format 5 (see [`Writer::spare_marked`]).
-    marked: bool,
+    marked: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for Spare {
@@ -374,7 +381,7 @@ impl fmt::Debug for Spare {
             .field("handed", &self.handed)
             .field("live", &self.live)
             .field("dirty_to", &self.dirty_to)
-            .field("marked", &self.marked)
+            .field("marked", &self.marked.load(Ordering::SeqCst))
             .finish_non_exhaustive()
     }
 }
@@ -391,7 +398,7 @@ impl Spare {
             handed: false,
             live,
             dirty_to,
-            marked: false,
+            marked: Arc::new(AtomicBool::new(false)),
         })
     }
 }

@@ -614,11 +614,14 @@ fn purged(events: &BTreeMap<u64, (Option<String>, u64)>, seq: u64, op: Option<&s
     }
 }
 
-/// The files' bytes (journal and log), to show that the reader alone changes nothing.
-fn file_bytes(path: &Path) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+/// The files' bytes (journal and both logs), to show that the reader alone changes
+/// nothing.
+fn file_bytes(path: &Path) -> (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>) {
+    let [log, spare] = opjournal::FileLog::paths_for(path);
     (
         std::fs::read(path).ok(),
-        std::fs::read(opjournal::FileLog::path_for(path)).ok(),
+        std::fs::read(log).ok(),
+        std::fs::read(spare).ok(),
     )
 }
 
