@@ -184,7 +184,9 @@ fn export_dump_log_follow_and_backup_leave_a_crashed_journal_and_its_log_byte_id
     {
         let journal = s.open();
         journal.advance_revision("doc/readme", 6).expect("a commit");
-        // The process dies here: its two files as it leaves them.
+        // Nothing of the writer's is still writing in the background.
+        journal.flush().expect("flush");
+        // The process dies here: its files as it leaves them.
         std::fs::copy(&s.path, &crashed).expect("copy the journal");
         std::fs::copy(FileLog::path_for(&s.path), FileLog::path_for(&crashed))
             .expect("copy the log");

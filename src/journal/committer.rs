@@ -359,6 +359,10 @@ impl Inner {
                     Due::Checkpoint => {
                         let _ = self.checkpoint_as(Checkpoint::Switch);
                     }
+                    // An error poisons the handle: later calls say so.
+                    Due::ReadyTwoLogs => {
+                        let _ = self.ready_two_logs();
+                    }
                     Due::Nothing => {}
                 }
                 drop(leader);
@@ -567,9 +571,17 @@ impl Inner {
             return Due::Nothing;
         }
         let size = self.cfg.checkpoint_bytes;
-        let (used, can_switch) = lock(&self.log).as_ref().map_or((0, false), |l| {
-            (l.used(), l.can_switch() && l.spare_marked())
-        });
+        let (used, can_switch, unreadied) =
+            lock(&self.log).as_ref().map_or((0, false, false), |l| {
+                (
+                    l.used(),
+                    l.can_switch() && l.spare_marked(),
+                    l.spare_unreadied(),
+                )
+            });
+        if unreadied && used >= size / 2 {
+            return Due::ReadyTwoLogs;
+        }
         let committed = read_lock(&self.committed);
         // A checkpoint that switches log files costs the leader microseconds: it is due at
         // the checkpoint size whether or not calls are queued. One that must wait (for the
@@ -703,10 +715,12 @@ impl Inner {
         Ok(())
     }
 
-    /// Readies a writer's second log file after open, on the checkpoint thread: the file's
-    /// format record says 5 (a commit of that alone, unless it says so already), and the
-    /// second file is zeroed. The first checkpoint then commits beside the log as the
-    /// others do. Without background checkpoints it is done before the open returns.
+    /// Readies a writer's second log file once, when the log is half way to the handle's
+    /// first checkpoint, on the checkpoint thread: the file's format record says 5 (a
+    /// commit of that alone, unless it says so already, as after a crash), and the second
+    /// file is zeroed. The first checkpoint then commits beside the log as the others do.
+    /// A session too short to checkpoint never writes either. Without background
+    /// checkpoints the call waits for it. An error poisons the handle.
     pub(super) fn ready_two_logs(&self) -> Result<()> {
         let mut guard = lock(&self.log);
         let Some(log) = guard.as_mut() else {
@@ -738,8 +752,9 @@ impl Inner {
         };
         if self.cfg.background_checkpoints {
             self.checkpointer.start(work);
-        } else {
-            self.checkpointer.run(work)?;
+        } else if let Err(e) = self.checkpointer.run(work) {
+            self.poisoned.store(true, Ordering::SeqCst);
+            return Err(e);
         }
         self.prepare_spare(log);
         Ok(())
@@ -940,6 +955,9 @@ impl Inner {
 /// What a batch's growth calls for ([`Inner::due`]).
 enum Due {
     Checkpoint,
+    /// The log is half way to its first checkpoint: ready the second log file
+    /// ([`Inner::ready_two_logs`]) so that the checkpoint can start the next cycle there.
+    ReadyTwoLogs,
     Nothing,
 }
 
@@ -1395,7 +1413,10 @@ mod tests {
             .acknowledge("held", Some("s"))
             .unwrap_or_else(|e| panic!("ack: {e}"));
         // Committed without waiting for the held checkpoint (as `Journal::flush` would).
-        journal.inner.flush().unwrap_or_else(|e| panic!("flush: {e}"));
+        journal
+            .inner
+            .flush()
+            .unwrap_or_else(|e| panic!("flush: {e}"));
         assert!(frozen(&journal), "still before the checkpoint's commit");
         let holders = || {
             use crate::index::View as _;
@@ -1498,7 +1519,10 @@ mod tests {
         let mut n = 0;
         while !frozen(&journal) {
             n += 1;
-            assert!(n < 10_000, "no checkpoint beside the log after {n} operations");
+            assert!(
+                n < 10_000,
+                "no checkpoint beside the log after {n} operations"
+            );
             let id = format!("a{n}");
             let op = Operation::new(&id, intent()).scope(&id).session("s");
             if let Ok(Admission::Fresh(claim)) = journal.submit(op) {

@@ -253,7 +253,6 @@ impl Journal {
         // a journal that can neither write nor read redb is not open, so say so now.
         journal.inner.check_writable()?;
         journal.inner.upgrade_logged(path)?;
-        journal.inner.ready_two_logs()?;
         Ok(journal)
     }
 }

@@ -240,9 +240,17 @@ impl Writer {
         }
     }
 
-    /// The flag [`Writer::spare_marked`] reads, for a job that marks the file.
-    pub(crate) fn spare_mark(&self) -> Option<Arc<AtomicBool>> {
-        self.spare.as_ref().map(|s| Arc::clone(&s.marked))
+    /// The flag [`Writer::spare_marked`] reads, for a job that marks the file, the first
+    /// time it is asked for (`None` after that, and without a second file).
+    pub(crate) fn spare_mark(&mut self) -> Option<Arc<AtomicBool>> {
+        let spare = self.spare.as_mut().filter(|s| !s.readying)?;
+        spare.readying = true;
+        Some(Arc::clone(&spare.marked))
+    }
+
+    /// Whether the second log file has yet to be readied ([`Writer::spare_mark`]).
+    pub(crate) fn spare_unreadied(&self) -> bool {
+        self.spare.as_ref().is_some_and(|s| !s.readying)
     }
 
     /// Whether the next cycle can start in the second log file now: there is one, and it
@@ -372,6 +380,8 @@ pub(crate) struct Spare {
     dirty_to: u64,
     /// Whether redb's file says format 5 (see [`Writer::spare_marked`]).
     marked: Arc<AtomicBool>,
+    /// A job to mark the file and prepare this one was queued ([`Writer::spare_mark`]).
+    readying: bool,
 }
 
 impl fmt::Debug for Spare {
@@ -399,6 +409,7 @@ impl Spare {
             live,
             dirty_to,
             marked: Arc::new(AtomicBool::new(false)),
+            readying: false,
         })
     }
 }

@@ -169,8 +169,24 @@ pub fn write_crashed(path: &Path, cycles: bool) -> opjournal::Result<(Vec<u8>, V
     let running = Operation::new("op_logged_running", intent("scene.paint", 99)?);
     let _ = fresh(&j, running)?;
     j.flush()?;
-    let log = opjournal::FileLog::path_for(path);
-    let mut log = std::fs::read(log).map_err(opjournal::Error::from)?;
+    // The log file that holds the current cycle (the writer starts each cycle in the file
+    // the cycle before did not use, and zeroes that one once it is checkpointed): as the
+    // seed's one log, recovery reads it the same.
+    let mut logs = Vec::new();
+    for log in opjournal::FileLog::paths_for(path) {
+        if log.exists() {
+            logs.push(std::fs::read(log).map_err(opjournal::Error::from)?);
+        }
+    }
+    const FIRST_RECORD: std::ops::Range<usize> = 4096..4124;
+    let current = logs
+        .iter()
+        .position(|l| {
+            l.get(FIRST_RECORD)
+                .is_some_and(|r| r.iter().any(|b| *b != 0))
+        })
+        .unwrap_or(0);
+    let mut log = logs.swap_remove(current);
     // The log is preallocated with zeros: without them it reads the same (its records end
     // where the file does), and the seed stays small enough for the fuzzer's input limit.
     let used = log.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
