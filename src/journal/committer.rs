@@ -672,11 +672,10 @@ impl Inner {
         let marked = Arc::new(AtomicBool::new(false));
         let says_two_logs = Arc::clone(&marked);
         self.checkpointer.run(move || {
-            let txn = db.begin_write()?;
+            let mut txn = db.begin_write()?;
             // Quick repair: the allocator state is saved with the commit, so that
             // reopening after a crash, and read-only opens of a crashed file, need no full
             // scan.
-            let mut txn = txn;
             txn.set_quick_repair(quick_repair);
             index::checkpoint(&txn, &mem, defer)?;
             {
@@ -713,6 +712,20 @@ impl Inner {
             self.prepare_spare(log);
         }
         Ok(())
+    }
+
+    /// Waits, without taking the committer, while a checkpoint commits beside the log and
+    /// the log has grown to the checkpoint size again (the next checkpoint would have to
+    /// wait for it): for background work (a compaction pass), which fills the log faster
+    /// than the checkpoint thread commits it, so that the wait is the pass's and not that
+    /// of the foreground calls queued behind a leader.
+    pub(super) fn wait_for_checkpoint_room(&self) {
+        let full = lock(&self.log)
+            .as_ref()
+            .is_some_and(|l| l.used() >= self.cfg.checkpoint_bytes);
+        if full && read_lock(&self.committed).frozen.is_some() {
+            self.checkpointer.wait_idle();
+        }
     }
 
     /// Readies a writer's second log file once, when the log is half way to the handle's
@@ -1121,6 +1134,22 @@ mod tests {
         }
     }
 
+    /// The version the closed journal file's format record stores (4 and 5 as they are).
+    fn stored_format(path: &std::path::Path) -> u32 {
+        let db = redb::ReadOnlyDatabase::open(path).unwrap_or_else(|e| panic!("open: {e}"));
+        let txn = db.begin_read().unwrap_or_else(|e| panic!("read: {e}"));
+        let meta = txn
+            .open_table(<crate::index::Meta as Table>::def())
+            .unwrap_or_else(|e| panic!("meta: {e}"));
+        let bytes = meta
+            .get("format")
+            .unwrap_or_else(|e| panic!("get: {e}"))
+            .unwrap_or_else(|| panic!("a format record"));
+        crate::index::decode_format_raw(bytes.value())
+            .unwrap_or_else(|e| panic!("decode: {e}"))
+            .format_version
+    }
+
     /// The file's events table as redb holds it (purged events not yet removed included),
     /// and whether its `meta` table holds deferred purges.
     fn raw_events(db: &impl ReadableDatabase) -> (u64, bool) {
@@ -1327,9 +1356,11 @@ mod tests {
                 .unwrap_or_else(|e| panic!("lookup: {e}"))
                 .map(|r| r.status);
             assert_eq!(seen, Some(crate::ExecutionStatus::Applied));
-            // Killed now: the files as they are, both cycles in the logs.
+            // Killed now: the files as they are, both cycles in the logs. The file says
+            // format 5, which a build that reads one log file refuses.
             let copy = dir.path().join("copy.opj");
             copy_journal(&path, &copy);
+            assert_eq!(stored_format(&copy), crate::index::purged::FORMAT_TWO_LOGS);
             // `verify` reads both cycles and finds nothing wrong; a record damaged in the
             // second file, with valid ones after it, is damage.
             let report = crate::verify(&copy).unwrap_or_else(|e| panic!("verify: {e}"));
@@ -1365,6 +1396,11 @@ mod tests {
                 assert_applied(&crashed, "a", m);
                 crashed.close().unwrap_or_else(|e| panic!("close: {e}"));
             }
+            assert_eq!(
+                stored_format(&copy),
+                u32::from(crate::codec::FORMAT_VERSION),
+                "a clean close leaves a file any format-3 build reads"
+            );
             assert!(
                 !crate::FileLog::paths_for(&copy).iter().any(|p| p.exists()),
                 "a clean close removes both log files"

@@ -151,6 +151,10 @@ fn passes(inner: &Inner, yielding: bool, report: &mut CompactionReport) -> Resul
     if let Some(mut resume) = first_batch(inner)? {
         let limit = inner.cfg.compaction_batch;
         loop {
+            // A checkpoint committing beside the log while the log has filled up again:
+            // the pass waits for it here, outside the committer, instead of making the
+            // leader wait for it with foreground calls queued behind.
+            inner.wait_for_checkpoint_room();
             let waiting = inner.foreground_waiting.clone();
             let from = resume.clone();
             let batch = move |ctx: &mut machine::Ctx<'_, '_>| {
