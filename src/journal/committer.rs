@@ -1134,9 +1134,13 @@ mod tests {
         }
     }
 
-    /// The version the closed journal file's format record stores (4 and 5 as they are).
+    /// The version the journal file's format record stores (4 and 5 as they are), read
+    /// from a copy that redb recovers if it was not closed.
     fn stored_format(path: &std::path::Path) -> u32 {
-        let db = redb::ReadOnlyDatabase::open(path).unwrap_or_else(|e| panic!("open: {e}"));
+        let scratch = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let copy = scratch.path().join("format.redb");
+        std::fs::copy(path, &copy).unwrap_or_else(|e| panic!("copy: {e}"));
+        let db = redb::Database::open(&copy).unwrap_or_else(|e| panic!("open: {e}"));
         let txn = db.begin_read().unwrap_or_else(|e| panic!("read: {e}"));
         let meta = txn
             .open_table(<crate::index::Meta as Table>::def())
