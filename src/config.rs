@@ -109,9 +109,9 @@ pub(crate) struct Config {
     pub compaction_scan: Option<bool>,
     pub quick_repair: bool,
     pub checkpoint_bytes: u64,
-    /// Whether a checkpoint's head start runs on the checkpoint thread while calls go on
-    /// (else the call that reaches it waits for it, so every write happens at a point the
-    /// calls determine).
+    /// Whether a checkpoint commits on the checkpoint thread while calls go on logging into
+    /// the other log file (else the call that starts it waits for it, so every write
+    /// happens at a point the calls determine).
     pub background_checkpoints: bool,
     pub replay_cache_bytes: usize,
     pub cache_bytes: usize,

@@ -183,10 +183,8 @@ struct Harness {
 }
 
 /// Whether a step that took the redb file's counters from `before` to `after` committed a
-/// checkpoint: it wrote pages and synced them. A head start (at three quarters of the
-/// checkpoint size, the memtable so far is written into the checkpoint's transaction) may
-/// grow the file and sync its new length, but at these sizes its pages wait in redb's write
-/// buffer for the commit: it syncs without writing.
+/// checkpoint: it wrote pages and synced them. (These journals have one log storage, so
+/// every checkpoint commits in the step that reaches it.)
 fn committed_a_checkpoint(before: &FileStats, after: &FileStats) -> bool {
     after.syncs > before.syncs && after.writes > before.writes
 }
@@ -844,8 +842,7 @@ fn crash_after_a_log_sync_before_the_checkpoint_replays_the_logged_calls() -> Re
 }
 
 /// How the first checkpoint of `seed`'s workload writes the redb file: the step that commits
-/// it, and the writes and syncs of the redb file from the start up to that commit, its
-/// head start's (an earlier step's) included.
+/// it, and the writes and syncs of the redb file from the start up to that commit.
 fn first_checkpoint(seed: u64) -> Result<(u64, u64, u64), String> {
     let mut h = Harness::new(seed, checkpointing(), false)?;
     let start = h.disk.stats().db;
@@ -894,7 +891,7 @@ fn power_cut_at_every_write_and_sync_of_a_checkpoint_keeps_every_acknowledged_ca
 }
 
 /// How the `n`-th checkpoint (`n` ≥ 2) of `seed`'s workload writes the redb file: its
-/// writes and syncs counted from the commit of the one before (its head start's included).
+/// writes and syncs counted from the commit of the one before.
 fn later_checkpoint(seed: u64, n: u64) -> Result<(u64, u64), String> {
     let mut h = Harness::new(seed, checkpointing(), false)?;
     if !h.steps_until_checkpoints(n - 1, 800)? {

@@ -14,9 +14,10 @@ use crate::model::ModelConfig;
 /// is `disk.backend()`, the log `disk.log()`, with redb in the concurrency mode of
 /// `cfg.sharing`, as on a file (with `LiveReaders`, a checkpoint's commit marks its new
 /// primary unflushed until its flush, and clears the mark in a write of its own that the
-/// next sync makes durable). Checkpoints run in the foreground (`background_checkpoints(false)`): a
-/// head start's writes then happen at a point the calls determine, so a trigger armed for
-/// the n-th write or sync fires at the same step in every run.
+/// next sync makes durable). Checkpoints run in the foreground (`background_checkpoints(false)`,
+/// and one log storage, so each commits in the step that reaches it): their writes happen
+/// at a point the calls determine, so a trigger armed for the n-th write or sync fires at
+/// the same step in every run.
 pub fn open(
     cfg: &ModelConfig,
     clock: &ManualClock,
