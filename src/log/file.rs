@@ -50,21 +50,12 @@ impl FileLog {
     ///
     /// The I/O error of opening or creating it.
     pub fn open(path: &Path) -> io::Result<FileLog> {
-        let existed = path.exists();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
-        if !existed {
+        let log = FileLog::open_lazily(path)?;
+        if log.name_unsynced.load(Ordering::SeqCst) {
             crate::fsutil::sync_parent(path)?;
+            log.name_unsynced.store(false, Ordering::SeqCst);
         }
-        Ok(FileLog {
-            file,
-            path: path.to_path_buf(),
-            name_unsynced: AtomicBool::new(false),
-        })
+        Ok(log)
     }
 
     /// As [`FileLog::open`], but a file it creates has its name made durable by its first

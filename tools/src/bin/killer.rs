@@ -174,7 +174,7 @@ fn open_file(w: &Workload, path: &Path, sharing: Sharing) -> opjournal::Result<J
             {
                 std::thread::sleep(Duration::from_millis(2));
             }
-            Err(e) if matches!(e.kind(), opjournal::ErrorKind::Io { .. }) && !io_retried => {
+            Err(e) if matches!(e.kind(), opjournal::ErrorKind::Io) && !io_retried => {
                 io_retried = true;
             }
             r => return r,
@@ -623,9 +623,12 @@ fn purged(events: &BTreeMap<u64, (Option<String>, u64)>, seq: u64, op: Option<&s
     }
 }
 
+/// The bytes of a journal file and of its two log files (`None`: absent).
+type FileBytes = (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>);
+
 /// The files' bytes (journal and both logs), to show that the reader alone changes
 /// nothing.
-fn file_bytes(path: &Path) -> (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>) {
+fn file_bytes(path: &Path) -> FileBytes {
     let [log, spare] = opjournal::FileLog::paths_for(path);
     (
         std::fs::read(path).ok(),
