@@ -847,7 +847,8 @@ impl Inner {
                     let mut meta = txn.open_table(<index::Meta as index::Table>::def())?;
                     meta.insert("checkpoint", record.as_slice())?;
                 }
-                index::mark_two_logs(&txn, true)?;
+                // The file says format 5 already: a switch waits for that mark, and
+                // deferred purges leave it as it is (`Purged::write_in`).
                 txn.commit()?;
                 let base = Base::new(db.begin_read()?);
                 let unfrozen = {
