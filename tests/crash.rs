@@ -56,8 +56,11 @@ struct Figures {
     runs: u64,
     /// I/O errors injected (EIO/ENOSPC) and power cuts in the middle of an operation.
     faults: u64,
-    /// Of those, first faults that hit the log, and the redb file (a checkpoint, a close).
+    /// Of those, first faults that hit the log (either of its files), and the redb file (a
+    /// checkpoint, a close).
     faults_on_log: u64,
+    /// First faults that hit the log's second file (runs that keep two).
+    faults_on_log2: u64,
     faults_on_db: u64,
     /// Episodes ended by a power cut (mid-operation or between calls).
     power_cuts: u64,
@@ -69,6 +72,11 @@ struct Figures {
     verified_images: u64,
     /// Reopens that found records in the log (of the cycle in progress or an earlier one).
     reopens_with_log: u64,
+    /// Reopens that found records in the log's second file (runs that keep two).
+    reopens_with_log2: u64,
+    /// Reopens that found records in both log files (a cut lost the zeroing of the file an
+    /// ended cycle used: recovery must not follow into a stale cycle).
+    reopens_with_two_logs: u64,
     /// Workload steps during which a checkpoint committed redb (and the log started over).
     checkpoint_steps: u64,
     disk: DiskStats,
@@ -80,6 +88,7 @@ impl Figures {
         self.runs += o.runs;
         self.faults += o.faults;
         self.faults_on_log += o.faults_on_log;
+        self.faults_on_log2 += o.faults_on_log2;
         self.faults_on_db += o.faults_on_db;
         self.power_cuts += o.power_cuts;
         self.process_crashes += o.process_crashes;
@@ -88,14 +97,18 @@ impl Figures {
         self.open_faults += o.open_faults;
         self.verified_images += o.verified_images;
         self.reopens_with_log += o.reopens_with_log;
+        self.reopens_with_log2 += o.reopens_with_log2;
+        self.reopens_with_two_logs += o.reopens_with_two_logs;
         self.checkpoint_steps += o.checkpoint_steps;
         self.disk.add(&o.disk);
         self.workload.add(&o.workload);
     }
 }
 
-fn random_trigger(rng: &mut Rng) -> Trigger {
+/// A random trigger; with `two_logs`, half the log's go to its second file.
+fn random_trigger(rng: &mut Rng, two_logs: bool) -> Trigger {
     let file = match rng.below(20) {
+        0..=7 if two_logs && rng.chance(50) => Some(DiskFile::Log2),
         0..=7 => Some(DiskFile::Log),
         8..=14 => Some(DiskFile::Db),
         _ => None,
@@ -109,7 +122,7 @@ fn random_trigger(rng: &mut Rng) -> Trigger {
     // A commit is one log write and one log sync; a checkpoint dozens of redb writes and a
     // few redb syncs.
     let nth = match (kind, file) {
-        (IoKind::Write, Some(DiskFile::Log)) => 1 + rng.below(10),
+        (IoKind::Write, Some(DiskFile::Log | DiskFile::Log2)) => 1 + rng.below(10),
         (IoKind::Write, Some(DiskFile::Db)) => 1 + rng.below(64),
         (IoKind::Write, None) => 1 + rng.below(32),
         (IoKind::Sync, Some(DiskFile::Db)) => 1 + rng.below(4),
@@ -166,10 +179,15 @@ enum End {
     PowerCut(CutPolicy),
 }
 
-/// Whether the log in `image` holds a record at its first record position (records of the
-/// cycle in progress, or left from an earlier one).
+/// Whether a log file holds a record at its first record position (records of the cycle in
+/// progress, or left from an earlier one).
+fn holds_records(log: &opjournal_testkit::fault_backend::Image) -> bool {
+    log.get(LOG_START..LOG_START + 2).as_deref() == Some(b"OL".as_slice())
+}
+
+/// Whether either log file in `image` holds records.
 fn log_holds_records(image: &DiskImage) -> bool {
-    image.log.get(LOG_START..LOG_START + 2).as_deref() == Some(b"OL".as_slice())
+    holds_records(&image.log) || holds_records(&image.log2)
 }
 
 /// A journal on the fault disk, the workload and model driving it, and the figures.
@@ -183,8 +201,9 @@ struct Harness {
 }
 
 /// Whether a step that took the redb file's counters from `before` to `after` committed a
-/// checkpoint: it wrote pages and synced them. (These journals have one log storage, so
-/// every checkpoint commits in the step that reaches it.)
+/// checkpoint: it wrote pages and synced them. (These journals checkpoint in the
+/// foreground: with one log file or two, every checkpoint commits in the step that reaches
+/// it.)
 fn committed_a_checkpoint(before: &FileStats, after: &FileStats) -> bool {
     after.syncs > before.syncs && after.writes > before.writes
 }
@@ -238,9 +257,16 @@ impl Harness {
     /// commit protocol requires: a fault on the log fails the call whose record it hit; a
     /// fault on the redb file (a checkpoint, after the call's record was synced) poisons the
     /// handle, whatever the call answered.
+    ///
+    /// With two log files, a fault on either after a sync during the call (of a log file:
+    /// the call's record; of the redb file: a checkpoint's commit) is a fault of the
+    /// checkpoint's work after the call's commit point (the zeroing of the file the ended
+    /// cycle used, or the readying of the second file): the call may answer `Ok`, and the
+    /// handle must be poisoned.
     fn step(&mut self) -> Result<Stepped, String> {
         let fired_before = self.disk.fired();
-        let db = self.disk.stats().db;
+        let before = self.disk.stats();
+        let db = before.db;
         let j = self.journal.as_ref().ok_or("no journal open")?;
         let stepped = match self.w.step(j) {
             Ok(s) => s,
@@ -253,8 +279,21 @@ impl Harness {
             self.w.note(format!("fault fired on the {file:?} file"));
             let answered_ok = matches!(stepped, Stepped::Ok { .. } | Stepped::Refused);
             let poisoned = self.journal()?.is_poisoned();
+            let log_syncs = |s: &DiskStats| s.log.syncs + s.log2.syncs;
+            let after_a_checkpoint = self.cfg.two_logs
+                && self.disk.stats_at_fault().is_some_and(|at| {
+                    at.db.syncs > db.syncs || log_syncs(&at) > log_syncs(&before)
+                });
             match file {
-                DiskFile::Log if answered_ok => {
+                DiskFile::Log | DiskFile::Log2 if answered_ok && after_a_checkpoint => {
+                    let dead = self.disk.is_dead();
+                    if !poisoned && !dead {
+                        return Err(self.fail(format!(
+                            "a fault on the {file:?} file fired after a sync during a call ({stepped:?}) and the handle is not poisoned"
+                        )));
+                    }
+                }
+                DiskFile::Log | DiskFile::Log2 if answered_ok => {
                     return Err(self.fail(format!(
                         "a fault on the log fired during a call that returned {stepped:?}: the caller was not told"
                     )));
@@ -296,6 +335,10 @@ impl Harness {
         self.figures.faults += stats.faults;
         match self.disk.fired_on() {
             Some(DiskFile::Log) => self.figures.faults_on_log += 1,
+            Some(DiskFile::Log2) => {
+                self.figures.faults_on_log += 1;
+                self.figures.faults_on_log2 += 1;
+            }
             Some(DiskFile::Db) => self.figures.faults_on_db += 1,
             None => {}
         }
@@ -358,10 +401,16 @@ impl Harness {
         if log_holds_records(&image) {
             self.figures.reopens_with_log += 1;
         }
+        if holds_records(&image.log2) {
+            self.figures.reopens_with_log2 += 1;
+            if holds_records(&image.log) {
+                self.figures.reopens_with_two_logs += 1;
+            }
+        }
         self.disk = FaultDisk::from_image(image);
         self.w.model.before_reopen();
         if open_fault {
-            let t = random_trigger(rng);
+            let t = random_trigger(rng, self.cfg.two_logs);
             self.w.note(format!("ARM during open {t:?}"));
             self.disk.arm(t);
             match open(&self.cfg, &self.clock, &self.disk) {
@@ -421,7 +470,7 @@ fn run(seed: u64, verbose: bool) -> Result<Figures, String> {
             8 + orng.below(48)
         };
         let fault_at = orng.chance(65).then(|| orng.below(steps));
-        let trigger = random_trigger(&mut orng);
+        let trigger = random_trigger(&mut orng, h.cfg.two_logs);
         for s in 0..steps {
             if Some(s) == fault_at {
                 h.w.note(format!("ARM {trigger:?}"));
@@ -474,10 +523,11 @@ fn run(seed: u64, verbose: bool) -> Result<Figures, String> {
 fn summary(f: &Figures) -> String {
     let w = &f.workload;
     format!(
-        "crash runs: {} runs; faults injected: {} (I/O errors and mid-operation power cuts; the first of an episode hit the log {} times and the redb file {} times; {} hit the reopen itself); episodes ended by {} power cuts, {} process crashes, {} clean closes ({} of them followed by a power cut); {} workload steps ran a checkpoint; {} reopens found records in the log; {} calls ({} failed with the outcome unknown, {} refused by a poisoned handle, {} answered Ok before a failed checkpoint poisoned the handle); {} reopens checked; acknowledged durable calls checked: {}; lazily durable or uncertain states lost (allowed): {}; running at the cut and found in doubt: {}; effects applied: {}; images verified: {}; log: {} writes ({} MiB), {} syncs; redb file: {} writes, {} syncs; violations: 0",
+        "crash runs: {} runs; faults injected: {} (I/O errors and mid-operation power cuts; the first of an episode hit the log {} times ({} its second file) and the redb file {} times; {} hit the reopen itself); episodes ended by {} power cuts, {} process crashes, {} clean closes ({} of them followed by a power cut); {} workload steps ran a checkpoint; {} reopens found records in the log ({} in its second file, {} in both); {} calls ({} failed with the outcome unknown, {} refused by a poisoned handle, {} answered Ok before a failed checkpoint poisoned the handle); {} reopens checked; acknowledged durable calls checked: {}; lazily durable or uncertain states lost (allowed): {}; running at the cut and found in doubt: {}; effects applied: {}; images verified: {}; log files: {} writes ({} MiB), {} syncs; redb file: {} writes, {} syncs; violations: 0",
         f.runs,
         f.faults,
         f.faults_on_log,
+        f.faults_on_log2,
         f.faults_on_db,
         f.open_faults,
         f.power_cuts,
@@ -486,6 +536,8 @@ fn summary(f: &Figures) -> String {
         f.clean_then_cut,
         f.checkpoint_steps,
         f.reopens_with_log,
+        f.reopens_with_log2,
+        f.reopens_with_two_logs,
         w.calls,
         w.failures,
         w.poisoned_refusals,
@@ -496,9 +548,9 @@ fn summary(f: &Figures) -> String {
         w.running_at_cut,
         w.applications,
         f.verified_images,
-        f.disk.log.writes,
-        f.disk.log.bytes_written >> 20,
-        f.disk.log.syncs,
+        f.disk.log.writes + f.disk.log2.writes,
+        (f.disk.log.bytes_written + f.disk.log2.bytes_written) >> 20,
+        f.disk.log.syncs + f.disk.log2.syncs,
         f.disk.db.writes,
         f.disk.db.syncs,
     )
@@ -583,6 +635,9 @@ fn seeded_power_cuts_and_faults_keep_every_invariant() {
                 // on reopen, stale logs beside a closed journal, failed checkpoints.
                 assert!(f.faults_on_log > 0 && f.faults_on_db > 0, "{f:?}");
                 assert!(f.reopens_with_log > 0 && f.clean_then_cut > 0, "{f:?}");
+                // Half the runs keep the log in two files: faults hit the second, and
+                // reopens read cycles from it.
+                assert!(f.faults_on_log2 > 0 && f.reopens_with_log2 > 0, "{f:?}");
                 assert!(f.workload.checkpoint_failures > 0, "{f:?}");
                 assert!(2 * f.checkpoint_steps > f.runs, "{f:?}");
             }
@@ -890,6 +945,113 @@ fn power_cut_at_every_write_and_sync_of_a_checkpoint_keeps_every_acknowledged_ca
     Ok(())
 }
 
+/// [`checkpointing`] with the log in two files, as a journal file keeps it.
+fn checkpointing_two_logs() -> ModelConfig {
+    let mut cfg = checkpointing();
+    cfg.two_logs = true;
+    cfg
+}
+
+/// The operations of one kind on one file that a window of steps performed.
+fn ops_of(stats: &DiskStats, file: DiskFile, kind: IoKind) -> u64 {
+    let f = match file {
+        DiskFile::Db => &stats.db,
+        DiskFile::Log => &stats.log,
+        DiskFile::Log2 => &stats.log2,
+    };
+    match kind {
+        IoKind::Write => f.writes,
+        IoKind::Sync => f.syncs,
+        IoKind::SetLen => f.set_lens,
+        IoKind::Remove => f.removes,
+    }
+}
+
+/// With two log files, the first commit into redb readies the second file (the format
+/// record says 5, the file is zeroed), the second switches files (the next cycle starts in
+/// `-log2`, redb commits the ended one, the first file is zeroed) and the third switches
+/// back (the checkpoints run in the foreground: each switches, commits and zeroes in the
+/// step that reaches it). A power cut at every write, length change and sync of every file
+/// from the first of those steps to the third leaves files that verify clean and reopen
+/// with every acknowledged call, the cycle in progress read from either file.
+#[test]
+fn power_cut_at_every_write_and_sync_of_a_switch_of_log_files_keeps_every_acknowledged_call()
+-> Result<(), String> {
+    let seed = 0xC4EC_5EE2;
+    // The window: from the start of the step that first commits into redb to the end of
+    // the step that commits the third time.
+    let (before_window, counts) = {
+        let mut h = Harness::new(seed, checkpointing_two_logs(), false)?;
+        let mut steps = 0u64;
+        loop {
+            let db = h.disk.stats().db;
+            h.step()?;
+            if committed_a_checkpoint(&db, &h.disk.stats().db) {
+                break;
+            }
+            steps += 1;
+            assert!(steps < 400, "no commit into redb in 400 steps");
+        }
+        // Again, counting from the window's start.
+        let mut h = Harness::new(seed, checkpointing_two_logs(), false)?;
+        h.steps_until(steps, |_, _| false)?;
+        let start = h.disk.stats();
+        assert!(
+            h.steps_until_checkpoints(3, 800)?,
+            "three commits into redb"
+        );
+        let end = h.disk.stats();
+        let mut counts = Vec::new();
+        for file in DiskFile::ALL {
+            for kind in [IoKind::Write, IoKind::SetLen, IoKind::Sync] {
+                counts.push((
+                    file,
+                    kind,
+                    ops_of(&end, file, kind) - ops_of(&start, file, kind),
+                ));
+            }
+        }
+        (steps, counts)
+    };
+    let total = |file: DiskFile, kind: IoKind| {
+        counts
+            .iter()
+            .find(|c| c.0 == file && c.1 == kind)
+            .map_or(0, |c| c.2)
+    };
+    assert!(
+        total(DiskFile::Log2, IoKind::Write) > 0
+            && total(DiskFile::Log, IoKind::Write) > 0
+            && total(DiskFile::Db, IoKind::Sync) >= 3,
+        "the window writes both log files and commits redb three times: {counts:?}"
+    );
+    let (mut points, mut in_log, mut in_log2) = (0, 0, 0);
+    for &(file, kind, n) in &counts {
+        for nth in 1..=n {
+            let mut h = Harness::new(seed, checkpointing_two_logs(), false)?;
+            h.steps_until(before_window, |_, _| false)?;
+            h.disk
+                .arm(Trigger::on(file, kind, nth, FaultAction::PowerCut));
+            let cut = h.steps_until(800, |h, _| h.disk.is_dead())?;
+            assert!(cut, "{file:?} {kind:?} #{nth} was never reached");
+            h.journal = None;
+            for (policy, image) in cut_images(&h.disk, nth) {
+                in_log += u64::from(holds_records(&image.log));
+                in_log2 += u64::from(holds_records(&image.log2));
+                reopen_copy(&h, &image, &format!("{file:?} {kind:?} #{nth}, {policy:?}"))?;
+            }
+            points += 1;
+        }
+    }
+    let expected: u64 = counts.iter().map(|c| c.2).sum();
+    assert_eq!(points, expected, "every operation in the window was cut");
+    assert!(
+        in_log > 0 && in_log2 > 0,
+        "cuts left records in the first file {in_log} times, in the second {in_log2} times"
+    );
+    Ok(())
+}
+
 /// How the `n`-th checkpoint (`n` ≥ 2) of `seed`'s workload writes the redb file: its
 /// writes and syncs counted from the commit of the one before.
 fn later_checkpoint(seed: u64, n: u64) -> Result<(u64, u64), String> {
@@ -1103,6 +1265,7 @@ fn a_stale_log_of_another_journal_beside_the_redb_file_is_ignored() -> Result<()
         let mixed = DiskImage {
             db: closed.db,
             log: crashed.log,
+            log2: crashed.log2,
         };
         a.reopen(mixed, &mut rng, false)?;
         a.steps_until(10, |_, _| false)?;
@@ -1129,6 +1292,7 @@ fn a_stale_log_of_an_earlier_cycle_beside_the_redb_file_is_ignored() -> Result<(
         let mixed = DiskImage {
             db: closed.db,
             log: early.log,
+            log2: early.log2,
         };
         h.reopen(mixed, &mut rng, false)?;
         h.steps_until(10, |_, _| false)?;
@@ -1287,6 +1451,7 @@ fn v2_with_log_image() -> DiskImage {
     DiskImage {
         db: opjournal_testkit::fault_backend::Image::from_bytes(&read("v2-with-log.opj")),
         log: opjournal_testkit::fault_backend::Image::from_bytes(&read("v2-with-log.opj-log")),
+        log2: Default::default(),
     }
 }
 

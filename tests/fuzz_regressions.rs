@@ -627,6 +627,7 @@ fn open_on_custom_storage_answers_corrupt_when_the_storage_engine_panics() {
     let disk = fault_backend::FaultDisk::from_image(fault_backend::DiskImage {
         db: bytes.into(),
         log: Vec::new().into(),
+        log2: Vec::new().into(),
     });
     let outcome = std::panic::catch_unwind(|| {
         Journal::builder().open_backends(disk.backend(), disk.log(), "damaged")

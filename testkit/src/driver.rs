@@ -176,10 +176,10 @@ pub struct Workload {
 pub const SMALL_CHECKPOINT: u64 = 64 << 10;
 
 /// The configuration a seed uses: short clocks, and per seed a scope lock policy, a
-/// session window and a compaction batch size; and for six seeds in ten the smallest
-/// checkpoint size with results of up to 64 or 128 KiB, so that checkpoints (and crashes
-/// during them, and records of the next cycle overwriting the last one's) come every few
-/// completed operations.
+/// session window, a compaction batch size, one log file or two on the fault disk (half the
+/// seeds each); and for six seeds in ten the smallest checkpoint size with results of up to
+/// 64 or 128 KiB, so that checkpoints (and crashes during them, and records of the next
+/// cycle overwriting the last one's) come every few completed operations.
 pub fn config_for(seed: u64, sharing: Sharing) -> ModelConfig {
     let mut rng = Rng::new(seed ^ 0xC0F1_6000);
     let mut cfg = ModelConfig::small();
@@ -192,6 +192,8 @@ pub fn config_for(seed: u64, sharing: Sharing) -> ModelConfig {
     cfg.compaction_batch = 1 + rng.below(4) as usize;
     // From a generator of its own, so that each seed's other choices stay as they were.
     cfg.compaction_scan = Rng::new(seed ^ 0x5CA7_0000).chance(50).then_some(true);
+    // Likewise: half the seeds keep the log in two files, as a journal file does.
+    cfg.two_logs = Rng::new(seed ^ 0x2106_0000).chance(50);
     cfg.sharing = sharing;
     if rng.chance(60) {
         cfg.checkpoint_size = Some(SMALL_CHECKPOINT);

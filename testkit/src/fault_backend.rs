@@ -1,11 +1,13 @@
-//! A simulated disk holding a journal's two files, the redb file and its log, with fault
-//! injection, for crash tests.
+//! A simulated disk holding a journal's files, the redb file and its log (and the log's
+//! second file, `<journal>-log2`, for journals opened with it), with fault injection, for
+//! crash tests.
 //!
 //! Self-contained (std, redb and opjournal's [`LogStorage`] trait only), so fuzz targets and
 //! tools can include it by path.
 //!
 //! [`FaultDisk::backend`] is the redb file (a [`redb::StorageBackend`]) and
-//! [`FaultDisk::log`] the log beside it (an [`opjournal::LogStorage`]). Each file keeps two
+//! [`FaultDisk::log`] the log beside it (an [`opjournal::LogStorage`]), [`FaultDisk::log2`]
+//! the log's second file (another one, for `open_backends_with_spare_log`). Each file keeps two
 //! images, as redb's own crash tests do:
 //! - `live`: every write and length change, as the process sees the file (the page cache);
 //! - `durable`: what the file's last completed `sync_data` made permanent.
@@ -14,14 +16,14 @@
 //! only that file's pending writes durable, as `fdatasync` does. A simulated power cut
 //! keeps, drops or half-applies each pending write of each file (torn at 512-byte sector
 //! granularity, each sector of a torn write landing or not independently), in any
-//! combination: the disk may reorder unsynced writes, within a file and across the two. A
+//! combination: the disk may reorder unsynced writes, within a file and across files. A
 //! process crash without power loss keeps `live`. Removing the log (a clean close) is a
 //! pending change too, which a power cut may keep or drop (the directory is not synced).
 //!
 //! Faults: the Nth write, set_len, sync or remove, of either file or of one of them, from
 //! the moment a [`Trigger`] is armed fails with `EIO` or `ENOSPC`, once or from then on, or
 //! the power is cut at that moment (the operation does not happen and every later one, on
-//! both files, fails: the process is dead). The two files share one fault counter, one
+//! every file, fails: the process is dead). The files share one fault counter, one
 //! power state and one set of statistics. A failed sync makes nothing durable; its pending
 //! writes stay pending, as Linux may have dropped them from the page cache (the
 //! "fsyncgate" behaviour).
@@ -49,6 +51,9 @@ pub enum DiskFile {
     Db,
     /// The log beside it (the commit point).
     Log,
+    /// The log's second file (a journal opened with a spare log keeps each cycle of the
+    /// log in the file the cycle before did not use).
+    Log2,
 }
 
 impl DiskFile {
@@ -56,11 +61,17 @@ impl DiskFile {
         match self {
             DiskFile::Db => 0,
             DiskFile::Log => 1,
+            DiskFile::Log2 => 2,
         }
     }
 
-    /// Both files.
-    pub const ALL: [DiskFile; 2] = [DiskFile::Db, DiskFile::Log];
+    /// Every file.
+    pub const ALL: [DiskFile; 3] = [DiskFile::Db, DiskFile::Log, DiskFile::Log2];
+
+    /// Whether it is one of the log's files.
+    pub fn is_log(self) -> bool {
+        matches!(self, DiskFile::Log | DiskFile::Log2)
+    }
 }
 
 /// The kinds of operation a trigger counts.
@@ -91,7 +102,7 @@ impl IoKind {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum FaultAction {
     /// The operation fails with this errno (`EIO` or `ENOSPC`) and does nothing. With
-    /// `persistent`, every later operation of the same kind fails too (on both files).
+    /// `persistent`, every later operation of the same kind fails too (on every file).
     Fail {
         /// The raw OS error.
         errno: i32,
@@ -104,7 +115,7 @@ pub enum FaultAction {
 }
 
 /// Fire `action` at the `nth` (1-based) operation of `kind` counted from arming, on `file`
-/// (or on either file, counted together, for `None`).
+/// (or on any file, counted together, for `None`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Trigger {
     /// Which operations are counted.
@@ -113,12 +124,12 @@ pub struct Trigger {
     pub nth: u64,
     /// What happens.
     pub action: FaultAction,
-    /// Which file's operations count (`None`: both).
+    /// Which file's operations count (`None`: all).
     pub file: Option<DiskFile>,
 }
 
 impl Trigger {
-    /// A trigger counting the operations of both files.
+    /// A trigger counting the operations of every file.
     pub fn any(kind: IoKind, nth: u64, action: FaultAction) -> Trigger {
         Trigger {
             kind,
@@ -236,6 +247,8 @@ pub struct DiskStats {
     pub db: FileStats,
     /// The log's.
     pub log: FileStats,
+    /// The log's second file's.
+    pub log2: FileStats,
     /// Faults injected (failed operations and power cuts).
     pub faults: u64,
     /// Syncs attempted after the power was cut, or of a file after a fault fired on it (a
@@ -248,6 +261,7 @@ impl DiskStats {
     pub fn add(&mut self, o: &DiskStats) {
         self.db.add(&o.db);
         self.log.add(&o.log);
+        self.log2.add(&o.log2);
         self.faults += o.faults;
         self.syncs_after_fault += o.syncs_after_fault;
     }
@@ -399,13 +413,16 @@ impl From<Vec<u8>> for Image {
     }
 }
 
-/// What a disk holds: the redb file and the log (empty when absent), as a reboot finds them.
+/// What a disk holds: the redb file and the log's files (empty when absent), as a reboot
+/// finds them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DiskImage {
     /// The redb file.
     pub db: Image,
     /// The log file (empty: absent or empty).
     pub log: Image,
+    /// The log's second file (empty: absent or empty).
+    pub log2: Image,
 }
 
 impl DiskImage {
@@ -414,6 +431,7 @@ impl DiskImage {
         match file {
             DiskFile::Db => &self.db,
             DiskFile::Log => &self.log,
+            DiskFile::Log2 => &self.log2,
         }
     }
 }
@@ -427,7 +445,7 @@ struct FileState {
 
 #[derive(Debug, Default)]
 struct State {
-    files: [FileState; 2],
+    files: [FileState; 3],
     counts: [u64; 4],
     trigger: Option<Trigger>,
     /// Kinds that fail from now on, with their errno.
@@ -436,6 +454,8 @@ struct State {
     dead: bool,
     /// The file the first fault fired on.
     fired_on: Option<DiskFile>,
+    /// The counters when the first fault fired.
+    stats_at_fault: Option<DiskStats>,
     stats: DiskStats,
     /// How long each sync takes before it completes (a real disk's fsync costs
     /// milliseconds; zero by default).
@@ -495,7 +515,7 @@ fn tear(p: &Pending, offset: u64, len: u64, image: &mut Image, rng: &mut dyn FnM
 }
 
 impl FaultDisk {
-    /// An empty disk: no redb file, no log.
+    /// An empty disk: no redb file, no log files.
     pub fn new() -> FaultDisk {
         FaultDisk::default()
     }
@@ -513,6 +533,11 @@ impl FaultDisk {
             s.files[DiskFile::Log.index()] = FileState {
                 live: image.log.clone(),
                 durable: image.log,
+                pending: Vec::new(),
+            };
+            s.files[DiskFile::Log2.index()] = FileState {
+                live: image.log2.clone(),
+                durable: image.log2,
                 pending: Vec::new(),
             };
             // (Clones share every chunk until one side writes.)
@@ -539,7 +564,19 @@ impl FaultDisk {
 
     /// The log file, as a [`opjournal::LogStorage`] to hand to the journal.
     pub fn log(&self) -> FaultLog {
-        FaultLog { disk: self.clone() }
+        FaultLog {
+            disk: self.clone(),
+            file: DiskFile::Log,
+        }
+    }
+
+    /// The log's second file, as a [`opjournal::LogStorage`] to hand to the journal beside
+    /// [`FaultDisk::log`] (`JournalBuilder::open_backends_with_spare_log`).
+    pub fn log2(&self) -> FaultLog {
+        FaultLog {
+            disk: self.clone(),
+            file: DiskFile::Log2,
+        }
     }
 
     /// Arms `trigger` (replacing any armed one); counting starts now.
@@ -566,6 +603,13 @@ impl FaultDisk {
         self.lock().fired_on
     }
 
+    /// The counters as they were when the first fault fired: a harness that read them
+    /// before a call tells what the call had made durable before the fault (a sync of the
+    /// log: its record; of the redb file: a checkpoint).
+    pub fn stats_at_fault(&self) -> Option<DiskStats> {
+        self.lock().stats_at_fault
+    }
+
     /// Whether the disk is dead (power cut or process killed).
     pub fn is_dead(&self) -> bool {
         self.lock().dead
@@ -577,7 +621,7 @@ impl FaultDisk {
         s.dead = true;
     }
 
-    /// Makes every later sync, of either file, take `delay` before it completes (and makes
+    /// Makes every later sync, of any file, take `delay` before it completes (and makes
     /// anything durable), as a real disk's fsync does; `Duration::ZERO` (the default) for
     /// instant syncs. Other operations are not held up meanwhile.
     pub fn set_sync_delay(&self, delay: std::time::Duration) {
@@ -595,6 +639,7 @@ impl FaultDisk {
         DiskImage {
             db: s.files[0].live.clone(),
             log: s.files[1].live.clone(),
+            log2: s.files[2].live.clone(),
         }
     }
 
@@ -604,6 +649,7 @@ impl FaultDisk {
         DiskImage {
             db: s.files[0].durable.clone(),
             log: s.files[1].durable.clone(),
+            log2: s.files[2].durable.clone(),
         }
     }
 
@@ -626,6 +672,7 @@ impl FaultDisk {
         DiskImage {
             db: cut(&s.files[0], policy, rng),
             log: cut(&s.files[1], policy, rng),
+            log2: cut(&s.files[2], policy, rng),
         }
     }
 
@@ -654,7 +701,10 @@ impl FaultDisk {
             && s.counts[kind.index()] >= t.nth
         {
             s.trigger = None;
-            s.fired_on.get_or_insert(file);
+            if s.fired_on.is_none() {
+                s.fired_on = Some(file);
+                s.stats_at_fault = Some(s.stats);
+            }
             s.stats.faults += 1;
             match t.action {
                 FaultAction::Fail {
@@ -766,6 +816,7 @@ fn stats_of(stats: &mut DiskStats, file: DiskFile) -> &mut FileStats {
     match file {
         DiskFile::Db => &mut stats.db,
         DiskFile::Log => &mut stats.log,
+        DiskFile::Log2 => &mut stats.log2,
     }
 }
 
@@ -921,36 +972,37 @@ impl StorageBackend for FaultBackend {
     }
 }
 
-/// The log file of a [`FaultDisk`], as an [`opjournal::LogStorage`]. `discard` removes the
-/// file (a pending change until the next sync, like an unlink whose directory is not
-/// synced).
+/// A log file of a [`FaultDisk`] (the log or its second file), as an
+/// [`opjournal::LogStorage`]. `discard` removes the file (a pending change until the next
+/// sync, like an unlink whose directory is not synced).
 #[derive(Debug)]
 pub struct FaultLog {
     disk: FaultDisk,
+    file: DiskFile,
 }
 
 impl opjournal::LogStorage for FaultLog {
     fn len(&self) -> io::Result<u64> {
-        self.disk.len_of(DiskFile::Log)
+        self.disk.len_of(self.file)
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.disk.read_of(DiskFile::Log, offset, buf)
+        self.disk.read_of(self.file, offset, buf)
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.disk.write_of(DiskFile::Log, offset, data)
+        self.disk.write_of(self.file, offset, data)
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.disk.set_len_of(DiskFile::Log, len)
+        self.disk.set_len_of(self.file, len)
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        self.disk.sync_of(DiskFile::Log)
+        self.disk.sync_of(self.file)
     }
 
     fn discard(&self) -> io::Result<()> {
-        self.disk.remove_of(DiskFile::Log)
+        self.disk.remove_of(self.file)
     }
 }

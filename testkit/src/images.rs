@@ -11,35 +11,49 @@ use crate::fault_backend::{DiskImage, FaultDisk};
 use crate::model::ModelConfig;
 
 /// Opens (or creates) the journal on `disk` with the model's configuration: the redb file
-/// is `disk.backend()`, the log `disk.log()`, with redb in the concurrency mode of
+/// is `disk.backend()`, the log `disk.log()` (and with `cfg.two_logs` its second file
+/// `disk.log2()`, as a journal file has), with redb in the concurrency mode of
 /// `cfg.sharing`, as on a file (with `LiveReaders`, a checkpoint's commit marks its new
 /// primary unflushed until its flush, and clears the mark in a write of its own that the
-/// next sync makes durable). Checkpoints run in the foreground (`background_checkpoints(false)`,
-/// and one log storage, so each commits in the step that reaches it): their writes happen
-/// at a point the calls determine, so a trigger armed for the n-th write or sync fires at
-/// the same step in every run.
+/// next sync makes durable). Checkpoints run in the foreground (`background_checkpoints(false)`:
+/// with two log files the call that switches files waits for the commit and the zeroing of
+/// the file the ended cycle used; with one, every checkpoint commits in the call that
+/// reaches it): their writes happen at a point the calls determine, so a trigger armed for
+/// the n-th write or sync fires at the same step in every run.
 pub fn open(
     cfg: &ModelConfig,
     clock: &ManualClock,
     disk: &FaultDisk,
 ) -> opjournal::Result<Journal> {
-    cfg.builder(clock)
-        .background_checkpoints(false)
-        .open_backends(disk.backend(), disk.log(), "fault-disk.opj")
+    let builder = cfg.builder(clock).background_checkpoints(false);
+    if cfg.two_logs {
+        builder.open_backends_with_spare_log(
+            disk.backend(),
+            disk.log(),
+            disk.log2(),
+            "fault-disk.opj",
+        )
+    } else {
+        builder.open_backends(disk.backend(), disk.log(), "fault-disk.opj")
+    }
 }
 
-/// Writes `image` as a journal file at `path` and its log beside it (no log file when the
-/// image's log is empty).
+/// Writes `image` as a journal file at `path` and its log files beside it (none where the
+/// image's is empty).
 pub fn write_image(image: &DiskImage, path: &Path) -> std::io::Result<()> {
     std::fs::write(path, image.db.to_vec())?;
-    let log = FileLog::path_for(path);
-    if image.log.is_empty() {
-        match std::fs::remove_file(&log) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
+    for (log, at) in [
+        (&image.log, FileLog::path_for(path)),
+        (&image.log2, FileLog::spare_path_for(path)),
+    ] {
+        if log.is_empty() {
+            match std::fs::remove_file(&at) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        } else {
+            std::fs::write(at, log.to_vec())?;
         }
-    } else {
-        std::fs::write(log, image.log.to_vec())?;
     }
     Ok(())
 }
@@ -58,17 +72,18 @@ pub fn scratch_dir() -> std::io::Result<tempfile::TempDir> {
     tempfile::tempdir()
 }
 
-/// Reads the journal file at `path` and its log (empty when absent).
+/// Reads the journal file at `path` and its log files (empty when absent).
 pub fn read_image(path: &Path) -> std::io::Result<DiskImage> {
     let db = std::fs::read(path)?;
-    let log = match std::fs::read(FileLog::path_for(path)) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(e),
+    let read_log = |at: &Path| match std::fs::read(at) {
+        Ok(b) => Ok(b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
     };
     Ok(DiskImage {
         db: db.into(),
-        log: log.into(),
+        log: read_log(&FileLog::path_for(path))?.into(),
+        log2: read_log(&FileLog::spare_path_for(path))?.into(),
     })
 }
 
@@ -95,7 +110,7 @@ pub fn verify_image(image: &DiskImage) -> Result<(), String> {
     let after = read_image(&path).map_err(|e| e.to_string())?;
     if after != *image {
         return Err(format!(
-            "the reader modified the files (journal {} -> {} bytes{}, log {} -> {} bytes{})",
+            "the reader modified the files (journal {} -> {} bytes{}, log {} -> {} bytes{}, second log {} -> {} bytes{})",
             image.db.len(),
             after.db.len(),
             if after.db == image.db {
@@ -106,6 +121,13 @@ pub fn verify_image(image: &DiskImage) -> Result<(), String> {
             image.log.len(),
             after.log.len(),
             if after.log == image.log {
+                ""
+            } else {
+                ", changed"
+            },
+            image.log2.len(),
+            after.log2.len(),
+            if after.log2 == image.log2 {
                 ""
             } else {
                 ", changed"

@@ -67,6 +67,11 @@ pub struct ModelConfig {
     /// scans every receipt, `None` lets the journal choose (these journals are too small
     /// to scan by themselves).
     pub compaction_scan: Option<bool>,
+    /// On the fault disk, whether the journal keeps its log in two files, as a journal
+    /// file does (each cycle in the file the cycle before did not use, so that a checkpoint
+    /// commits beside the next cycle), instead of one (a custom storage with one log, where
+    /// every checkpoint commits in the call that reaches it). Off in [`ModelConfig::small`].
+    pub two_logs: bool,
 }
 
 impl ModelConfig {
@@ -91,6 +96,7 @@ impl ModelConfig {
             sharing: Sharing::LiveReaders,
             checkpoint_size: None,
             compaction_scan: None,
+            two_logs: false,
         }
     }
 

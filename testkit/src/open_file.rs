@@ -279,6 +279,7 @@ fn check_file(bytes: &[u8], plan: Plan) {
     let copy = FaultDisk::from_image(DiskImage {
         db: Image::from_bytes(db),
         log: Image::from_bytes(log.unwrap_or_default()),
+        log2: Image::default(),
     });
     let clock = ManualClock::new(crate::seeds::T0);
     if let Some(j) = expect_typed(

@@ -10,7 +10,9 @@
 //! clock jumps forward and back; clean close and reopen; process crash and power cut
 //! (unsynced writes of either file kept, dropped or torn), also right after a clean close
 //! (the log's removal lost); an I/O error (EIO or ENOSPC, once or from then on) or a power
-//! cut armed at the Nth write, length change or sync of the log, the redb file or either.
+//! cut armed at the Nth write, length change or sync of the log, the redb file or any file.
+//! Half the inputs keep the log in two files, as a journal file does (each cycle in the file
+//! the cycle before did not use; [`Input::two_logs`]), the others in one.
 //! Half the setups use the smallest checkpoint size with large results, so checkpoints
 //! (and faults during them) come every few calls.
 //!
@@ -71,7 +73,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use opjournal::{Claim, Journal, ManualClock, ScopeLock, Sharing, Timestamp};
 
 use crate::fault_backend::{
-    CutPolicy, DiskFile, DiskImage, EIO, ENOSPC, FaultAction, FaultDisk, IoKind, Trigger,
+    CutPolicy, DiskFile, DiskImage, DiskStats, EIO, ENOSPC, FaultAction, FaultDisk, IoKind, Trigger,
 };
 use crate::images::{open, verify_image};
 use crate::model::{
@@ -139,10 +141,11 @@ pub enum Base {
 /// A fault to arm on the disk.
 #[derive(Arbitrary, Debug, Clone, Copy)]
 pub struct Fault {
-    /// Write, set_len or sync (this % 3), of either file, the log or the redb file
+    /// Write, set_len or sync (this % 3), of any file, the log or the redb file
     /// (this / 3 % 3).
     pub kind: u8,
-    /// Which one fires, counted from now.
+    /// Which one fires (1 + this % 24), counted from now. With two log files, bit 7 moves a
+    /// trigger on the log to its second file.
     pub nth: u8,
     /// EIO or ENOSPC, once or persistent, or a power cut.
     pub action: u8,
@@ -280,6 +283,9 @@ pub struct Input {
     pub setup: Setup,
     /// The session.
     pub ops: Vec<Op>,
+    /// On the fault disk, whether the journal keeps its log in two files (bit 3 of the
+    /// first byte, which the setup does not read), as a journal file does.
+    pub two_logs: bool,
     /// Whether the input ends with a clean close and `verify` of the files (the costly
     /// end). From the input's bytes: one input in four ([`Setup::window`]).
     pub verify_end: bool,
@@ -311,10 +317,12 @@ impl Input {
             Some(b) if b & 0b110 == 0b110 => Backend::Memory,
             _ => Backend::FaultDisk,
         };
+        let two_logs = data.first().is_some_and(|b| b & 0b1000 != 0);
         Input {
             backend,
             setup,
             ops,
+            two_logs,
             verify_end,
         }
     }
@@ -383,7 +391,7 @@ fn pick<T: Clone>(items: &[T], i: u8) -> Option<T> {
     }
 }
 
-fn trigger(f: Fault) -> Trigger {
+fn trigger(f: Fault, two_logs: bool) -> Trigger {
     let kind = match f.kind % 3 {
         0 => IoKind::Write,
         1 => IoKind::Sync,
@@ -391,6 +399,7 @@ fn trigger(f: Fault) -> Trigger {
     };
     let file = match (f.kind / 3) % 3 {
         0 => None,
+        1 if two_logs && f.nth & 128 != 0 => Some(DiskFile::Log2),
         1 => Some(DiskFile::Log),
         _ => Some(DiskFile::Db),
     };
@@ -423,8 +432,9 @@ fn trigger(f: Fault) -> Trigger {
 }
 
 impl Session {
-    fn new(setup: &Setup, backend: Backend) -> Result<Session, String> {
+    fn new(setup: &Setup, backend: Backend, two_logs: bool) -> Result<Session, String> {
         let mut cfg = ModelConfig::small();
+        cfg.two_logs = two_logs;
         cfg.scope_lock = if setup.hold_until_ack {
             ScopeLock::HoldUntilAck
         } else {
@@ -635,7 +645,7 @@ impl Session {
                 return Ok(());
             }
             Op::ArmFault(f) => {
-                let t = trigger(*f);
+                let t = trigger(*f, self.cfg.two_logs);
                 self.note(format!("ARM {t:?}"));
                 if let Some(disk) = &self.disk {
                     disk.arm(t);
@@ -895,6 +905,7 @@ impl Session {
         self.figures.calls += 1;
         let desc = format!("{call:?}");
         let fired_before = self.disk_fired();
+        let stats_before = self.disk.as_ref().map(FaultDisk::stats);
         let j = self.journal.take().ok_or("no journal open")?;
         let r = self.model.step(&j, &call);
         self.journal = Some(j);
@@ -937,10 +948,25 @@ impl Session {
                 if fired {
                     // A fault on the redb file after the call's record was synced (a
                     // checkpoint) leaves the call durable and poisons the handle; a fault on
-                    // the log must fail the call.
+                    // the log must fail the call. With two log files, a fault on either after
+                    // a sync in the call (the call's record, or a checkpoint's commit) hit
+                    // the checkpoint's work after the call's commit point (zeroing the file
+                    // the ended cycle used, readying the second file): poisoned too.
                     let poisoned = self.journal()?.is_poisoned();
                     let on = self.disk.as_ref().and_then(FaultDisk::fired_on);
-                    if on != Some(DiskFile::Db) || !poisoned {
+                    let log_syncs = |s: &DiskStats| s.log.syncs + s.log2.syncs;
+                    let after_a_sync = self.cfg.two_logs
+                        && self
+                            .disk
+                            .as_ref()
+                            .and_then(FaultDisk::stats_at_fault)
+                            .zip(stats_before)
+                            .is_some_and(|(at, before)| {
+                                at.db.syncs > before.db.syncs || log_syncs(&at) > log_syncs(&before)
+                            });
+                    let checkpoints = on == Some(DiskFile::Db)
+                        || (after_a_sync && on.is_some_and(DiskFile::is_log));
+                    if !checkpoints || !poisoned {
                         return Err(self.fail(format!(
                             "a fault fired on the {on:?} file during {desc}, which answered as if nothing happened (poisoned: {poisoned})"
                         )));
@@ -1207,6 +1233,7 @@ fn pristine() -> Result<DiskImage, String> {
             Ok(DiskImage {
                 db: disk.live_image().db,
                 log,
+                log2: Default::default(),
             })
         })
         .clone()
@@ -1218,7 +1245,7 @@ fn pristine() -> Result<DiskImage, String> {
 ///
 /// The violation, with the configuration and the last steps.
 pub fn run(input: &Input) -> Result<Figures, String> {
-    let mut s = Session::new(&input.setup, input.backend)?;
+    let mut s = Session::new(&input.setup, input.backend, input.two_logs)?;
     for op in &input.ops {
         s.step(op)?;
     }
@@ -1270,8 +1297,8 @@ pub fn check(data: &[u8]) {
 
 /// As [`check`], with the sampled end on (every input ends with a clean close and
 /// `verify`), on both backends: the fault-injecting disk (where the committed inputs were
-/// found, whatever their first byte says) and memory. For the stable tests' committed
-/// inputs.
+/// found, whatever their first byte says), with the log in one file and in two, and memory.
+/// For the stable tests' committed inputs.
 ///
 /// # Panics
 ///
@@ -1279,8 +1306,13 @@ pub fn check(data: &[u8]) {
 pub fn check_every_claim(data: &[u8]) {
     let mut input = Input::from_bytes(data);
     input.verify_end = true;
-    for backend in [Backend::FaultDisk, Backend::Memory] {
+    for (backend, two_logs) in [
+        (Backend::FaultDisk, false),
+        (Backend::FaultDisk, true),
+        (Backend::Memory, false),
+    ] {
         input.backend = backend;
+        input.two_logs = two_logs;
         check_input(&input);
     }
 }
