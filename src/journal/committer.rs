@@ -607,6 +607,19 @@ impl Inner {
         self.checkpoint_as(Checkpoint::Durable)
     }
 
+    /// A checkpoint that commits beside the log where it can (see
+    /// [`Inner::switch_checkpoint`]): for work that wants redb to catch up without holding
+    /// the calls (the removal of a compaction pass's deferred purges). It waits first,
+    /// outside the committer, for a checkpoint still committing, so that the leader does not
+    /// wait for it with calls queued behind; where the log cannot switch files (one log
+    /// storage, an empty cycle), it commits in the callers' path as
+    /// [`Inner::checkpoint`] does. On return every change is durable (in the log, or in
+    /// redb); an error poisons the handle.
+    pub(crate) fn checkpoint_beside(&self) -> Result<()> {
+        self.checkpointer.wait_idle();
+        self.exclusive(|| self.checkpoint_as(Checkpoint::Switch))
+    }
+
     fn checkpoint_as(&self, kind: Checkpoint) -> Result<()> {
         self.check_writable()?;
         if !matches!(self.storage, super::Storage::File) {
@@ -978,8 +991,8 @@ enum Due {
 /// What a checkpoint must achieve.
 #[derive(Clone, Copy)]
 enum Checkpoint {
-    /// The leader's, when the log is full: it may switch log files and leave the commit to
-    /// the checkpoint thread.
+    /// The leader's, when the log is full (or [`Inner::checkpoint_beside`]'s): it may
+    /// switch log files and leave the commit to the checkpoint thread.
     Switch,
     /// Everything committed so far is in redb on return.
     Durable,
@@ -1632,5 +1645,124 @@ mod tests {
         assert_eq!(closed, Err(crate::ErrorKind::Poisoned));
         let journal = Journal::open(&path).unwrap_or_else(|e| panic!("reopen: {e}"));
         assert_applied(&journal, "a", n);
+    }
+
+    /// A journal file with 64 KiB checkpoints whose expired operations a pass purged while
+    /// checkpoints deferred the purges (another pass is counted as running, so the pass
+    /// leaves them to a later checkpoint); with its directory and the purged ids.
+    fn with_deferred_purges() -> (tempfile::TempDir, Journal, Vec<String>) {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let clock = crate::ManualClock::new(crate::Timestamp(1_000_000));
+        let journal = Journal::builder()
+            .checkpoint_size(64 * 1024)
+            .clock(clock.clone())
+            .ack_timeout(Duration::from_secs(600))
+            .result_retention(Duration::from_secs(3600))
+            .audit_retention(Duration::from_secs(7200))
+            .open(dir.path().join("j.opj"))
+            .unwrap_or_else(|e| panic!("open: {e}"));
+        let ids: Vec<String> = (0..600u64)
+            .map(|i| format!("op-{:016x}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+            .collect();
+        for (i, id) in ids.iter().enumerate() {
+            let op = Operation::new(id.as_str(), intent())
+                .scope(format!("s{i}"))
+                .session(format!("s{i}"));
+            match journal.submit(op) {
+                Ok(Admission::Fresh(claim)) => journal
+                    .complete(&claim, Outcome::applied(1, vec![7u8; 200]))
+                    .unwrap_or_else(|e| panic!("{id} completes: {e}")),
+                other => panic!("{id} is fresh, not {other:?}"),
+            };
+        }
+        clock.advance(Duration::from_secs(3 * 3600));
+        journal
+            .inner
+            .compacting
+            .fetch_add(1, super::Ordering::SeqCst);
+        let report = journal.compact().unwrap_or_else(|e| panic!("compact: {e}"));
+        journal
+            .inner
+            .compacting
+            .fetch_sub(1, super::Ordering::SeqCst);
+        assert_eq!(report.purged, 600);
+        journal.flush().unwrap_or_else(|e| panic!("flush: {e}"));
+        let deferred = journal
+            .inner
+            .purges_deferred()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(deferred, "the pass's checkpoints deferred its purges");
+        (dir, journal, ids)
+    }
+
+    #[test]
+    fn the_removal_of_a_passs_deferred_purges_commits_beside_the_calls() {
+        let (dir, journal, purged) = with_deferred_purges();
+        let mut n = 0;
+        let mut next = |journal: &Journal| {
+            n += 1;
+            let id = format!("after{n}");
+            run(journal, &id, &id, 1);
+        };
+        next(&journal);
+        // The checkpoint that removes them (as the pass's end runs it) returns with its
+        // commit still to come: the thread is held.
+        let hold = hold_checkpoints(&journal);
+        journal
+            .inner
+            .exclusive(|| journal.inner.checkpoint_as(super::Checkpoint::Switch))
+            .unwrap_or_else(|e| panic!("checkpoint: {e}"));
+        assert!(frozen(&journal), "the checkpoint commits beside the log");
+        let still = journal
+            .inner
+            .purges_deferred()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(still, "not committed yet");
+        // Calls go on meanwhile, and the purged operations stay gone.
+        next(&journal);
+        for id in &purged {
+            assert_eq!(journal.lookup(id).unwrap_or_else(|e| panic!("{e}")), None);
+        }
+        drop(hold);
+        journal.flush().unwrap_or_else(|e| panic!("flush: {e}"));
+        let (_, pending) = raw_events(journal.inner.db().unwrap_or_else(|e| panic!("{e}")));
+        assert!(
+            !pending,
+            "the commit removed the deferred purges from the file"
+        );
+        assert!(
+            !journal
+                .inner
+                .purges_deferred()
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        // A checkpoint still committing when a pass ends makes the pass wait, not the
+        // calls: the pass's end waits for the thread outside the committer.
+        let hold = hold_checkpoints(&journal);
+        std::thread::scope(|s| {
+            let end = s.spawn(|| journal.inner.checkpoint_beside());
+            // (Time for the pass's end to reach its wait; the call must answer either way.)
+            std::thread::sleep(Duration::from_millis(50));
+            let call = s.spawn(|| run(&journal, "during", "during", 1));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !call.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let answered = call.is_finished();
+            let waiting = !end.is_finished();
+            drop(hold);
+            let _ = call.join();
+            end.join()
+                .unwrap_or_else(|_| panic!("the pass's end panicked"))
+                .unwrap_or_else(|e| panic!("checkpoint: {e}"));
+            assert!(
+                answered,
+                "a call waited for a checkpoint behind the pass's end"
+            );
+            assert!(waiting, "the pass's end waits for the held thread");
+        });
+        drop(journal);
+        let report = crate::verify(dir.path().join("j.opj")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(report.is_clean(), "{:?}", report.findings);
     }
 }

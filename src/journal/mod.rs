@@ -107,7 +107,8 @@ pub(crate) struct Inner {
     /// when one arrives, so foreground calls wait behind as little compaction as possible.
     pub(crate) foreground_waiting: Arc<AtomicUsize>,
     /// Compaction passes running: while one is, checkpoints defer the deletions of events
-    /// and results (see `index::purged`), and the pass's end applies them.
+    /// and results (see `index::purged`), and a checkpoint at the pass's end, beside the
+    /// log, applies them.
     pub(crate) compacting: AtomicUsize,
     /// What this process has committed (see [`Committed`]).
     pub(crate) committed: Arc<RwLock<Committed>>,
@@ -743,8 +744,10 @@ impl Journal {
     /// purged in the file, hidden from every read, and a pass that crossed one ends with a
     /// checkpoint that removes them all, each table in one pass (a pass over a journal
     /// whose retention passed for most of its history would otherwise rewrite its events
-    /// table at every checkpoint). A call made meanwhile waits for that checkpoint as for
-    /// any other.
+    /// table at every checkpoint). That checkpoint commits on the journal's checkpoint
+    /// thread, beside the calls made meanwhile (a journal file; storage with one log commits
+    /// it before returning): on return every change of the pass is durable in the log, and
+    /// [`Journal::flush`] waits until the journal file holds it too.
     ///
     /// # Errors
     ///
