@@ -1066,9 +1066,9 @@ mod tests {
         n
     }
 
-    /// Runs operations `{prefix}1`, ... until a checkpoint has marked the file as keeping
-    /// two log files (the first checkpoint of a handle commits in the callers' path and
-    /// marks it; the next ones may switch files); how many ran.
+    /// Runs operations `{prefix}1`, ... until the checkpoint thread has marked the file as
+    /// keeping two log files and zeroed the second (the next checkpoint may switch files);
+    /// how many ran.
     fn run_until_marked(journal: &Journal, prefix: &str) -> usize {
         let mut n = 0;
         while !super::lock(&journal.inner.log)
@@ -1080,6 +1080,9 @@ mod tests {
             let id = format!("{prefix}{n}");
             run(journal, &id, &id, 1);
         }
+        // The second file's zeroing, queued with the mark, has ended too: a checkpoint due
+        // while it runs waits for the thread's queue (and so for a hold placed after it).
+        journal.inner.checkpointer.wait_idle();
         n
     }
 
@@ -1565,8 +1568,6 @@ mod tests {
             )
             .unwrap_or_else(|e| panic!("open: {e}"));
         run_until_marked(&journal, "m");
-        // The first checkpoint's preparation of the second log file has ended.
-        journal.inner.checkpointer.wait_idle();
         failing.store(true, Ordering::SeqCst);
         // Until the checkpoint froze the memtable; the call whose batch started it may
         // fail after it (without background checkpoints, the checkpoint fails first).
