@@ -354,7 +354,16 @@ fn journal_calls_answer_corrupt_when_the_storage_engine_panics_on_a_damaged_key(
     let err = opened.expect_err("the writer's open reads the damaged page");
     assert_engine_panic(&err, "open");
     assert!(panics > 0, "{name}: the open no longer meets the damage");
-    let insp = Inspector::open(&path).unwrap_or_else(|e| panic!("{name}: inspect: {e}"));
+    let insp = match Inspector::open(&path) {
+        Ok(insp) => insp,
+        // Built without debug assertions (`cargo test --release`), redb meets this damage
+        // while the inspector opens the file, which answers `Corrupt` there instead.
+        Err(e) if !cfg!(debug_assertions) => {
+            assert!(is_corrupt(e.kind()), "{name}: inspect: {e:?}");
+            return;
+        }
+        Err(e) => panic!("{name}: inspect: {e}"),
+    };
     let mut corrupt = 0;
     let ((), panics) = panics_during(|| {
         for id in IDS {
