@@ -994,10 +994,18 @@ fn operations_whose_events_were_on_a_zeroed_page_are_named_and_held_in_doubt_whe
                     .iter()
                     .find(|l| &l.operation_id == id)
                     .unwrap_or_else(|| panic!("page {page}: {id} changed and is not named"));
+                // Known only from an intact copy of its receipt (the storage engine could not
+                // read the table's copy: how far a zeroed page reaches differs between
+                // builds with and without debug assertions), or from its readable receipt
+                // with events missing: held in doubt either way, with its intent.
+                let intent = &before[id].0.as_ref().expect("r").intent_hash;
                 if named.detail.contains("an intact copy of its receipt") {
                     assert_eq!(named.now, "in_doubt", "{named:?}");
                     assert_eq!(r.status, opjournal::ExecutionStatus::InDoubt);
-                    assert_eq!(r.intent_hash, before[id].0.as_ref().expect("r").intent_hash);
+                    assert_eq!(&r.intent_hash, intent);
+                    held += 1;
+                } else if named.now == "in_doubt" && &r.intent_hash == intent {
+                    assert_eq!(r.status, opjournal::ExecutionStatus::InDoubt);
                     held += 1;
                 }
             }
