@@ -1032,6 +1032,22 @@ mod tests {
         }
     }
 
+    /// Runs `id` to applied in a scope and session of its own (`s{n}`): a session's window
+    /// holds 64 unacknowledged results.
+    fn run_alone(journal: &Journal, id: &str, n: u64) {
+        let op = Operation::new(id, intent())
+            .scope(format!("s{n}"))
+            .session(format!("s{n}"));
+        match journal.submit(op) {
+            Ok(Admission::Fresh(claim)) => {
+                journal
+                    .complete(&claim, Outcome::applied(1, vec![7u8; 200]))
+                    .unwrap_or_else(|e| panic!("{id} completes: {e}"));
+            }
+            other => panic!("{id} is fresh, not {other:?}"),
+        }
+    }
+
     fn frozen(journal: &Journal) -> bool {
         super::read_lock(&journal.inner.committed).frozen.is_some()
     }
@@ -1208,18 +1224,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("open: {e}"));
         // Ids in no order, as agents' are: the events of a pass's operations are anywhere.
         let id = |i: u64| format!("op-{:016x}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        // Each in its own session: a session's window holds 64 unacknowledged results.
-        let run = |i: u64| {
-            let op = Operation::new(id(i), intent())
-                .scope(format!("s{i}"))
-                .session(format!("s{i}"));
-            match journal.submit(op) {
-                Ok(Admission::Fresh(claim)) => journal
-                    .complete(&claim, Outcome::applied(1, vec![7u8; 200]))
-                    .unwrap_or_else(|e| panic!("{i} completes: {e}")),
-                other => panic!("{i} is fresh, not {other:?}"),
-            };
-        };
+        let run = |i: u64| run_alone(&journal, &id(i), i);
         (0..600).for_each(run);
         clock.advance(Duration::from_secs(3 * 3600));
         (600..620).for_each(run);
@@ -1665,16 +1670,8 @@ mod tests {
         let ids: Vec<String> = (0..600u64)
             .map(|i| format!("op-{:016x}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
             .collect();
-        for (i, id) in ids.iter().enumerate() {
-            let op = Operation::new(id.as_str(), intent())
-                .scope(format!("s{i}"))
-                .session(format!("s{i}"));
-            match journal.submit(op) {
-                Ok(Admission::Fresh(claim)) => journal
-                    .complete(&claim, Outcome::applied(1, vec![7u8; 200]))
-                    .unwrap_or_else(|e| panic!("{id} completes: {e}")),
-                other => panic!("{id} is fresh, not {other:?}"),
-            };
+        for (i, id) in (0u64..).zip(&ids) {
+            run_alone(&journal, id, i);
         }
         clock.advance(Duration::from_secs(3 * 3600));
         journal
