@@ -279,11 +279,7 @@ impl Harness {
             self.w.note(format!("fault fired on the {file:?} file"));
             let answered_ok = matches!(stepped, Stepped::Ok { .. } | Stepped::Refused);
             let poisoned = self.journal()?.is_poisoned();
-            let log_syncs = |s: &DiskStats| s.log.syncs + s.log2.syncs;
-            let after_a_checkpoint = self.cfg.two_logs
-                && self.disk.stats_at_fault().is_some_and(|at| {
-                    at.db.syncs > db.syncs || log_syncs(&at) > log_syncs(&before)
-                });
+            let after_a_checkpoint = self.cfg.two_logs && self.disk.fault_followed_a_sync(&before);
             match file {
                 DiskFile::Log | DiskFile::Log2 if answered_ok && after_a_checkpoint => {
                     let dead = self.disk.is_dead();
@@ -952,21 +948,6 @@ fn checkpointing_two_logs() -> ModelConfig {
     cfg
 }
 
-/// The operations of one kind on one file that a window of steps performed.
-fn ops_of(stats: &DiskStats, file: DiskFile, kind: IoKind) -> u64 {
-    let f = match file {
-        DiskFile::Db => &stats.db,
-        DiskFile::Log => &stats.log,
-        DiskFile::Log2 => &stats.log2,
-    };
-    match kind {
-        IoKind::Write => f.writes,
-        IoKind::Sync => f.syncs,
-        IoKind::SetLen => f.set_lens,
-        IoKind::Remove => f.removes,
-    }
-}
-
 /// With two log files, the first commit into redb readies the second file (the format
 /// record says 5, the file is zeroed), the second switches files (the next cycle starts in
 /// `-log2`, redb commits the ended one, the first file is zeroed) and the third switches
@@ -983,21 +964,18 @@ fn power_cut_at_every_write_and_sync_of_a_switch_of_log_files_keeps_every_acknow
     let (before_window, counts) = {
         let mut h = Harness::new(seed, checkpointing_two_logs(), false)?;
         let mut steps = 0u64;
-        loop {
-            let db = h.disk.stats().db;
+        let start = loop {
+            let before = h.disk.stats();
             h.step()?;
-            if committed_a_checkpoint(&db, &h.disk.stats().db) {
-                break;
+            if committed_a_checkpoint(&before.db, &h.disk.stats().db) {
+                break before;
             }
             steps += 1;
             assert!(steps < 400, "no commit into redb in 400 steps");
-        }
-        // Again, counting from the window's start.
-        let mut h = Harness::new(seed, checkpointing_two_logs(), false)?;
-        h.steps_until(steps, |_, _| false)?;
-        let start = h.disk.stats();
+        };
+        // That step was the window's first commit into redb; two more end it.
         assert!(
-            h.steps_until_checkpoints(3, 800)?,
+            h.steps_until_checkpoints(2, 800)?,
             "three commits into redb"
         );
         let end = h.disk.stats();
@@ -1007,7 +985,7 @@ fn power_cut_at_every_write_and_sync_of_a_switch_of_log_files_keeps_every_acknow
                 counts.push((
                     file,
                     kind,
-                    ops_of(&end, file, kind) - ops_of(&start, file, kind),
+                    end.file(file).ops(kind) - start.file(file).ops(kind),
                 ));
             }
         }

@@ -230,6 +230,16 @@ pub struct FileStats {
 }
 
 impl FileStats {
+    /// The operations of `kind` counted.
+    pub fn ops(&self, kind: IoKind) -> u64 {
+        match kind {
+            IoKind::Write => self.writes,
+            IoKind::SetLen => self.set_lens,
+            IoKind::Sync => self.syncs,
+            IoKind::Remove => self.removes,
+        }
+    }
+
     /// Adds `o` to `self`.
     pub fn add(&mut self, o: &FileStats) {
         self.writes += o.writes;
@@ -257,6 +267,15 @@ pub struct DiskStats {
 }
 
 impl DiskStats {
+    /// The counters of `file`.
+    pub fn file(&self, file: DiskFile) -> &FileStats {
+        match file {
+            DiskFile::Db => &self.db,
+            DiskFile::Log => &self.log,
+            DiskFile::Log2 => &self.log2,
+        }
+    }
+
     /// Adds `o` to `self`.
     pub fn add(&mut self, o: &DiskStats) {
         self.db.add(&o.db);
@@ -603,11 +622,14 @@ impl FaultDisk {
         self.lock().fired_on
     }
 
-    /// The counters as they were when the first fault fired: a harness that read them
-    /// before a call tells what the call had made durable before the fault (a sync of the
-    /// log: its record; of the redb file: a checkpoint).
-    pub fn stats_at_fault(&self) -> Option<DiskStats> {
-        self.lock().stats_at_fault
+    /// Whether a sync of any file completed between `before` (the counters a harness read
+    /// before a call) and the first fault: the call had made something durable before the
+    /// fault hit (a log sync: its record; a redb sync: a checkpoint's commit).
+    pub fn fault_followed_a_sync(&self, before: &DiskStats) -> bool {
+        let syncs = |s: &DiskStats| DiskFile::ALL.map(|f| s.file(f).syncs).iter().sum::<u64>();
+        self.lock()
+            .stats_at_fault
+            .is_some_and(|at| syncs(&at) > syncs(before))
     }
 
     /// Whether the disk is dead (power cut or process killed).

@@ -73,7 +73,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use opjournal::{Claim, Journal, ManualClock, ScopeLock, Sharing, Timestamp};
 
 use crate::fault_backend::{
-    CutPolicy, DiskFile, DiskImage, DiskStats, EIO, ENOSPC, FaultAction, FaultDisk, IoKind, Trigger,
+    CutPolicy, DiskFile, DiskImage, EIO, ENOSPC, FaultAction, FaultDisk, IoKind, Trigger,
 };
 use crate::images::{open, verify_image};
 use crate::model::{
@@ -954,16 +954,12 @@ impl Session {
                     // the ended cycle used, readying the second file): poisoned too.
                     let poisoned = self.journal()?.is_poisoned();
                     let on = self.disk.as_ref().and_then(FaultDisk::fired_on);
-                    let log_syncs = |s: &DiskStats| s.log.syncs + s.log2.syncs;
                     let after_a_sync = self.cfg.two_logs
                         && self
                             .disk
                             .as_ref()
-                            .and_then(FaultDisk::stats_at_fault)
-                            .zip(stats_before)
-                            .is_some_and(|(at, before)| {
-                                at.db.syncs > before.db.syncs || log_syncs(&at) > log_syncs(&before)
-                            });
+                            .zip(stats_before.as_ref())
+                            .is_some_and(|(disk, before)| disk.fault_followed_a_sync(before));
                     let checkpoints = on == Some(DiskFile::Db)
                         || (after_a_sync && on.is_some_and(DiskFile::is_log));
                     if !checkpoints || !poisoned {
