@@ -1048,6 +1048,23 @@ mod tests {
         }
     }
 
+    /// A builder for journals whose operations expire within hours of `clock`'s time
+    /// (acknowledgement 10 min, result 1 h, audit 2 h), with 64 KiB checkpoints.
+    fn expiring(clock: &crate::ManualClock) -> crate::JournalBuilder {
+        Journal::builder()
+            .checkpoint_size(64 * 1024)
+            .clock(clock.clone())
+            .ack_timeout(Duration::from_secs(600))
+            .result_retention(Duration::from_secs(3600))
+            .audit_retention(Duration::from_secs(7200))
+    }
+
+    /// The `i`-th id, in no order, as agents' are: the events of a pass's operations are
+    /// anywhere in the file.
+    fn scattered_id(i: u64) -> String {
+        format!("op-{:016x}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+
     fn frozen(journal: &Journal) -> bool {
         super::read_lock(&journal.inner.committed).frozen.is_some()
     }
@@ -1211,19 +1228,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let path = dir.path().join("j.opj");
         let clock = crate::ManualClock::new(crate::Timestamp(1_000_000));
-        let builder = || {
-            Journal::builder()
-                .checkpoint_size(64 * 1024)
-                .clock(clock.clone())
-                .ack_timeout(Duration::from_secs(600))
-                .result_retention(Duration::from_secs(3600))
-                .audit_retention(Duration::from_secs(7200))
-        };
+        let builder = || expiring(&clock);
         let journal = builder()
             .open(&path)
             .unwrap_or_else(|e| panic!("open: {e}"));
-        // Ids in no order, as agents' are: the events of a pass's operations are anywhere.
-        let id = |i: u64| format!("op-{:016x}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let id = scattered_id;
         let run = |i: u64| run_alone(&journal, &id(i), i);
         (0..600).for_each(run);
         clock.advance(Duration::from_secs(3 * 3600));
@@ -1659,17 +1668,10 @@ mod tests {
     fn with_deferred_purges() -> (tempfile::TempDir, Journal, Vec<String>) {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let clock = crate::ManualClock::new(crate::Timestamp(1_000_000));
-        let journal = Journal::builder()
-            .checkpoint_size(64 * 1024)
-            .clock(clock.clone())
-            .ack_timeout(Duration::from_secs(600))
-            .result_retention(Duration::from_secs(3600))
-            .audit_retention(Duration::from_secs(7200))
+        let journal = expiring(&clock)
             .open(dir.path().join("j.opj"))
             .unwrap_or_else(|e| panic!("open: {e}"));
-        let ids: Vec<String> = (0..600u64)
-            .map(|i| format!("op-{:016x}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
-            .collect();
+        let ids: Vec<String> = (0..600u64).map(scattered_id).collect();
         for (i, id) in (0u64..).zip(&ids) {
             run_alone(&journal, id, i);
         }
