@@ -65,6 +65,7 @@ pub(crate) fn handle(storage: Storage, label: &str, mem: Memtable, cfg: Config) 
             committer: Committer::new(),
             checkpointer: Default::default(),
             gate: Arc::new(Mutex::new(false)),
+            reclaimed: AtomicBool::new(false),
             handles: AtomicUsize::new(1),
         }),
         released: false,

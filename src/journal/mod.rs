@@ -126,6 +126,28 @@ pub(crate) struct Inner {
     /// Held by a background compactor during a pass; `true` once the journal is dropped,
     /// so no pass starts after that and the file closes as soon as `Journal` drops.
     pub(crate) gate: Arc<Mutex<bool>>,
+    /// [`Journal::reclaim_space`] shrank the file: closing compacts again after its own
+    /// commits (see [`shrink_before_close`]).
+    pub(crate) reclaimed: AtomicBool,
+}
+
+/// Moves down the pages that the commits after [`Journal::reclaim_space`] wrote, so the
+/// file closes as small as the reclaim left it. redb grows a file with no free page by
+/// doubling it, and the commits of the close (its checkpoint) landed their pages at the
+/// top of that growth, where no later shrink can reach: a reclaimed file closed at twice
+/// its size. redb's own close, right after its compaction, records its allocator state
+/// from the lowest pages and trims the rest.
+///
+/// A reader in another process (redb refuses to move pages under it) leaves the file as
+/// it is: nothing is lost, the space stays allocated.
+fn shrink_before_close(db: &mut Database) -> Result<()> {
+    loop {
+        match db.compact() {
+            Ok(true) => {}
+            Ok(false) | Err(redb::CompactionError::TransactionInProgress) => return Ok(()),
+            Err(e) => return Err(Error::from(e)),
+        }
+    }
 }
 
 impl std::fmt::Debug for Journal {
@@ -146,9 +168,19 @@ impl Drop for Inner {
         // still running beside the log (or zeroing a log file) ends first: it holds redb,
         // which must be closed here, not on its thread after the journal is gone.
         self.checkpointer.wait_idle();
+        let shrink = self.reclaimed.load(Ordering::SeqCst) && !self.poisoned.load(Ordering::SeqCst);
+        if shrink {
+            // Its read snapshot would keep redb from moving pages.
+            reads::write_lock(&self.committed).base = None;
+        }
         let db = self.db.take();
         let _ = crate::preflight::guarded("close", || {
-            drop(db);
+            if shrink
+                && let Some(db) = db
+                && let Ok(mut db) = Arc::try_unwrap(db)
+            {
+                let _ = shrink_before_close(&mut db);
+            }
             Ok(())
         });
     }
@@ -256,10 +288,20 @@ impl Journal {
             return Ok(());
         };
         // Unshared: a checkpoint's job drops its copy before the checkpoint returns.
-        let Ok(db) = Arc::try_unwrap(db) else {
+        let Ok(mut db) = Arc::try_unwrap(db) else {
             return Ok(());
         };
+        let shrink = inner.reclaimed.load(Ordering::SeqCst);
         crate::preflight::guarded("close", || {
+            if shrink {
+                shrink_before_close(&mut db).map_err(|e| {
+                    e.while_doing(
+                        "shrink the journal file at close, after reclaiming space",
+                        "everything is checkpointed into the file; it stays larger than \
+                         the reclaim left it",
+                    )
+                })?;
+            }
             db.close().map_err(|e| {
                 Error::from(e).while_doing(
                     "close the journal file",
@@ -760,7 +802,9 @@ impl Journal {
     /// Shrinks the file: redb moves live pages down and truncates the free
     /// space that purges left behind (redb's `Database::compact`, run until it has nothing
     /// more to do). [`Journal::compact`] fires timers but never shrinks the file. Returns the
-    /// file size in bytes before and after (0 for a journal that is not a file).
+    /// file size in bytes before and after (0 for a journal that is not a file). Closing the
+    /// journal afterwards compacts once more, after its own commits, so the closed file stays
+    /// that small (redb grows a file without free pages by doubling it).
     ///
     /// It needs the handle to itself (`&mut self`, and no running background compactor),
     /// and with [`Sharing::LiveReaders`](crate::Sharing::LiveReaders) no read transaction open in another process (such
@@ -816,6 +860,7 @@ impl Journal {
         })();
         reads::write_lock(&inner.committed).base = Some(Base::new(db.begin_read()?));
         compacted?;
+        inner.reclaimed.store(true, Ordering::SeqCst);
         Ok((before, size(&inner.path)))
     }
 

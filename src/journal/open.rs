@@ -239,6 +239,7 @@ impl Journal {
                 committer: Committer::new(),
                 checkpointer: Default::default(),
                 gate: Arc::new(Mutex::new(false)),
+                reclaimed: AtomicBool::new(false),
                 handles: AtomicUsize::new(1),
             }),
             released: false,
