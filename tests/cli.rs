@@ -257,6 +257,54 @@ fn ls_filters_by_status_delivery_scope_session_intent_and_time() {
 }
 
 #[test]
+fn ls_with_a_limit_shows_the_last_rows_of_the_full_listing_in_either_order() {
+    // Ids that sort against their submission order (and a tie in time broken by id), so
+    // the two orders differ.
+    let s = Sample::empty_dir();
+    {
+        let j = s.open();
+        for i in 0..60u64 {
+            if i % 7 != 0 {
+                s.advance(Duration::from_secs(1));
+            }
+            let id = format!("op_{:03}", (i * 37) % 61);
+            let intent =
+                Intent::from_json("doc.edit", &serde_json::json!({"n": i})).expect("intent");
+            let Ok(opjournal::Admission::Fresh(c)) = j.submit(Operation::new(id.clone(), intent))
+            else {
+                panic!("{id} is not fresh work");
+            };
+            j.complete(&c, Outcome::applied(1, vec![b'r'; 10]))
+                .expect("complete");
+        }
+    }
+    let p = path_str(&s.path);
+    for sort in ["submitted", "id"] {
+        let all = ids(&run(&["--json", "ls", p, "--sort", sort]));
+        assert_eq!(all.len(), 60);
+        let mut by_id = all.clone();
+        by_id.sort();
+        assert_eq!(sort == "id", all == by_id, "the orders differ");
+        for limit in [0usize, 1, 5, 59, 60, 100] {
+            let shown = ids(&run(&[
+                "--json",
+                "ls",
+                p,
+                "--sort",
+                sort,
+                "--limit",
+                &limit.to_string(),
+            ]));
+            assert_eq!(
+                shown,
+                all[all.len().saturating_sub(limit)..],
+                "--sort {sort} --limit {limit}"
+            );
+        }
+    }
+}
+
+#[test]
 fn log_prints_events_filtered_by_operation_kind_and_position() {
     let s = sample();
     let p = path_str(&s.path);

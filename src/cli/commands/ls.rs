@@ -1,6 +1,9 @@
 //! `opjournal ls FILE` (or `--postgres URL NAME`): receipts, filtered by status, delivery,
 //! scope, session, intent and submission time.
 
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+
 use opjournal::{DeliveryState, ExecutionStatus, Receipt, Timestamp};
 use serde_json::json;
 
@@ -69,6 +72,96 @@ impl Filter {
     }
 }
 
+/// The rows `ls` prints: every matching receipt, or with `--limit N` only the last N in
+/// the chosen order, so that `ls --limit 20` holds 20 receipts in memory, not the journal.
+enum Rows {
+    /// Every matching receipt, and whether to order them by submission.
+    All(Vec<Receipt>, SortArg),
+    /// The receipts come in id order: the last N seen are the last N.
+    LastById(std::collections::VecDeque<Receipt>, usize),
+    /// The N latest submissions seen so far, the earliest on top.
+    LastSubmitted(BinaryHeap<Reverse<BySubmission>>, usize),
+}
+
+/// A receipt ordered by submission time, then id (the order of `--sort submitted`).
+struct BySubmission(Receipt);
+
+impl BySubmission {
+    fn key(&self) -> (Timestamp, &str) {
+        (self.0.submitted_at, &self.0.operation_id)
+    }
+}
+
+impl PartialEq for BySubmission {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for BySubmission {}
+
+impl PartialOrd for BySubmission {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for BySubmission {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.key().cmp(&other.key())
+    }
+}
+
+impl Rows {
+    fn new(sort: SortArg, limit: Option<usize>) -> Rows {
+        match (sort, limit) {
+            (sort, None) => Rows::All(Vec::new(), sort),
+            (SortArg::Id, Some(n)) => Rows::LastById(Default::default(), n),
+            (SortArg::Submitted, Some(n)) => Rows::LastSubmitted(BinaryHeap::new(), n),
+        }
+    }
+
+    /// Takes the next receipt in id order.
+    fn push(&mut self, r: Receipt) {
+        match self {
+            Rows::All(rows, _) => rows.push(r),
+            Rows::LastById(rows, n) => {
+                rows.push_back(r);
+                if rows.len() > *n {
+                    rows.pop_front();
+                }
+            }
+            Rows::LastSubmitted(heap, n) => {
+                heap.push(Reverse(BySubmission(r)));
+                if heap.len() > *n {
+                    heap.pop();
+                }
+            }
+        }
+    }
+
+    /// The rows in the chosen order (`sort`: by id, or by submission time).
+    fn into_sorted(self) -> Vec<Receipt> {
+        match self {
+            Rows::All(rows, SortArg::Id) => rows,
+            Rows::All(rows, SortArg::Submitted) => {
+                let mut rows: Vec<BySubmission> = rows.into_iter().map(BySubmission).collect();
+                rows.sort();
+                rows.into_iter().map(|BySubmission(r)| r).collect()
+            }
+            Rows::LastById(rows, _) => rows.into(),
+            Rows::LastSubmitted(heap, _) => {
+                // Ascending `Reverse` is descending submission: read it backwards.
+                heap.into_sorted_vec()
+                    .into_iter()
+                    .rev()
+                    .map(|Reverse(BySubmission(r))| r)
+                    .collect()
+            }
+        }
+    }
+}
+
 pub(super) fn run(args: &LsArgs, out: &mut Out) -> Run {
     let target = Target::new(&args.file, args.postgres.as_deref());
     let mut summary = Summary::start("ls", &args.file);
@@ -77,24 +170,18 @@ pub(super) fn run(args: &LsArgs, out: &mut Out) -> Run {
     let now = insp.now().map_err(target.err())?;
     let filter = Filter::new(args, now);
     let mut total = 0u64;
-    let mut rows: Vec<Receipt> = Vec::new();
+    let mut matched = 0usize;
+    let mut rows = Rows::new(args.sort, args.limit);
     insp.for_each_receipt(|r| {
         total += 1;
         if filter.admits(&r) {
+            matched += 1;
             rows.push(r);
         }
         Ok(true)
     })
     .map_err(target.err())?;
-    if args.sort == SortArg::Submitted {
-        rows.sort_by(|a, b| {
-            (a.submitted_at, &a.operation_id).cmp(&(b.submitted_at, &b.operation_id))
-        });
-    }
-    let matched = rows.len();
-    if let Some(limit) = args.limit {
-        rows.drain(..rows.len().saturating_sub(limit));
-    }
+    let rows = rows.into_sorted();
     let counts = json!({"operations": total, "matched": matched, "shown": rows.len()});
     if out.json() {
         for r in &rows {
