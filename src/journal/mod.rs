@@ -175,11 +175,12 @@ impl Drop for Inner {
         }
         let db = self.db.take();
         let _ = crate::preflight::guarded("close", || {
-            if shrink
-                && let Some(db) = db
-                && let Ok(mut db) = Arc::try_unwrap(db)
-            {
-                let _ = shrink_before_close(&mut db);
+            match db.map(Arc::try_unwrap) {
+                Some(Ok(mut db)) if shrink => {
+                    let _ = shrink_before_close(&mut db);
+                    drop(db);
+                }
+                other => drop(other),
             }
             Ok(())
         });
