@@ -1232,15 +1232,14 @@ mod tests {
         let journal = builder()
             .open(&path)
             .unwrap_or_else(|e| panic!("open: {e}"));
-        let id = scattered_id;
-        let run = |i: u64| run_alone(&journal, &id(i), i);
+        let run = |i: u64| run_alone(&journal, &scattered_id(i), i);
         (0..600).for_each(run);
         clock.advance(Duration::from_secs(3 * 3600));
         (600..620).for_each(run);
         let kept: Vec<_> = (600..620)
             .map(|i| {
                 journal
-                    .history(&id(i))
+                    .history(&scattered_id(i))
                     .unwrap_or_else(|e| panic!("history: {e}"))
             })
             .collect();
@@ -1265,16 +1264,20 @@ mod tests {
         assert!(raw > live, "{raw} events in the table, {live} live");
         let check = |j: &Journal| {
             for i in 0..600 {
-                assert_eq!(j.lookup(&id(i)).unwrap_or_else(|e| panic!("{e}")), None);
+                assert_eq!(
+                    j.lookup(&scattered_id(i)).unwrap_or_else(|e| panic!("{e}")),
+                    None
+                );
                 assert!(
-                    j.history(&id(i))
+                    j.history(&scattered_id(i))
                         .unwrap_or_else(|e| panic!("{e}"))
                         .is_empty()
                 );
             }
             for (i, history) in (600..620).zip(&kept) {
                 assert_eq!(
-                    &j.history(&id(i)).unwrap_or_else(|e| panic!("{e}")),
+                    &j.history(&scattered_id(i))
+                        .unwrap_or_else(|e| panic!("{e}")),
                     history
                 );
             }
@@ -1343,7 +1346,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("open: {e}"));
         assert!(
             !kept
-                .history(&id(0))
+                .history(&scattered_id(0))
                 .unwrap_or_else(|e| panic!("{e}"))
                 .is_empty()
         );

@@ -2,7 +2,7 @@
 //! scope, session, intent and submission time.
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 use opjournal::{DeliveryState, ExecutionStatus, Receipt, Timestamp};
 use serde_json::json;
@@ -78,7 +78,7 @@ enum Rows {
     /// Every matching receipt, and whether to order them by submission.
     All(Vec<Receipt>, SortArg),
     /// The receipts come in id order: the last N seen are the last N.
-    LastById(std::collections::VecDeque<Receipt>, usize),
+    LastById(VecDeque<Receipt>, usize),
     /// The N latest submissions seen so far, the earliest on top.
     LastSubmitted(BinaryHeap<Reverse<BySubmission>>, usize),
 }
