@@ -17,8 +17,9 @@
 //! every job queued before it, such as a checkpoint committing beside the next cycle
 //! ([`Checkpointer::start`]).
 
-use std::sync::{Mutex, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 
+use super::pacing::Pace;
 use crate::error::{Error, Result};
 use crate::trace;
 
@@ -37,9 +38,25 @@ pub(crate) struct Checkpointer {
     /// The thread's queue; `None` before the first checkpoint, or after the thread could
     /// not be started (then checkpoints run on the caller's thread).
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    /// The pacing of the commits on the thread, shared with redb's backend (see
+    /// [`super::pacing`]): whoever waits for the thread hurries it.
+    pace: Arc<Pace>,
 }
 
 impl Checkpointer {
+    /// A checkpointer whose commits are paced by `pace` (the one redb's backend reads).
+    pub(crate) fn with_pace(pace: Arc<Pace>) -> Checkpointer {
+        Checkpointer {
+            jobs: Mutex::default(),
+            pace,
+        }
+    }
+
+    /// The pacing of this thread's commits.
+    pub(crate) fn pace(&self) -> &Arc<Pace> {
+        &self.pace
+    }
+
     /// Queues `work` on the checkpoint thread (starting it if needed) and returns at once:
     /// for work whose outcome nobody waits for (a checkpoint beside the next cycle, which
     /// poisons the handle itself if it fails). Without a thread it runs here.
@@ -77,6 +94,7 @@ impl Checkpointer {
     /// Waits until the jobs queued so far have ended (their answers are theirs), if the
     /// thread was ever started.
     pub(crate) fn wait_idle(&self) {
+        let _waiting = self.pace.waiting();
         let started = self
             .jobs
             .lock()
@@ -96,6 +114,8 @@ impl Checkpointer {
     ///
     /// What `work` answers.
     pub(crate) fn run(&self, work: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
+        // The caller waits for the jobs queued before this one too.
+        let _waiting = self.pace.waiting();
         let (reply, answer) = mpsc::sync_channel(1);
         let job = Job {
             work: Box::new(work),

@@ -591,6 +591,11 @@ impl Inner {
         } else {
             factor
         };
+        if used >= size && committed.frozen.is_some() {
+            // The next checkpoint is due and the one before still commits: it must not
+            // pause any more (see `pacing`).
+            self.checkpointer.pace().hurry();
+        }
         let limit = size.saturating_mul(factor);
         if used >= log_limit(limit) || committed.mem.bytes() as u64 >= limit {
             return Due::Checkpoint;
@@ -850,9 +855,16 @@ impl Inner {
         let defer = self.compacting.load(Ordering::SeqCst) > 0;
         let record = codec::encode(RecordKind::Meta, &next);
         let poisoned = Arc::clone(&self.poisoned);
+        // Beside the calls, the commit's writes are paced (see `pacing`). Not where a
+        // leader waits for it, nor during a compaction pass, whose batches fill the log
+        // faster than a paced commit ends (the calls then waited behind the pass's leader
+        // for the commit: the calls' p99 beside a pass tripled when they were paced).
+        let pace = (self.cfg.background_checkpoints && !defer)
+            .then(|| Arc::clone(self.checkpointer.pace()));
         let work = move || {
             // A panic (redb's, on damaged data) is an error here: nobody else may see it.
             let done = crate::preflight::guarded("a checkpoint", || {
+                let paced = pace.as_ref().map(|p| p.begin());
                 let mut txn = db.begin_write()?;
                 txn.set_quick_repair(quick_repair);
                 index::checkpoint(&txn, &frozen, defer)?;
@@ -863,6 +875,7 @@ impl Inner {
                 // The file says format 5 already: a switch waits for that mark, and
                 // deferred purges leave it as it is (`Purged::write_in`).
                 txn.commit()?;
+                drop(paced);
                 let base = Base::new(db.begin_read()?);
                 let unfrozen = {
                     let mut committed = write_lock(&committed);

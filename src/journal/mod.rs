@@ -7,6 +7,7 @@ mod committer;
 pub(crate) mod compactor;
 mod memory;
 pub(crate) mod open;
+mod pacing;
 mod reads;
 #[cfg(feature = "postgres")]
 mod remote;

@@ -59,8 +59,19 @@ impl Journal {
         // The file is input: redb may panic on damaged pages while opening. Answer
         // `Corrupt` instead.
         crate::preflight::guarded("open", || {
+            // redb's own `create(path)`, with the writes of a checkpoint beside the log
+            // paced (see `pacing`).
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .map_err(|e| open_error(path, e.into()))?;
+            let file = redb::backends::FileBackend::new(file).map_err(|e| open_error(path, e))?;
+            let pace = Arc::new(super::pacing::Pace::default());
             let db = Self::redb_builder(&cfg)
-                .create(path)
+                .create_with_backend(super::pacing::PacedBackend::new(file, Arc::clone(&pace)))
                 .map_err(|e| open_error(path, e))?;
             // Before anything commits to it (redb holds its lock now, so no other writer
             // changes it while it is read): a damaged system tree would abort the process
@@ -81,7 +92,7 @@ impl Journal {
                 FileLog::open_lazily(&FileLog::spare_path_for(path))
                     .map_err(|e| Error::io_during("open the journal's second log file", e))?,
             );
-            Self::init(db, vec![log, spare], path, cfg)
+            Self::init(db, vec![log, spare], path, cfg, pace)
         })
     }
 
@@ -150,7 +161,7 @@ impl Journal {
             let db = Self::redb_builder(&cfg)
                 .create_with_backend(backend)
                 .map_err(|e| open_error(path, e))?;
-            Self::init(db, logs, path, cfg)
+            Self::init(db, logs, path, cfg, Arc::default())
         })
     }
 
@@ -161,6 +172,7 @@ impl Journal {
         logs: Vec<Arc<dyn LogStorage>>,
         path: &Path,
         cfg: Config,
+        pace: Arc<super::pacing::Pace>,
     ) -> Result<Journal> {
         prepare(&db, path, &cfg)?;
         let base = Base::new(db.begin_read()?);
@@ -237,7 +249,7 @@ impl Journal {
                 foreground_waiting: Arc::new(AtomicUsize::new(0)),
                 compacting: AtomicUsize::new(0),
                 committer: Committer::new(),
-                checkpointer: Default::default(),
+                checkpointer: super::checkpointer::Checkpointer::with_pace(pace),
                 gate: Arc::new(Mutex::new(false)),
                 reclaimed: AtomicBool::new(false),
                 handles: AtomicUsize::new(1),
