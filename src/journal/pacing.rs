@@ -24,9 +24,9 @@ use redb::{BackendError, StorageBackend};
 
 /// Bytes a paced commit writes between two syncs of redb's file.
 pub(crate) const CHUNK: u64 = 64 << 10;
-/// The pause after each chunk's sync: 64 KiB a millisecond, about a third of what this
-/// project's test machine's disk writes, so a 6 MiB commit takes about a tenth of a second
-/// (a cycle of the log lasts longer at every rate measured).
+/// The pause after each chunk's sync: at most 64 KiB a millisecond, about a third of what
+/// this project's test machine's disk writes, so a 6 MiB commit takes a tenth of a second
+/// or more. A log that fills up before it ends hurries it.
 pub(crate) const PAUSE: Duration = Duration::from_millis(1);
 
 /// Which writes are paced, shared by the journal and its redb backend.
