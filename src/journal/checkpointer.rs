@@ -84,7 +84,9 @@ impl Checkpointer {
         };
         if let Some(job) = unsent {
             // Its outcome is its own business (it poisons the handle if it fails); a panic
-            // is caught as the thread would catch it.
+            // is caught as the thread would catch it. Run by the caller, it is not paced:
+            // the caller's own calls wait for it.
+            let _waiting = self.pace.waiting();
             let work = job.work;
             let _ =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.context.run(work)));
