@@ -230,58 +230,47 @@ impl<B: StorageBackend> StorageBackend for PacedBackend<B> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicUsize;
     use std::time::Instant;
 
-    use redb::backends::InMemoryBackend;
+    use opjournal_testkit::fault_backend::{FaultBackend, FaultDisk};
 
     use super::*;
 
-    /// An in-memory backend that counts its syncs.
-    #[derive(Debug, Default)]
-    struct Counting {
-        inner: InMemoryBackend,
-        syncs: AtomicUsize,
-    }
-
-    impl StorageBackend for Counting {
-        fn len(&self) -> Result<u64, std::io::Error> {
-            self.inner.len()
-        }
-        fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-            self.inner.read(offset, out)
-        }
-        fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-            self.inner.set_len(len)
-        }
-        fn sync_data(&self) -> Result<(), std::io::Error> {
-            self.syncs.fetch_add(1, Ordering::SeqCst);
-            self.inner.sync_data()
-        }
-        fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-            self.inner.write(offset, data)
-        }
-    }
-
     const PAGE: usize = 4096;
 
-    fn backend(pause: Duration) -> (PacedBackend<Counting>, Arc<Pace>) {
-        let pace = Arc::new(Pace::new(4 * PAGE as u64, pause));
-        let b = PacedBackend::new(Counting::default(), Arc::clone(&pace));
-        b.set_len(64 * PAGE as u64)
-            .unwrap_or_else(|e| panic!("in memory: {e}"));
-        (b, pace)
+    /// A paced backend over the fault disk's redb file, which counts its syncs.
+    struct Fixture {
+        b: PacedBackend<FaultBackend>,
+        disk: FaultDisk,
+        syncs_before: u64,
     }
 
-    fn write_pages(b: &PacedBackend<Counting>, n: usize) {
+    fn backend(pause: Duration) -> (Fixture, Arc<Pace>) {
+        let pace = Arc::new(Pace::new(4 * PAGE as u64, pause));
+        let disk = FaultDisk::new();
+        let b = PacedBackend::new(disk.backend(), Arc::clone(&pace));
+        b.set_len(64 * PAGE as u64)
+            .unwrap_or_else(|e| panic!("in memory: {e}"));
+        let syncs_before = disk.stats().db.syncs;
+        (
+            Fixture {
+                b,
+                disk,
+                syncs_before,
+            },
+            pace,
+        )
+    }
+
+    fn write_pages(b: &Fixture, n: usize) {
         for i in 0..n {
-            b.write((i * PAGE) as u64, &[7u8; PAGE])
+            b.b.write((i * PAGE) as u64, &[7u8; PAGE])
                 .unwrap_or_else(|e| panic!("in memory: {e}"));
         }
     }
 
-    fn syncs(b: &PacedBackend<Counting>) -> usize {
-        b.inner.syncs.load(Ordering::SeqCst)
+    fn syncs(b: &Fixture) -> u64 {
+        b.disk.stats().db.syncs - b.syncs_before
     }
 
     #[test]
@@ -299,7 +288,7 @@ mod tests {
         );
         // The commit's own sync starts a new chunk.
         write_pages(&b, 2);
-        b.sync_data().unwrap_or_else(|e| panic!("in memory: {e}"));
+        b.b.sync_data().unwrap_or_else(|e| panic!("in memory: {e}"));
         write_pages(&b, 3);
         assert_eq!(syncs(&b), 9, "2 + 3 pages across a sync are no chunk");
         drop(paced);
