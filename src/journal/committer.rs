@@ -115,6 +115,10 @@ pub(super) enum RunFailure {
 struct SlotState<T> {
     answer: Option<Result<T>>,
     woken: bool,
+    /// The caller sleeps on the condition variable. A leader answering its own job (the
+    /// only caller at one thread, and every leader's own job) finds it awake and makes no
+    /// `futex` call: the standard condition variable makes one per notification.
+    asleep: bool,
 }
 
 struct SlotInner<T> {
@@ -130,19 +134,35 @@ impl<T> SlotInner<T> {
             state: Mutex::new(SlotState {
                 answer: None,
                 woken: false,
+                asleep: false,
             }),
             cv: Condvar::new(),
         }
     }
 
     fn answer(&self, out: Result<T>) {
-        lock(&self.state).answer = Some(out);
-        self.cv.notify_one();
+        let asleep = {
+            let mut st = lock(&self.state);
+            st.answer = Some(out);
+            // Read under the lock the sleeper holds until it sleeps: no wake-up is lost.
+            st.asleep
+        };
+        // Notified after the lock is released, so that the woken caller does not wait
+        // for it.
+        if asleep {
+            self.cv.notify_one();
+        }
     }
 
     fn wake(&self) {
-        lock(&self.state).woken = true;
-        self.cv.notify_one();
+        let asleep = {
+            let mut st = lock(&self.state);
+            st.woken = true;
+            st.asleep
+        };
+        if asleep {
+            self.cv.notify_one();
+        }
     }
 
     fn take(&self) -> Option<Result<T>> {
@@ -154,7 +174,9 @@ impl<T> SlotInner<T> {
     fn wait(&self) {
         let mut st = lock(&self.state);
         while st.answer.is_none() && !st.woken {
+            st.asleep = true;
             st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.asleep = false;
         }
         st.woken = false;
     }
@@ -1030,6 +1052,66 @@ mod tests {
     fn intent() -> Intent {
         Intent::from_json("edit", &serde_json::json!({"kind": "add"}))
             .unwrap_or_else(|e| panic!("a valid intent: {e}"))
+    }
+
+    /// Whether the caller of `slot` sleeps on its condition variable now.
+    fn asleep<T>(slot: &super::SlotInner<T>) -> bool {
+        super::lock(&slot.state).asleep
+    }
+
+    /// Waits on `slot` on another thread; the receiver gets a message when the wait ends.
+    fn waiter(slot: &super::Slot<u32>) -> std::sync::mpsc::Receiver<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let slot = std::sync::Arc::clone(slot);
+        std::thread::spawn(move || {
+            slot.wait();
+            let _ = tx.send(());
+        });
+        rx
+    }
+
+    fn until_asleep<T>(slot: &super::SlotInner<T>) {
+        let start = Instant::now();
+        while !asleep(slot) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the waiter went to sleep"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn a_slot_wakes_a_sleeping_caller_and_an_answer_given_before_the_wait_is_not_lost() {
+        // Answered while the caller sleeps: the notification wakes it.
+        let slot = std::sync::Arc::new(super::SlotInner::<u32>::new());
+        let done = waiter(&slot);
+        until_asleep(&slot);
+        slot.answer(Ok(7));
+        done.recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("the sleeping caller woke for its answer: {e}"));
+        assert_eq!(slot.take().map(|r| r.ok()), Some(Some(7)));
+        assert!(!asleep(&slot), "the caller is awake again");
+
+        // Woken to lead while it sleeps.
+        let done = waiter(&slot);
+        until_asleep(&slot);
+        slot.wake();
+        done.recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("the sleeping caller woke to lead: {e}"));
+
+        // Answered, or woken, while nobody sleeps (no notification is made): the next wait
+        // returns at once.
+        slot.answer(Ok(8));
+        waiter(&slot)
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("an answer given before the wait ends it: {e}"));
+        assert_eq!(slot.take().map(|r| r.ok()), Some(Some(8)));
+        slot.wake();
+        waiter(&slot)
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("a wake-up given before the wait ends it: {e}"));
+        assert!(!super::lock(&slot.state).woken, "the wake-up was consumed");
     }
 
     /// Runs one operation in `scope` to its applied outcome at `revision`.
