@@ -22,15 +22,12 @@ use std::time::Duration;
 
 use redb::{BackendError, StorageBackend};
 
-/// Bytes a paced commit writes between two syncs of redb's file: what a call's log sync
-/// may find ahead of it. 8 KiB: with 64 KiB chunks (the same rate) the slowest call of a
-/// lifecycle during a paced commit had a p99 of 1.5-1.8 ms on the test machine, with 8 KiB
-/// 0.24-0.27 ms, the other calls' 0.18-0.21 ms.
-pub(crate) const CHUNK: u64 = 8 << 10;
+/// Bytes a paced commit writes between two syncs of redb's file.
+pub(crate) const CHUNK: u64 = 64 << 10;
 /// The pause after each chunk's sync: at most 64 KiB a millisecond, about a third of what
 /// this project's test machine's disk writes, so a 6 MiB commit takes a tenth of a second
 /// or more. A log that fills up before it ends hurries it.
-pub(crate) const PAUSE: Duration = Duration::from_micros(125);
+pub(crate) const PAUSE: Duration = Duration::from_millis(1);
 
 /// Which writes are paced, shared by the journal and its redb backend.
 #[derive(Debug)]
