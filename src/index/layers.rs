@@ -534,6 +534,53 @@ mod tests {
     }
 
     #[test]
+    fn a_compaction_batch_keeps_its_tombstones_without_asking_the_base_and_reads_stay_right()
+    -> Result<()> {
+        let db = redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new())?;
+        let txn = db.begin_write()?;
+        txn.open_table(<InDoubt as Table>::def())?.insert("a", ())?;
+        txn.commit()?;
+        let base = Base::new(db.begin_read()?);
+        let mut mem = Memtable::default();
+        let mut batch = Memtable::default();
+        batch.set::<InDoubt>("b".to_string(), Some(()));
+        mem.absorb_over(batch, Some(&base), None);
+        let below = {
+            let mut m = Memtable::default();
+            m.set::<InDoubt>("d".to_string(), None);
+            m
+        };
+        let mut batch = Memtable::default();
+        batch.deletes_stored_keys();
+        for k in ["a", "b", "c", "d"] {
+            batch.set::<InDoubt>(k.to_string(), None);
+        }
+        mem.absorb_over(batch, Some(&base), Some(&below));
+        // The base's key, the memtable's own and a never-seen key keep their tombstones (no
+        // lookup was made); a key `below` already deletes needs none.
+        let held: Vec<(String, Option<()>)> = <InDoubt as Table>::map(&mem)
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        let tombstone = |k: &str| (k.to_string(), None);
+        assert_eq!(held, vec![tombstone("a"), tombstone("b"), tombstone("c")]);
+        let snap = Snapshot {
+            base: Some(&base),
+            layers: Layers::new(&[&mem, &below]),
+        };
+        assert_eq!(snap.all::<InDoubt>()?.count(), 0, "every key is deleted");
+        // The mark is the batch's: a later batch into the same memtable asks again.
+        let mut batch = Memtable::default();
+        batch.set::<InDoubt>("e".to_string(), Some(()));
+        mem.absorb_over(batch, Some(&base), None);
+        let mut batch = Memtable::default();
+        batch.set::<InDoubt>("e".to_string(), None);
+        mem.absorb_over(batch, Some(&base), None);
+        assert!(!<InDoubt as Table>::map(&mem).contains_key("e"));
+        Ok(())
+    }
+
+    #[test]
     fn a_range_over_layers_and_the_base_is_what_the_top_layer_says_for_each_key() -> Result<()> {
         // A base in redb and three layers with overlapping keys and tombstones, from a
         // small generator; every range is compared with a model where the upper layer wins.

@@ -150,6 +150,8 @@ pub(crate) fn compact_batch(
     // foreground call ends early (after one receipt, when calls keep coming) has then read
     // few receipts for nothing, and the call waited for a short read.
     let mut scan_chunk = SCAN_FIRST_CHUNK;
+    // What a batch deletes it read from the index (receipts, their timers and events).
+    ctx.t.deletes_stored_keys();
     while let Scan::Past(after) = &next.scan {
         let room = limit.saturating_sub(handled).min(scan_chunk);
         scan_chunk = (scan_chunk * 2).min(CHUNK);
