@@ -62,13 +62,13 @@ impl<'a> WriteTables<'a> {
         }
     }
 
-    /// The batch's changes.
     /// Notes that the deletions are of keys the index mostly holds (see
     /// [`Memtable::deletes_stored_keys`]).
     pub(crate) fn deletes_stored_keys(&mut self) {
         self.own.deletes_stored_keys();
     }
 
+    /// The batch's changes.
     pub(crate) fn into_changes(self) -> Memtable {
         self.own
     }
