@@ -577,6 +577,17 @@ mod tests {
         batch.set::<InDoubt>("e".to_string(), None);
         mem.absorb_over(batch, Some(&base), None);
         assert!(!<InDoubt as Table>::map(&mem).contains_key("e"));
+        // Without a base (a journal in memory, where the memtable is everything) nothing
+        // lies below, so a compaction batch's tombstones go too: none piles up.
+        let mut all = Memtable::default();
+        let mut batch = Memtable::default();
+        batch.set::<InDoubt>("f".to_string(), Some(()));
+        all.absorb_over(batch, None, None);
+        let mut batch = Memtable::default();
+        batch.deletes_stored_keys();
+        batch.set::<InDoubt>("f".to_string(), None);
+        all.absorb_over(batch, None, None);
+        assert!(<InDoubt as Table>::map(&all).is_empty());
         Ok(())
     }
 

@@ -599,10 +599,10 @@ impl Memtable {
                 for (k, v) in std::mem::take(<$t as Table>::map_mut(&mut top)) {
                     let held_below = || match below.and_then(|m| <$t as Table>::map(m).get(&k)) {
                         Some(change) => change.is_some(),
-                        None if ask_base => {
-                            base.is_some_and(|b| b.contains::<$t>(&k).unwrap_or(true))
+                        // Without a base (a journal in memory) nothing lies below.
+                        None => {
+                            base.is_some_and(|b| !ask_base || b.contains::<$t>(&k).unwrap_or(true))
                         }
-                        None => true,
                     };
                     if v.is_none() && pruned && !held_below() {
                         self.forget::<$t>(&k);
