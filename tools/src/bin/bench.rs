@@ -165,6 +165,14 @@ mod syncs {
         TOTAL.load(Ordering::Relaxed)
     }
 
+    /// Every file's syncs so far, by path.
+    pub fn all() -> BTreeMap<PathBuf, Tally> {
+        BY_FILE
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// `path` as /proc/self/fd names it: absolute, links resolved (the file itself need
     /// not exist, its directory must).
     pub fn canonical(path: &Path) -> PathBuf {
@@ -3939,6 +3947,26 @@ fn report_rate(lifecycles: usize, start: Instant, syncs: u64) {
     );
 }
 
+/// The syncs of each file since `before` (a reading of [`syncs::all`]), per lifecycle and
+/// with their mean time: which of a journal's files (log, second log, index) took them.
+fn report_syncs_by_file(lifecycles: usize, before: &BTreeMap<PathBuf, syncs::Tally>) {
+    for (path, now) in syncs::all() {
+        let t = now.since(before.get(&path).copied().unwrap_or_default());
+        if t.count == 0 {
+            continue;
+        }
+        eprintln!(
+            "  {}: {:.3} syncs per lifecycle, {:.3} ms each",
+            path.file_name().map_or_else(
+                || path.display().to_string(),
+                |n| n.to_string_lossy().into_owned()
+            ),
+            t.count as f64 / lifecycles.max(1) as f64,
+            t.time.as_secs_f64() * 1e3 / t.count as f64
+        );
+    }
+}
+
 fn profile(args: &[String]) -> Result<()> {
     let ctx = Ctx::new()?;
     let num = |i: usize| -> Result<usize> {
@@ -4076,6 +4104,7 @@ fn profile(args: &[String]) -> Result<()> {
             let (ops, threads) = (num(3)?, num(4)?.max(1));
             remove_one(&path);
             let j = cfg.builder().open(&path)?;
+            let by_file = syncs::all();
             let (start, syncs) = (Instant::now(), syncs::total());
             std::thread::scope(|s| -> Result<()> {
                 let handles: Vec<_> = (0..threads)
@@ -4105,6 +4134,7 @@ fn profile(args: &[String]) -> Result<()> {
             })?;
             let done = ops / threads * threads;
             report_rate(done, start, syncs);
+            report_syncs_by_file(done, &by_file);
             drop(j);
             remove_one(&path);
         }
