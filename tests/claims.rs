@@ -465,11 +465,11 @@ fn the_replay_cache_never_holds_more_than_its_configured_bytes() {
 
 // ---------------------------------------------------------------------------------------
 // The inline edge (docs/decisions/inline-results.md, docs/format.md: a result whose framed
-// record is at most 2,048 bytes is stored in its receipt's value, a larger one in the
+// record is at most 256 bytes is stored in its receipt's value, a larger one in the
 // `results` table).
 // ---------------------------------------------------------------------------------------
 
-const INLINE_MAX: usize = 2048;
+const INLINE_MAX: usize = 256;
 
 mod inline_edge {
     use super::*;
@@ -542,12 +542,12 @@ mod inline_edge {
         }
     }
 
-    /// A result framed at exactly 2,048 bytes is stored inline, one byte more goes to the
+    /// A result framed at exactly 256 bytes is stored inline, one byte more goes to the
     /// `results` table; both replay byte for byte from the memtable (before a checkpoint),
     /// from the file (after one), and after a reopen. The replay cache is off, so every
     /// replay reads the store.
     #[test]
-    fn a_result_framed_at_the_2048_byte_bound_is_inline_and_one_byte_more_is_not() {
+    fn a_result_framed_at_the_256_byte_bound_is_inline_and_one_byte_more_is_not() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("edge.opj");
         let clock = ManualClock::new(T0);

@@ -30,9 +30,17 @@ pub(crate) fn decode_event_frame(bytes: &[u8]) -> std::result::Result<Event, cod
 
 /// The largest result record (framed, with its header) stored inline in its receipt's
 /// value (format 3): a replay of such a result reads one value, found in one B-tree
-/// descent. Larger results, and those of files written before format 3, are in `results`.
-/// 2 KiB keeps a receipt with its result well inside one 4 KiB page.
-pub(crate) const INLINE_RESULT_MAX: usize = 2048;
+/// descent. Larger results, and those of files written before format 3, are in `results`,
+/// keyed by the completing event's seq, so they are appended in order, packed, and written
+/// once. Inline, a result rides along every rewrite of its receipt (a delivery, an
+/// acknowledgement: each logs the receipt's whole value again, and each checkpoint writes
+/// its page again), sits in a tree keyed by the caller's random ids (pages half empty
+/// with a few large values each), and is read by every scan of the receipts. 256 bytes,
+/// about a receipt's own size, keeps small answers on the one-read path at little cost.
+/// Until 2026-12-06 it was 2 KiB: with 1 KiB results that wrote 7.2 KiB per lifecycle
+/// against 3.4 KiB now, at a cost of a second read for a replay of an id no cache holds
+/// (`docs/performance.md`, "Results out of line").
+pub(crate) const INLINE_RESULT_MAX: usize = 256;
 
 /// Splits a `receipts` value into its receipt record and the result record stored inline
 /// after it (format 3), if there is one. The receipt record's length field says where it

@@ -124,6 +124,13 @@ pub(crate) trait View: Layered {
         if let Some(r) = self.inline_result(operation_id, seq)? {
             return Ok(Some(r));
         }
+        self.stored_result(seq, operation_id)
+    }
+
+    /// The result of `operation_id` completed at `seq` as stored under `seq` in `results`
+    /// (checked against the operation id), without looking for it inline: for a caller
+    /// that read the receipt's value and found no result in it.
+    fn stored_result(&self, seq: u64, operation_id: &str) -> Result<Option<OpResult>> {
         match self
             .with_seq::<Results, _>(seq, |v| decode_result(seq, v))?
             .transpose()?

@@ -223,7 +223,9 @@ impl ReadView<'_> {
                 }
                 return Ok(Some(result));
             }
-            let result = machine::result_of(&self.tables, rec)?;
+            // Read from the index without a result inline (from the cache, the result
+            // came with the receipt): it is in `results`.
+            let result = machine::stored_result_of(&self.tables, rec)?;
             if let (Some(stored), Some(result)) = (&to_cache, &result) {
                 lock(cache).insert(stored, result);
             }

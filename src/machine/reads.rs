@@ -160,13 +160,29 @@ pub(crate) fn has_result(rec: &ReceiptRecord) -> bool {
 
 /// The recorded result of an effective, unretired, terminal record.
 pub(crate) fn result_of<V: View>(v: &V, rec: &ReceiptRecord) -> Result<Option<OpResult>> {
+    kept_result(rec, |seq, id| v.result(seq, id))
+}
+
+/// As [`result_of`], for a record whose stored value was read and holds no result inline
+/// (`View::receipt_and_inline_result` said so): one lookup in `results`, without reading
+/// the receipt again.
+pub(crate) fn stored_result_of<V: View>(v: &V, rec: &ReceiptRecord) -> Result<Option<OpResult>> {
+    kept_result(rec, |seq, id| v.stored_result(seq, id))
+}
+
+/// The result a terminal record keeps, read by `read` (from its completing seq and its
+/// operation id); a kept result that `read` does not find is corrupt.
+fn kept_result(
+    rec: &ReceiptRecord,
+    read: impl FnOnce(u64, &str) -> Result<Option<OpResult>>,
+) -> Result<Option<OpResult>> {
     let ExecRecord::Done(d) = &rec.state else {
         return Ok(None);
     };
     let Some(seq) = d.result_seq else {
         return Ok(None);
     };
-    match v.result(seq, &rec.operation_id)? {
+    match read(seq, &rec.operation_id)? {
         Some(r) => Ok(Some(r)),
         None => Err(Error::corrupt(
             "results",
