@@ -2213,6 +2213,13 @@ fn section_sustained(p: &Params, dir: &Path, ctx: &Ctx, r: &mut Report) -> Resul
                     }
                     calls.extend(three);
                 }
+                // A checkpoint runs on opjournal's own thread, beside the calls, and may
+                // still be writing (into redb, or zeroing the ended log file) when the
+                // chunk's last call returns: waited for here, so that its bytes count in
+                // this chunk and not in the next engine's.
+                if let Conn::Opj(j) = &conn {
+                    j.flush()?;
+                }
                 Ok(())
             })?;
             run.calls.extend(calls);
