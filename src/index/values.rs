@@ -37,9 +37,9 @@ pub(crate) fn decode_event_frame(bytes: &[u8]) -> std::result::Result<Event, cod
 /// its page again), sits in a tree keyed by the caller's random ids (pages half empty
 /// with a few large values each), and is read by every scan of the receipts. 256 bytes,
 /// about a receipt's own size, keeps small answers on the one-read path at little cost.
-/// Until 2026-12-06 it was 2 KiB: with 1 KiB results that wrote 7.2 KiB per lifecycle
-/// against 3.4 KiB now, at a cost of a second read for a replay of an id no cache holds
-/// (`docs/performance.md`, "Results out of line").
+/// Until 2026-12-06 it was 2 KiB: with 1 KiB results a lifecycle logged 3,557 bytes, the
+/// result twice; out of line, the cost is a second read for a replay of an id no cache
+/// holds (`docs/performance.md`, "Results out of line").
 pub(crate) const INLINE_RESULT_MAX: usize = 256;
 
 /// Splits a `receipts` value into its receipt record and the result record stored inline
