@@ -622,8 +622,17 @@ struct Request {
     reply: mpsc::Sender<Result<Done>>,
 }
 
-/// Tells the checkpointer thread to stop: set to `true`, then notified.
-type StopSignal = (Mutex<bool>, Condvar);
+/// What the checkpointer thread is told: to stop, or to checkpoint now ([`SqlStore::settle`]).
+#[derive(Default)]
+struct Orders {
+    stop: bool,
+    /// Checkpoints asked for now, and how many of those it has run.
+    asked: u64,
+    done: u64,
+}
+
+/// The checkpointer's orders, notified when they change (either way).
+type StopSignal = (Mutex<Orders>, Condvar);
 
 /// How the writer thread batches: [`Writers::GroupCommit`] or [`Writers::Writer`].
 #[derive(Clone, Copy)]
@@ -650,7 +659,7 @@ impl GroupWriter {
         let (tx, rx) = mpsc::channel();
         let checkpointer = match checkpointer {
             Some(ck) => {
-                let stop = Arc::new((Mutex::new(false), Condvar::new()));
+                let stop = Arc::new((Mutex::new(Orders::default()), Condvar::new()));
                 let (stop2, common2) = (stop.clone(), common.clone());
                 let h = std::thread::Builder::new()
                     .name("sqlite-checkpointer".into())
@@ -678,7 +687,7 @@ impl Drop for GroupWriter {
             let _ = t.join();
         }
         if let Some((stop, t)) = self.checkpointer.take() {
-            *lock(&stop.0) = true;
+            lock(&stop.0).stop = true;
             stop.1.notify_all();
             let _ = t.join();
         }
@@ -734,20 +743,28 @@ fn group_writer(
 
 /// [`Checkpoints::Background`]: a passive checkpoint every
 /// [`BACKGROUND_CHECKPOINT_EVERY`] while the store commits, until told to stop.
+/// A checkpoint asked for ([`SqlStore::settle`]) runs at once, and its asker is told when
+/// it has ended.
 fn background_checkpoints(conn: &Connection, common: &Common, stop: &StopSignal) {
     let mut seen = common.commits.load(Ordering::SeqCst);
-    let mut stopped = lock(&stop.0);
-    while !*stopped {
-        stopped = stop
-            .1
-            .wait_timeout(stopped, BACKGROUND_CHECKPOINT_EVERY)
-            .unwrap_or_else(PoisonError::into_inner)
-            .0;
+    let mut orders = lock(&stop.0);
+    while !orders.stop {
+        if orders.asked == orders.done {
+            orders = stop
+                .1
+                .wait_timeout(orders, BACKGROUND_CHECKPOINT_EVERY)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
         let now = common.commits.load(Ordering::SeqCst);
-        if now != seen && !*stopped {
+        if now != seen && !orders.stop {
             seen = now;
             // A failure (the file busy) only leaves the WAL longer until the next one.
             let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+        }
+        if orders.asked != orders.done {
+            orders.done = orders.asked;
+            stop.1.notify_all();
         }
     }
 }
@@ -833,6 +850,28 @@ impl SqlStore {
                 writer,
             }),
         })
+    }
+
+    /// Runs the background checkpoint of what is committed now, if this arrangement has a
+    /// checkpointer thread ([`Checkpoints::Background`]), and waits for it: so that a
+    /// measurement counts this store's background writes in its own time, not in the next
+    /// engine's (opjournal's counterpart: `Journal::flush`).
+    pub fn settle(&self) {
+        let Some((orders, _)) = self
+            .shared
+            .writer
+            .as_ref()
+            .and_then(|w| w.checkpointer.as_ref())
+        else {
+            return;
+        };
+        let mut o = lock(&orders.0);
+        o.asked += 1;
+        let want = o.asked;
+        orders.1.notify_all();
+        while o.done < want && !o.stop {
+            o = orders.1.wait(o).unwrap_or_else(PoisonError::into_inner);
+        }
     }
 
     /// The arrangement.
@@ -1589,6 +1628,39 @@ mod tests {
         fresh(db.submit(op("b", "s", 1, HASH)).unwrap());
         assert_eq!(in_file(&other), DELIVERY_ACKED);
         assert!(!store.shared.common.has_queued_acks());
+    }
+
+    #[test]
+    fn settle_returns_once_the_background_checkpoint_has_copied_the_commits_into_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.sqlite");
+        let store = SqlStore::open(&path, cfg(WRITER_CAPPED_BG, Acks::NextCommit)).unwrap();
+        let mut db = store.connect().unwrap();
+        for i in 0..200 {
+            let (id, scope) = (format!("op-{i}"), format!("s{i}"));
+            let claim = fresh(db.submit(op(&id, &scope, 0, HASH)).unwrap());
+            db.complete(&claim, 1, &[7u8; 1024]).unwrap();
+        }
+        // The commits are in the WAL; the checkpointer copies them on its timer, or at once
+        // when asked.
+        store.settle();
+        // Every page the database has (its WAL included) is in the file: it is as long as
+        // they are.
+        let other = open_conn(&path, Cache::Default).unwrap();
+        let pragma = |name: &str| -> u64 {
+            let n: i64 = other
+                .query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))
+                .unwrap();
+            n.try_into().unwrap()
+        };
+        let pages = pragma("page_count") * pragma("page_size");
+        let file = std::fs::metadata(&path).unwrap().len();
+        assert!(pages > 200 * 1024, "{pages} bytes of pages");
+        assert_eq!(file, pages, "the file holds every page");
+        // A store without a checkpointer thread has nothing to settle.
+        let plain =
+            SqlStore::open(&dir.path().join("p.sqlite"), cfg(WRITER, Acks::NextCommit)).unwrap();
+        plain.settle();
     }
 
     #[test]

@@ -1339,6 +1339,17 @@ impl Opened {
         })
     }
 
+    /// Waits for the engine's background writes (opjournal's checkpoint thread, SQLite's
+    /// checkpointer thread where it has one) to end, so that they count in the slice that
+    /// made them and not in the next engine's.
+    fn settle(&self) -> Result<()> {
+        match self {
+            Opened::Opj(j) => j.flush()?,
+            Opened::Sql(store) => store.settle(),
+        }
+        Ok(())
+    }
+
     fn conn(&self) -> Result<Conn<'_>> {
         Ok(match self {
             Opened::Opj(j) => Conn::Opj(j),
@@ -1750,7 +1761,7 @@ fn lifecycle_slice(lc: &mut LcJournal, per_thread: usize, ctx: &Ctx) -> Result<P
     let barrier = Barrier::new(threads + 1);
     let opened = &lc.opened;
     let (engine, path) = (lc.engine, lc.path.clone());
-    let (elapsed, results) = std::thread::scope(|s| {
+    let (elapsed, results, settled) = std::thread::scope(|s| {
         let mut handles = Vec::new();
         for (t, rev) in lc.revs.iter_mut().enumerate() {
             let barrier = &barrier;
@@ -1784,6 +1795,9 @@ fn lifecycle_slice(lc: &mut LcJournal, per_thread: usize, ctx: &Ctx) -> Result<P
                     .unwrap_or_else(|_| Err("a worker thread panicked".into()))
             })
             .collect();
+        // Inside the slice's time: a checkpoint this engine started still writing when its
+        // last call returned is this slice's work (see `Opened::settle`).
+        let settled = opened.settle();
         (
             (
                 start.elapsed(),
@@ -1792,9 +1806,11 @@ fn lifecycle_slice(lc: &mut LcJournal, per_thread: usize, ctx: &Ctx) -> Result<P
                 cpu_time().saturating_sub(cpu_before),
             ),
             results,
+            settled,
         )
     });
     let (elapsed, written, syncs, cpu) = elapsed;
+    settled?;
     let mut latencies = Vec::new();
     for r in results {
         latencies.extend(r?);
