@@ -3542,7 +3542,8 @@ fn section_reopen(p: &Params, dir: &Path, base: &Base, r: &mut Report) -> Result
                 2 * tail
             ),
             Engine::Opj(_) => format!(
-                "{tail} lifecycles, but the redb file was synced {index_syncs} times after the open: a checkpoint shortened the tail"
+                "{tail} lifecycles; the redb file was synced {index_syncs} times after the open (`opjournal verify` of the killed child's journal names the records of the log's current cycle: a checkpoint would have left fewer than {})",
+                2 * tail
             ),
             Engine::Sqlite(_) => format!(
                 "{tail} lifecycles, WAL of {:.1} MiB recovered (the database file was synced {index_syncs} times after the open: WAL checkpoints)",
