@@ -800,6 +800,23 @@ struct Shared {
     writer: Option<GroupWriter>,
 }
 
+impl Shared {
+    /// See [`SqlStore::settle`]. The checkpointer thread lives as long as `self`, so the
+    /// wait ends.
+    fn settle(&self) {
+        let Some((orders, _)) = self.writer.as_ref().and_then(|w| w.checkpointer.as_ref()) else {
+            return;
+        };
+        let mut o = lock(&orders.0);
+        o.asked += 1;
+        let want = o.asked;
+        orders.1.notify_all();
+        while o.done < want {
+            o = orders.1.wait(o).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
 /// One SQLite journal file and its arrangement, shared by the threads of this process:
 /// each thread takes its own connection with [`SqlStore::connect`]. Open one store per
 /// file: the queued acknowledgements, the write mutex and the writer thread belong to it.
@@ -857,21 +874,7 @@ impl SqlStore {
     /// measurement counts this store's background writes in its own time, not in the next
     /// engine's (opjournal's counterpart: `Journal::flush`).
     pub fn settle(&self) {
-        let Some((orders, _)) = self
-            .shared
-            .writer
-            .as_ref()
-            .and_then(|w| w.checkpointer.as_ref())
-        else {
-            return;
-        };
-        let mut o = lock(&orders.0);
-        o.asked += 1;
-        let want = o.asked;
-        orders.1.notify_all();
-        while o.done < want && !o.stop {
-            o = orders.1.wait(o).unwrap_or_else(PoisonError::into_inner);
-        }
+        self.shared.settle();
     }
 
     /// The arrangement.
@@ -910,6 +913,11 @@ pub struct SqlJournal {
 }
 
 impl SqlJournal {
+    /// [`SqlStore::settle`] for this connection's store.
+    pub fn settle(&self) {
+        self.shared.settle();
+    }
+
     fn now(&self) -> i64 {
         now_ms(self.clock_offset)
     }

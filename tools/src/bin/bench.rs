@@ -1246,6 +1246,16 @@ enum Conn<'a> {
 }
 
 impl Conn<'_> {
+    /// Waits for the engine's background writes, as [`Opened::settle`] does.
+    fn settle(&self) -> Result<()> {
+        match self {
+            Conn::Opj(j) => j.flush()?,
+            Conn::Sql(db) => db.settle(),
+            Conn::SqlMut(db) => db.settle(),
+        }
+        Ok(())
+    }
+
     /// submit (Fresh) → complete(applied) → acknowledge, with per-call times.
     fn lifecycle(
         &mut self,
@@ -2229,14 +2239,11 @@ fn section_sustained(p: &Params, dir: &Path, ctx: &Ctx, r: &mut Report) -> Resul
                     }
                     calls.extend(three);
                 }
-                // A checkpoint runs on opjournal's own thread, beside the calls, and may
-                // still be writing (into redb, or zeroing the ended log file) when the
-                // chunk's last call returns: waited for here, so that its bytes count in
-                // this chunk and not in the next engine's.
-                if let Conn::Opj(j) = &conn {
-                    j.flush()?;
-                }
-                Ok(())
+                // A checkpoint on the engine's own thread (opjournal's, into redb and
+                // zeroing the ended log file) may still be writing when the chunk's last
+                // call returns: waited for here, so that its bytes count in this chunk and
+                // not in the next engine's.
+                conn.settle()
             })?;
             run.calls.extend(calls);
             run.checkpoint_calls.extend(checkpoint_calls);
