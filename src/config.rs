@@ -72,18 +72,24 @@ pub const DEFAULT_MAX_RESULT_BYTES: u64 = 4 << 20;
 /// The hard ceiling for `max_result_bytes`: 64 MiB.
 pub const MAX_RESULT_BYTES_CEILING: u64 = 64 << 20;
 /// How much the log (or the memtable of changes not yet in redb) may grow before a
-/// checkpoint writes it into redb, by default: 4 MiB.
-pub const DEFAULT_CHECKPOINT_BYTES: u64 = 4 << 20;
+/// checkpoint writes it into redb, by default: 16 MiB. Each checkpoint has costs that do
+/// not shrink with it (redb's commit and its allocator state, the ended log file's
+/// zeroing), so over a long session larger checkpoints keep calls faster: on a journal
+/// growing to 200,000 operations, 8 threads ran 1.4 times as many lifecycles a second
+/// with 16 MiB as with 4 MiB, with the p99 at 2.2 ms instead of 3.7 ms. The memtables
+/// that hold up to about twice this size are paid for by a smaller page cache.
+pub const DEFAULT_CHECKPOINT_BYTES: u64 = 16 << 20;
 /// The replay cache's bound by default: 1 MiB, several hundred answers of a kilobyte.
 pub const DEFAULT_REPLAY_CACHE_BYTES: usize = 1 << 20;
-/// redb's page cache bound by default: 20 MiB. An editor keeps a journal per open
-/// project, so the default is what a desktop app can afford: each MiB of cache costs
-/// about 1.4 MiB of resident memory once full, since its pages are allocated and freed
-/// on every caller's thread (glibc's per-thread arenas keep the holes). The pages the
-/// cache does not hold are read again from the operating system's cache (random replay
-/// lookups over a journal of hundreds of MiB are about 30% slower than with a cache that
-/// holds it all, and no slower with 20 MiB than with 32).
-pub const DEFAULT_CACHE_BYTES: usize = 20 << 20;
+/// redb's page cache bound by default: 8 MiB. An editor keeps a journal per open
+/// project, so the default is what a desktop app can afford beside the memtables of
+/// [`DEFAULT_CHECKPOINT_BYTES`]: each MiB of cache costs about 1.4 MiB of resident memory
+/// once full, since its pages are allocated and freed on every caller's thread (glibc's
+/// per-thread arenas keep the holes). The pages the cache does not hold are read again
+/// from the operating system's cache: random replay lookups over a journal of hundreds of
+/// MiB are about 30% slower than with a cache that holds it all, and the branch pages
+/// that every lookup reads still fit.
+pub const DEFAULT_CACHE_BYTES: usize = 8 << 20;
 /// Files up to this size have every page's numbers checked when a writer opens them by
 /// default: 32 MiB, a few milliseconds of reading.
 pub const DEFAULT_PAGE_CHECK_BYTES: u64 = 32 << 20;

@@ -66,7 +66,7 @@ fn backup_of_a_journal_open_in_another_process_verifies_clean_and_holds_every_co
 -> TestResult {
     let s = Sample::empty_dir();
     let journal = Arc::new(Journal::open(&s.path)?);
-    // Committed, not checkpointed: the default checkpoint size (4 MiB) keeps these in the log.
+    // Committed, not checkpointed: the default checkpoint size (16 MiB) keeps these in the log.
     for n in 0..20 {
         commit_edit(&journal, n);
     }

@@ -364,7 +364,7 @@ fn the_memtable_stays_within_the_configured_checkpoint_size() {
 }
 
 /// `JournalBuilder::checkpoint_size` bounds the log's file too: it keeps the power of two
-/// that holds the checkpoint size (4 MiB by default) across checkpoints, one caller after
+/// that holds the checkpoint size (here 4 MiB) across checkpoints, one caller after
 /// another and with callers always queued (when a checkpoint may wait for up to twice the
 /// size), instead of doubling when the record that makes the checkpoint due passes its end.
 #[test]
@@ -372,7 +372,7 @@ fn the_log_file_keeps_the_power_of_two_that_holds_the_checkpoint_size() {
     const SIZE: u64 = 4 << 20;
     let clock = ManualClock::new(T0);
     let disk = FaultDisk::new();
-    let journal = on_disk(builder(&clock), &disk);
+    let journal = on_disk(builder(&clock).checkpoint_size(SIZE), &disk);
     // Whole lifecycles in one scope and session, with 1 KiB results: about 3.4 KiB of
     // log each, so 1,300 of them make a checkpoint due on the log's growth.
     let lifecycle = |t: usize, i: usize| {

@@ -130,7 +130,7 @@ impl JournalBuilder {
     }
 
     /// How large the log may grow before a checkpoint writes it into redb and starts it
-    /// over (default 4 MiB, at least 64 KiB). The checkpoint starts the next cycle in the
+    /// over (default 16 MiB, at least 64 KiB). The checkpoint starts the next cycle in the
     /// log's other file and commits on the journal's checkpoint thread while calls go on;
     /// if the one before has not finished by then, it waits for a moment when no call is
     /// queued, up to twice this size. It is taken up to a sixteenth early, so that each log
@@ -161,7 +161,7 @@ impl JournalBuilder {
         self
     }
 
-    /// The most memory redb's page cache may use (default 20 MiB). The cache grows with
+    /// The most memory redb's page cache may use (default 8 MiB). The cache grows with
     /// the pages read, up to this bound, so a journal smaller than it is held whole. A
     /// journal larger than the bound has its other pages read again from the operating
     /// system's cache when they are needed: replay lookups of old ids slow down first

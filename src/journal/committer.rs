@@ -280,7 +280,7 @@ fn next_batch(queue: &mut Vec<Box<dyn Job>>, waiting: &AtomicUsize) -> Vec<Box<d
 /// than the power of two that holds `limit`. The log's file grows to the next power of two
 /// when a record passes its end (a length `verify` checks), and a checkpoint is seen to be
 /// due only after the batch that reaches it; without the margin every log file would be
-/// twice the size it needs (8 MiB for the default 4 MiB checkpoints, 16 MiB under load).
+/// twice the size it needs (32 MiB for the default 16 MiB checkpoints, 64 MiB under load).
 /// A batch larger than the margin (a sixteenth of `limit`) still grows the file.
 fn log_limit(limit: u64) -> u64 {
     let fits = limit

@@ -354,11 +354,18 @@ struct OpjCfg {
     label: &'static str,
     /// In the plot's legend.
     short_label: &'static str,
+    /// A checkpoint size other than the library's default (`bench __profile
+    /// lifecycle-ab`); `OPJ_BENCH_CHECKPOINT_SIZE` applies when it is `None`.
+    checkpoint_size: Option<u64>,
+    /// A page cache bound other than the library's default, as `checkpoint_size` is.
+    cache_size: Option<usize>,
 }
 
 const DEFAULT_CFG: OpjCfg = OpjCfg {
     exclusive: false,
     quick_repair: true,
+    checkpoint_size: None,
+    cache_size: None,
     key: "opj-live-qr",
     label: "opjournal LiveReaders, quick_repair on (default)",
     short_label: "opjournal LiveReaders, QR on (default)",
@@ -370,6 +377,8 @@ const OPJ_VARIANTS: [OpjCfg; 4] = [
         exclusive: false,
         quick_repair: false,
         key: "opj-live",
+        checkpoint_size: None,
+        cache_size: None,
         label: "opjournal LiveReaders, quick_repair off",
         short_label: "opjournal LiveReaders, QR off",
     },
@@ -377,6 +386,8 @@ const OPJ_VARIANTS: [OpjCfg; 4] = [
         exclusive: true,
         quick_repair: true,
         key: "opj-excl-qr",
+        checkpoint_size: None,
+        cache_size: None,
         label: "opjournal Exclusive, quick_repair on",
         short_label: "opjournal Exclusive, QR on",
     },
@@ -384,6 +395,8 @@ const OPJ_VARIANTS: [OpjCfg; 4] = [
         exclusive: true,
         quick_repair: false,
         key: "opj-excl",
+        checkpoint_size: None,
+        cache_size: None,
         label: "opjournal Exclusive, quick_repair off",
         short_label: "opjournal Exclusive, QR off",
     },
@@ -413,11 +426,11 @@ impl OpjCfg {
                 Sharing::LiveReaders
             })
             .quick_repair(self.quick_repair);
-        let b = match checkpoint_size_override() {
+        let b = match self.checkpoint_size.or_else(checkpoint_size_override) {
             Some(n) => b.checkpoint_size(n),
             None => b,
         };
-        match cache_size_override() {
+        match self.cache_size.or_else(cache_size_override) {
             Some(n) => b.cache_size(n),
             None => b,
         }
@@ -4168,6 +4181,68 @@ fn profile(args: &[String]) -> Result<()> {
             report_syncs_by_file(done, &by_file);
             drop(j);
             remove_one(&path);
+        }
+        Some("lifecycle-ab") => {
+            // The sweep's interleaved slices at one thread count, for as long as asked and
+            // for the engines named only: a long A/B of two configurations in one run
+            // (`KEY@BYTES` is opjournal's KEY with that checkpoint size, `KEY@BYTES/BYTES`
+            // with that page cache bound too), e.g. `lifecycle-ab 8 100 100 DIR
+            // opj-live-qr@4194304 opj-live-qr@16777216/8388608 sqlite-writer-bgckpt`.
+            let (threads, slices, per_thread) = (num(1)?.max(1), num(2)?.max(1), num(3)?);
+            let dir = PathBuf::from(args.get(4).ok_or("missing DIR")?);
+            let mut named = Vec::new();
+            for (i, spec) in args.iter().skip(5).enumerate() {
+                let (key, sizes) = match spec.split_once('@') {
+                    Some((k, n)) => (k, Some(n)),
+                    None => (spec.as_str(), None),
+                };
+                let (checkpoint, cache) = match sizes.map(|n| n.split_once('/')) {
+                    None => (None, None),
+                    Some(None) => (sizes.map(str::parse::<u64>).transpose()?, None),
+                    Some(Some((a, b))) => (Some(a.parse::<u64>()?), Some(b.parse::<usize>()?)),
+                };
+                let engine = match (Engine::from_key(key), sizes) {
+                    (Some(Engine::Opj(c)), _) => Engine::Opj(OpjCfg {
+                        checkpoint_size: checkpoint.or(c.checkpoint_size),
+                        cache_size: cache.or(c.cache_size),
+                        ..c
+                    }),
+                    (Some(e @ Engine::Sqlite(_)), None) => e,
+                    _ => return Err(format!("unknown engine `{spec}`").into()),
+                };
+                let sub = dir.join(format!("e{i}"));
+                fs::create_dir_all(&sub)?;
+                named.push((spec.clone(), LcJournal::create(engine, threads, &sub)?));
+            }
+            let mut points: Vec<LcResult> = vec![LcResult::default(); named.len()];
+            for slice in 0..slices {
+                for k in 0..named.len() {
+                    let i = (k + slice) % named.len();
+                    points[i].add(lifecycle_slice(&mut named[i].1, per_thread, &ctx)?);
+                }
+            }
+            for ((spec, lc), m) in named.into_iter().zip(&points) {
+                lc.check()?;
+                let pc = percentiles(&m.latencies);
+                let rates = {
+                    let mut v = m.samples.clone();
+                    v.sort_by(f64::total_cmp);
+                    v
+                };
+                eprintln!(
+                    "{spec}: median {:.0} lifecycles/s (quartiles {:.0}-{:.0}), p50 {:.2} ms, \
+                     p99 {:.2} ms, max {:.2} ms; {} lifecycles, {:.3} syncs each",
+                    median(&m.samples),
+                    rates[rates.len() / 4],
+                    rates[rates.len() * 3 / 4],
+                    pc.p50 / 1e3,
+                    pc.p99 / 1e3,
+                    pc.max / 1e3,
+                    lc.lifecycles,
+                    lc.syncs().count as f64 / lc.lifecycles.max(1) as f64,
+                );
+                lc.remove();
+            }
         }
         Some("lifecycle") => {
             let cfg = OpjCfg::from_key(args.get(1).ok_or("missing CFG")?).ok_or("unknown CFG")?;
