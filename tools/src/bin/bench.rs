@@ -3632,7 +3632,7 @@ const MEMORY_MODES: [MemoryMode; 6] = [
         key: "opj-default",
         target: "opj-default",
         env: None,
-        label: "opjournal, default settings (page cache bound 20 MiB)",
+        label: "opjournal, default settings (its page cache and checkpoint size as the library ships them)",
     },
     MemoryMode {
         key: "opj-default-arena1",
@@ -4214,6 +4214,9 @@ fn profile(args: &[String]) -> Result<()> {
                 fs::create_dir_all(&sub)?;
                 named.push((spec.clone(), LcJournal::create(engine, threads, &sub)?));
             }
+            if named.is_empty() {
+                return Err("lifecycle-ab: name at least one engine after DIR".into());
+            }
             let mut points: Vec<LcResult> = vec![LcResult::default(); named.len()];
             for slice in 0..slices {
                 for k in 0..named.len() {
@@ -4261,7 +4264,11 @@ fn profile(args: &[String]) -> Result<()> {
             remove_one(&path);
         }
         _ => {
-            return Err("usage: bench __profile replay|replay-sqlite|compact|lifecycle ...".into());
+            return Err(
+                "usage: bench __profile replay|replay-sqlite|compact|lifecycle|lifecycle-on|\
+                 lifecycle-mt|lifecycle-ab|lifecycle-sqlite|reopen ..."
+                    .into(),
+            );
         }
     }
     Ok(())

@@ -10,7 +10,7 @@
 //!
 //! Values have the sizes the benchmark's journal stores per operation (receipt 217 B,
 //! result 1,061 B with its header); they are written in transactions of 1,500 operations
-//! (about one checkpoint of the default 4 MiB log), then every receipt is rewritten once
+//! (about one checkpoint of a 4 MiB log), then every receipt is rewritten once
 //! (the acknowledgement), as checkpoints do. Ids are either sequential (`op-0000001`, as
 //! the benchmark's) or random (32 hex digits, as UUIDs). Lookups copy the answer out, as
 //! a replay does; they run after a warm-up pass over the same ids, with a 1 GiB cache.
