@@ -632,7 +632,7 @@ struct Orders {
 }
 
 /// The checkpointer's orders, notified when they change (either way).
-type StopSignal = (Mutex<Orders>, Condvar);
+type OrdersSignal = (Mutex<Orders>, Condvar);
 
 /// How the writer thread batches: [`Writers::GroupCommit`] or [`Writers::Writer`].
 #[derive(Clone, Copy)]
@@ -646,7 +646,7 @@ struct Batching {
 struct GroupWriter {
     requests: Option<mpsc::Sender<Request>>,
     thread: Option<JoinHandle<()>>,
-    checkpointer: Option<(Arc<StopSignal>, JoinHandle<()>)>,
+    checkpointer: Option<(Arc<OrdersSignal>, JoinHandle<()>)>,
 }
 
 impl GroupWriter {
@@ -745,7 +745,7 @@ fn group_writer(
 /// [`BACKGROUND_CHECKPOINT_EVERY`] while the store commits, until told to stop.
 /// A checkpoint asked for ([`SqlStore::settle`]) runs at once, and its asker is told when
 /// it has ended.
-fn background_checkpoints(conn: &Connection, common: &Common, stop: &StopSignal) {
+fn background_checkpoints(conn: &Connection, common: &Common, stop: &OrdersSignal) {
     let mut seen = common.commits.load(Ordering::SeqCst);
     let mut orders = lock(&stop.0);
     while !orders.stop {

@@ -1776,6 +1776,24 @@ impl LcJournal {
 
 /// One slice: every thread runs `per_thread` lifecycles (after one untimed warm-up
 /// lifecycle that also opens its SQLite connection).
+/// One slice of every journal, interleaved (A, B, C, ...), the starting one rotated by
+/// `round` so that no engine always runs first (right after the disk's sample) or last;
+/// `each` gets the journal's index and its slice.
+fn interleaved_slices(
+    journals: &mut [LcJournal],
+    round: usize,
+    per_thread: usize,
+    ctx: &Ctx,
+    mut each: impl FnMut(usize, Point),
+) -> Result<()> {
+    let n = journals.len();
+    for k in 0..n {
+        let i = (k + round) % n;
+        each(i, lifecycle_slice(&mut journals[i], per_thread, ctx)?);
+    }
+    Ok(())
+}
+
 fn lifecycle_slice(lc: &mut LcJournal, per_thread: usize, ctx: &Ctx) -> Result<Point> {
     let threads = lc.revs.len();
     let slice = lc.slices;
@@ -1919,13 +1937,11 @@ fn section_lifecycle(
             // The disk's sync rate drifts on a shared machine: sample it between the
             // slices it is compared with.
             disk.sample(dir, p.raw_slice_writes)?;
-            // Interleaved (A, B, C, ...), the starting engine rotated every slice.
-            for k in 0..journals.len() {
-                let lc = &mut journals[(k + slice) % engines.len()];
-                let key = lc.engine.key();
-                let point = lifecycle_slice(lc, per_thread, ctx)?;
-                res.entry((key, threads)).or_default().add(point);
-            }
+            interleaved_slices(&mut journals, slice, per_thread, ctx, |i, point| {
+                res.entry((engines[i].key(), threads))
+                    .or_default()
+                    .add(point);
+            })?;
         }
         for lc in journals {
             lc.check()?;
@@ -4190,41 +4206,43 @@ fn profile(args: &[String]) -> Result<()> {
             // opj-live-qr@4194304 opj-live-qr@16777216/8388608 sqlite-writer-bgckpt`.
             let (threads, slices, per_thread) = (num(1)?.max(1), num(2)?.max(1), num(3)?);
             let dir = PathBuf::from(args.get(4).ok_or("missing DIR")?);
-            let mut named = Vec::new();
-            for (i, spec) in args.iter().skip(5).enumerate() {
+            let specs = &args[args.len().min(5)..];
+            if specs.is_empty() {
+                return Err("lifecycle-ab: name at least one engine after DIR".into());
+            }
+            let mut journals = Vec::new();
+            for (i, spec) in specs.iter().enumerate() {
                 let (key, sizes) = match spec.split_once('@') {
                     Some((k, n)) => (k, Some(n)),
                     None => (spec.as_str(), None),
                 };
-                let (checkpoint, cache) = match sizes.map(|n| n.split_once('/')) {
-                    None => (None, None),
-                    Some(None) => (sizes.map(str::parse::<u64>).transpose()?, None),
-                    Some(Some((a, b))) => (Some(a.parse::<u64>()?), Some(b.parse::<usize>()?)),
-                };
                 let engine = match (Engine::from_key(key), sizes) {
-                    (Some(Engine::Opj(c)), _) => Engine::Opj(OpjCfg {
-                        checkpoint_size: checkpoint.or(c.checkpoint_size),
-                        cache_size: cache.or(c.cache_size),
-                        ..c
-                    }),
+                    (Some(Engine::Opj(c)), None) => Engine::Opj(c),
+                    (Some(Engine::Opj(c)), Some(n)) => {
+                        let (checkpoint, cache) = match n.split_once('/') {
+                            Some((a, b)) => (a.parse::<u64>()?, Some(b.parse::<usize>()?)),
+                            None => (n.parse::<u64>()?, None),
+                        };
+                        Engine::Opj(OpjCfg {
+                            checkpoint_size: Some(checkpoint),
+                            cache_size: cache,
+                            ..c
+                        })
+                    }
                     (Some(e @ Engine::Sqlite(_)), None) => e,
                     _ => return Err(format!("unknown engine `{spec}`").into()),
                 };
                 let sub = dir.join(format!("e{i}"));
                 fs::create_dir_all(&sub)?;
-                named.push((spec.clone(), LcJournal::create(engine, threads, &sub)?));
+                journals.push(LcJournal::create(engine, threads, &sub)?);
             }
-            if named.is_empty() {
-                return Err("lifecycle-ab: name at least one engine after DIR".into());
-            }
-            let mut points: Vec<LcResult> = vec![LcResult::default(); named.len()];
+            let mut points: Vec<LcResult> = vec![LcResult::default(); journals.len()];
             for slice in 0..slices {
-                for k in 0..named.len() {
-                    let i = (k + slice) % named.len();
-                    points[i].add(lifecycle_slice(&mut named[i].1, per_thread, &ctx)?);
-                }
+                interleaved_slices(&mut journals, slice, per_thread, &ctx, |i, point| {
+                    points[i].add(point)
+                })?;
             }
-            for ((spec, lc), m) in named.into_iter().zip(&points) {
+            for ((spec, lc), m) in specs.iter().zip(journals).zip(&points) {
                 lc.check()?;
                 let pc = percentiles(&m.latencies);
                 let rates = {
