@@ -1503,3 +1503,86 @@ fn a_power_cut_anywhere_in_a_format_2_upgrade_keeps_the_logged_work_and_upgrades
         "the cuts reached the upgrade's writes and syncs: {cuts}"
     );
 }
+
+/// The lease-expired events of `id`'s history.
+fn reopened_marks(j: &Journal, id: &str) -> opjournal::Result<usize> {
+    Ok(j.history(id)?
+        .iter()
+        .filter(|e| matches!(e.kind, opjournal::EventKind::LeaseExpired { .. }))
+        .count())
+}
+
+/// The open marks what a dead process left running in doubt with one log record that it
+/// does not sync (a sync saved on every reopen after a crash): the next open would mark
+/// them again from what is durable. So a power cut before anything syncs it leaves them
+/// in doubt after the next open, marked once; a synced commit after it keeps it with the
+/// commit, and the operation is not marked twice.
+#[test]
+fn reopen_marks_running_work_in_doubt_unsynced_and_a_power_cut_after_it_loses_no_mark()
+-> opjournal::Result<()> {
+    use opjournal::{Admission, ExecutionStatus, InDoubtCause, Intent, Operation, Outcome};
+    let cfg = ModelConfig::small();
+    let clock = ManualClock::new(Timestamp::from_millis(T0));
+    let intent = Intent::from_json("scene.edit", &serde_json::json!({}))?;
+    let fresh = |j: &Journal, id: &str| -> opjournal::Result<_> {
+        match j.submit(Operation::new(id, intent.clone()))? {
+            Admission::Fresh(claim) => Ok(claim),
+            other => panic!("`{id}` is {}, not fresh", other.name()),
+        }
+    };
+    let in_doubt = |j: &Journal, id: &str| -> opjournal::Result<()> {
+        let r = j.lookup(id)?.expect("the running operation is kept");
+        assert_eq!(r.status, ExecutionStatus::InDoubt, "{id}: {r:?}");
+        assert_eq!(r.in_doubt_cause, Some(InDoubtCause::Reopened), "{id}");
+        assert_eq!(reopened_marks(j, id)?, 1, "`{id}` is marked once");
+        Ok(())
+    };
+    // Two synced calls, then the process dies with `running` running.
+    let disk = FaultDisk::new();
+    let j = open(&cfg, &clock, &disk)?;
+    let done = fresh(&j, "done")?;
+    j.complete(&done, Outcome::applied(1, b"ok".to_vec()))?;
+    let _claim = fresh(&j, "running")?;
+    let image = disk.live_image();
+    disk.cut();
+    drop(j);
+
+    for synced_after in [false, true] {
+        // The open marks it in doubt: a log write, no log sync.
+        let disk = FaultDisk::from_image(image.clone());
+        let before = disk.stats();
+        let j = open(&cfg, &clock, &disk)?;
+        let opened = disk.stats();
+        let log =
+            |s: &opjournal_testkit::fault_backend::DiskStats, kind| s.file(DiskFile::Log).ops(kind);
+        assert_eq!(
+            log(&opened, IoKind::Write) - log(&before, IoKind::Write),
+            1,
+            "the open writes one log record"
+        );
+        assert_eq!(
+            log(&opened, IoKind::Sync),
+            log(&before, IoKind::Sync),
+            "the open does not sync the log"
+        );
+        in_doubt(&j, "running")?;
+        if synced_after {
+            let _later = fresh(&j, "later")?;
+        }
+        // The power fails: only what was synced is kept.
+        disk.cut();
+        drop(j);
+        let cut = disk.power_cut_image(CutPolicy::DropAll, &mut || 0);
+        verify_image(&cut).map_err(io_err)?;
+        let j = open(&cfg, &clock, &FaultDisk::from_image(cut))?;
+        in_doubt(&j, "running")?;
+        let done = j.lookup("done")?.expect("the completed call is kept");
+        assert_eq!(done.status, ExecutionStatus::Applied);
+        if synced_after {
+            in_doubt(&j, "later")?;
+        } else {
+            assert_eq!(j.lookup("later")?.map(|r| r.status), None);
+        }
+    }
+    Ok(())
+}

@@ -189,6 +189,15 @@ impl PageWalk {
             match buf.first() {
                 // Every child redb would follow, read as leniently as redb reads them (it
                 // takes any key count, zero included, and parses no further to follow one).
+                // Children at the known leaf depth are only checked, here: pushing each of
+                // them (about a hundred per branch, most of the pages the walk meets) to
+                // pop it for the same check cost most of the walk.
+                Some(&BRANCH) if leaf_depth.is_some_and(|d| depth + 1 >= d) => {
+                    for child in children(buf) {
+                        self.checked.numbers += 1;
+                        self.layout.range(child).ok_or_else(|| outside(child))?;
+                    }
+                }
                 Some(&BRANCH) => stack.extend(children(buf).map(|c| (c, depth + 1))),
                 Some(&LEAF) if definitions => {
                     for (_, v) in leaf_pairs(buf, Shape::TABLE_TREE).unwrap_or_default() {
