@@ -71,9 +71,6 @@ pub(super) trait Job: Send {
     fn run(&mut self, ctx: &mut Ctx<'_, '_>) -> std::result::Result<(), RunFailure>;
     fn finish(&mut self, commit: std::result::Result<(), &Error>);
     fn fail(&mut self, err: Error);
-    /// Whether the job's change must be synced before it is answered (see
-    /// [`Inner::write_unsynced`] for the one that need not).
-    fn synced(&self) -> bool;
     /// Wakes the job's caller to take the leader's role if it is free.
     fn wake(&self);
     /// Whether the batch should not wait for a writer lock another process holds (a
@@ -187,7 +184,6 @@ impl<T> SlotInner<T> {
 
 struct TypedJob<T, F> {
     background: bool,
-    synced: bool,
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     yield_if_locked: bool,
     f: F,
@@ -217,10 +213,6 @@ where
 
     fn skip_if_locked(&self) -> bool {
         self.yield_if_locked
-    }
-
-    fn synced(&self) -> bool {
-        self.synced
     }
 
     fn run(&mut self, ctx: &mut Ctx<'_, '_>) -> std::result::Result<(), RunFailure> {
@@ -323,22 +315,7 @@ impl Inner {
         T: Send + 'static,
         F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send + 'static,
     {
-        self.enqueue(false, false, true, f)
-    }
-
-    /// As [`Inner::write`], but the batch's log record is not synced when it is the only
-    /// job in it (a synced job batched with it syncs it): the next synced commit, or the
-    /// next checkpoint, makes it durable. Only for a change that the next open makes again,
-    /// the same, from what is durable, so that losing it to a crash loses nothing: marking
-    /// the operations a dead process left running in doubt, at open (a crash before the
-    /// record is durable leaves them running in the file, and the next open marks them
-    /// again). It saves the open a sync.
-    pub(crate) fn write_unsynced<T, F>(&self, f: F) -> Result<T>
-    where
-        T: Send + 'static,
-        F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send + 'static,
-    {
-        self.enqueue(false, false, false, f)
+        self.enqueue(false, false, f)
     }
 
     /// Runs a compaction batch `f` in a batch of its own: foreground calls are never
@@ -348,7 +325,7 @@ impl Inner {
         T: Send + 'static,
         F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send + 'static,
     {
-        self.enqueue(true, false, true, f)
+        self.enqueue(true, false, f)
     }
 
     /// As [`Inner::write_background`], but a journal shared with other processes does not
@@ -360,16 +337,10 @@ impl Inner {
         T: Send + 'static,
         F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send + 'static,
     {
-        self.enqueue(true, true, true, f)
+        self.enqueue(true, true, f)
     }
 
-    fn enqueue<T, F>(
-        &self,
-        background: bool,
-        yield_if_locked: bool,
-        synced: bool,
-        f: F,
-    ) -> Result<T>
+    fn enqueue<T, F>(&self, background: bool, yield_if_locked: bool, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnMut(&mut Ctx<'_, '_>) -> Result<T> + Send + 'static,
@@ -378,7 +349,6 @@ impl Inner {
         let slot: Slot<T> = Arc::new(SlotInner::new());
         let job = TypedJob {
             background,
-            synced,
             yield_if_locked,
             f,
             result: None,
@@ -497,15 +467,11 @@ impl Inner {
         let logged = match self.storage {
             super::Storage::Memory => Ok(0),
             _ => {
-                let synced = jobs.iter().any(|j| j.synced());
                 let mut log = lock(&self.log);
                 match log.as_mut() {
-                    Some(log) => if synced {
-                        log.append(crate::log::KIND_BATCH, &changes.encode())
-                    } else {
-                        log.append_unsynced(crate::log::KIND_BATCH, &changes.encode())
-                    }
-                    .map_err(|e| Error::io_during("write or sync the journal's log", e)),
+                    Some(log) => log
+                        .append(crate::log::KIND_BATCH, &changes.encode())
+                        .map_err(|e| Error::io_during("write or sync the journal's log", e)),
                     None => Err(Error::new(ErrorKind::Closed)),
                 }
             }

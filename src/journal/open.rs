@@ -257,12 +257,10 @@ impl Journal {
             released: false,
         };
         // Every operation still running lost its claim holder with the process that held
-        // it: it is in doubt now (one log record, and only if there is any). Not synced:
-        // a crash before the next commit leaves them running in the file, and the next
-        // open marks them again.
+        // it: it is in doubt now (one log record, and only if there is any).
         journal
             .inner
-            .write_unsynced(|ctx| machine::mark_running_in_doubt(ctx).map(drop))?;
+            .write(|ctx| machine::mark_running_in_doubt(ctx).map(drop))?;
         // That write may have been followed by a checkpoint (the log read back can be past
         // the checkpoint size), whose failure poisons the handle without failing the write:
         // a journal that can neither write nor read redb is not open, so say so now.

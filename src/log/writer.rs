@@ -148,20 +148,6 @@ impl Writer {
     /// reached the disk: the caller stops writing (the journal is poisoned) and the next
     /// open reads the log again.
     pub(crate) fn append(&mut self, kind: u8, payload: &[u8]) -> io::Result<u64> {
-        self.write_record(kind, payload, true)
-    }
-
-    /// As [`Writer::append`], but the record is not synced: the next append's sync, or
-    /// the next checkpoint's commit, makes it durable with what follows. A crash before
-    /// that may leave it torn or missing, as it may leave a record whose sync had not
-    /// returned; the file's zeros past the records are kept all the same. For changes
-    /// that the next open would make again from what is durable (see
-    /// `Inner::write_unsynced`).
-    pub(crate) fn append_unsynced(&mut self, kind: u8, payload: &[u8]) -> io::Result<u64> {
-        self.write_record(kind, payload, false)
-    }
-
-    fn write_record(&mut self, kind: u8, payload: &[u8], sync: bool) -> io::Result<u64> {
         let len = u32::try_from(payload.len())
             .ok()
             .filter(|l| u64::from(*l) <= MAX_PAYLOAD)
@@ -205,9 +191,7 @@ impl Writer {
             self.capacity = capacity;
         }
         self.storage.write_at(self.offset, &self.frame)?;
-        if sync {
-            self.storage.sync_data()?;
-        }
+        self.storage.sync_data()?;
         self.offset = end;
         self.prev_crc = crc;
         self.next_lsn = next_lsn;
