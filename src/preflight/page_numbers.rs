@@ -164,8 +164,7 @@ impl PageWalk {
         let mut buf = Vec::new();
         let mut roots = Vec::new();
         while let Some((page, depth)) = stack.pop() {
-            self.checked.numbers += 1;
-            let (start, len) = self.layout.range(page).ok_or_else(|| outside(page))?;
+            let (start, len) = self.check(page)?;
             if leaf_depth.is_some_and(|d| depth >= d) {
                 continue;
             }
@@ -194,8 +193,7 @@ impl PageWalk {
                 // the same check took about half the walk's instructions.
                 Some(&BRANCH) if leaf_depth.is_some_and(|d| depth + 1 >= d) => {
                     for child in children(buf) {
-                        self.checked.numbers += 1;
-                        self.layout.range(child).ok_or_else(|| outside(child))?;
+                        self.check(child)?;
                     }
                 }
                 Some(&BRANCH) => stack.extend(children(buf).map(|c| (c, depth + 1))),
@@ -215,6 +213,12 @@ impl PageWalk {
             self.tree(read, root, false)?;
         }
         Ok(())
+    }
+
+    /// Checks one page number against the layout (and counts it): its byte range.
+    fn check(&mut self, page: PageNumber) -> Result<(u64, u64)> {
+        self.checked.numbers += 1;
+        self.layout.range(page).ok_or_else(|| outside(page))
     }
 
     /// Reads `head` bytes of the page at `start`, and all `len` of it if it is a branch,

@@ -659,12 +659,12 @@ impl GroupWriter {
         let (tx, rx) = mpsc::channel();
         let checkpointer = match checkpointer {
             Some(ck) => {
-                let stop = Arc::new((Mutex::new(Orders::default()), Condvar::new()));
-                let (stop2, common2) = (stop.clone(), common.clone());
+                let signal = Arc::new((Mutex::new(Orders::default()), Condvar::new()));
+                let (signal2, common2) = (signal.clone(), common.clone());
                 let h = std::thread::Builder::new()
                     .name("sqlite-checkpointer".into())
-                    .spawn(move || background_checkpoints(&ck, &common2, &stop2))?;
-                Some((stop, h))
+                    .spawn(move || background_checkpoints(&ck, &common2, &signal2))?;
+                Some((signal, h))
             }
             None => None,
         };
@@ -686,9 +686,9 @@ impl Drop for GroupWriter {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        if let Some((stop, t)) = self.checkpointer.take() {
-            lock(&stop.0).stop = true;
-            stop.1.notify_all();
+        if let Some((signal, t)) = self.checkpointer.take() {
+            lock(&signal.0).stop = true;
+            signal.1.notify_all();
             let _ = t.join();
         }
     }
@@ -745,12 +745,12 @@ fn group_writer(
 /// [`BACKGROUND_CHECKPOINT_EVERY`] while the store commits, until told to stop.
 /// A checkpoint asked for ([`SqlStore::settle`]) runs at once, and its asker is told when
 /// it has ended.
-fn background_checkpoints(conn: &Connection, common: &Common, stop: &OrdersSignal) {
+fn background_checkpoints(conn: &Connection, common: &Common, signal: &OrdersSignal) {
     let mut seen = common.commits.load(Ordering::SeqCst);
-    let mut orders = lock(&stop.0);
+    let mut orders = lock(&signal.0);
     while !orders.stop {
         if orders.asked == orders.done {
-            orders = stop
+            orders = signal
                 .1
                 .wait_timeout(orders, BACKGROUND_CHECKPOINT_EVERY)
                 .unwrap_or_else(PoisonError::into_inner)
@@ -764,7 +764,7 @@ fn background_checkpoints(conn: &Connection, common: &Common, stop: &OrdersSigna
         }
         if orders.asked != orders.done {
             orders.done = orders.asked;
-            stop.1.notify_all();
+            signal.1.notify_all();
         }
     }
 }

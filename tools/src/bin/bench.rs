@@ -1779,8 +1779,6 @@ impl LcJournal {
     }
 }
 
-/// One slice: every thread runs `per_thread` lifecycles (after one untimed warm-up
-/// lifecycle that also opens its SQLite connection).
 /// One slice of every journal, interleaved (A, B, C, ...), the starting one rotated by
 /// `round` so that no engine always runs first (right after the disk's sample) or last;
 /// `each` gets the journal's index and its slice.
@@ -1799,6 +1797,8 @@ fn interleaved_slices(
     Ok(())
 }
 
+/// One slice: every thread runs `per_thread` lifecycles (after one untimed warm-up
+/// lifecycle that also opens its SQLite connection).
 fn lifecycle_slice(lc: &mut LcJournal, per_thread: usize, ctx: &Ctx) -> Result<Point> {
     let threads = lc.revs.len();
     let slice = lc.slices;
