@@ -12,6 +12,7 @@ use redb::{ReadOnlyTable, ReadTransaction, ReadableTableMetadata};
 
 use super::purged::Purged;
 use super::store::{self, Store};
+use super::write::ReceiptMemo;
 use super::tables::{Events, Memtable, Meta, Results, Table, TableKey, TableValue};
 use crate::error::Result;
 
@@ -247,6 +248,10 @@ pub(crate) trait Layered {
     fn base(&self) -> Option<&Base<'_>>;
     /// Calls `f` with each layer over the base, top first.
     fn layers(&self) -> Layers<'_>;
+    /// A batch's memo of the receipt it last read or wrote; none for a snapshot.
+    fn receipt_memo(&self) -> Option<&ReceiptMemo> {
+        None
+    }
 
     /// The value of `key`.
     fn get<T: Table>(&self, key: &T::K) -> Result<Option<T::V>> {

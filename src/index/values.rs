@@ -162,13 +162,12 @@ pub(crate) fn decode_result(key: u64, bytes: &[u8]) -> Result<(ResultHeader, Vec
 }
 
 pub(crate) fn encode_result(seq: u64, operation_id: &str, result: &OpResult) -> Vec<u8> {
-    let mut payload = codec::encode_payload(&ResultHeader {
+    let header = ResultHeader {
         operation_id: operation_id.to_string(),
         completed_seq: seq,
         changed_assets: result.changed_assets.clone(),
-    });
-    payload.extend_from_slice(&result.bytes);
-    codec::frame(RecordKind::Result, &payload)
+    };
+    codec::encode_with_tail(RecordKind::Result, &header, &result.bytes, 0)
 }
 
 /// Decodes the `format` record, of this format or of format 1. A newer one is refused with

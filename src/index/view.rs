@@ -52,8 +52,17 @@ pub(crate) trait View: Layered {
     }
 
     fn receipt(&self, id: &str) -> Result<Option<ReceiptRecord>> {
-        self.with_str::<Receipts, _>(id, |v| decode_receipt(id, v))?
-            .transpose()
+        let memo = self.receipt_memo();
+        if let Some(hit) = memo.and_then(|m| m.get(id)) {
+            return Ok(hit);
+        }
+        let found = self
+            .with_str::<Receipts, _>(id, |v| decode_receipt(id, v))?
+            .transpose()?;
+        if let Some(m) = memo {
+            m.read(id, found.as_ref());
+        }
+        Ok(found)
     }
 
     fn scope(&self, scope: &str) -> Result<Option<ScopeRecord>> {

@@ -4,6 +4,8 @@
 //! receipt (format 3); the batch keeps such a result with its receipt while the receipt
 //! still names it.
 
+use std::cell::RefCell;
+
 use super::TimerKind;
 use super::layers::{Base, Layered, Layers};
 use super::tables::{
@@ -38,6 +40,8 @@ pub(crate) struct WriteTables<'a> {
     base: Option<&'a Base<'a>>,
     below: Layers<'a>,
     own: Memtable,
+    /// The last receipt read or written in this batch (see [`ReceiptMemo`]).
+    memo: ReceiptMemo,
     /// Whether anything was written: a batch that wrote nothing is not committed.
     pub(crate) dirty: bool,
 }
@@ -49,6 +53,59 @@ impl Layered for WriteTables<'_> {
     fn layers(&self) -> Layers<'_> {
         self.below.under(&self.own)
     }
+    fn receipt_memo(&self) -> Option<&ReceiptMemo> {
+        Some(&self.memo)
+    }
+}
+
+/// The receipt of one operation as a batch last read or wrote it, or that it has none: a
+/// command reads the receipt it works on several times (its checks, the clocks, each
+/// event's `apply`, the answer), and each read would otherwise look the id up through
+/// every layer and decode the record again.
+///
+/// It stays true because every change to `receipts` in a batch goes through
+/// [`WriteTables::put_receipt`] or [`WriteTables::delete_receipt`], which set it, and the
+/// layers under a batch do not change while it lives. An inline result stored after the
+/// receipt ([`WriteTables::put_result`]) leaves the record as it is. The writes set it
+/// through `&mut` (no borrow that could fail); a read that finds it borrowed (it never is
+/// across a call) only goes without it.
+#[derive(Default)]
+pub(crate) struct ReceiptMemo(RefCell<Memo>);
+
+#[derive(Default)]
+enum Memo {
+    #[default]
+    Empty,
+    /// The id has no receipt.
+    Absent(String),
+    Present(ReceiptRecord),
+}
+
+impl ReceiptMemo {
+    /// The receipt of `id` if it is the one remembered: `Some(None)` for an id known to
+    /// have none, `None` for an id not remembered.
+    pub(crate) fn get(&self, id: &str) -> Option<Option<ReceiptRecord>> {
+        match &*self.0.try_borrow().ok()? {
+            Memo::Present(r) if r.operation_id == id => Some(Some(r.clone())),
+            Memo::Absent(k) if k == id => Some(None),
+            _ => None,
+        }
+    }
+
+    /// Remembers what a read of `id` found.
+    pub(crate) fn read(&self, id: &str, found: Option<&ReceiptRecord>) {
+        if let Ok(mut memo) = self.0.try_borrow_mut() {
+            *memo = match found {
+                Some(r) => Memo::Present(r.clone()),
+                None => Memo::Absent(id.to_string()),
+            };
+        }
+    }
+
+    /// Remembers what a write of the batch left.
+    fn set(&mut self, memo: Memo) {
+        *self.0.get_mut() = memo;
+    }
 }
 
 impl<'a> WriteTables<'a> {
@@ -58,6 +115,7 @@ impl<'a> WriteTables<'a> {
             base,
             below,
             own: Memtable::default(),
+            memo: ReceiptMemo::default(),
             dirty: false,
         }
     }
@@ -132,23 +190,36 @@ impl<'a> WriteTables<'a> {
     /// while the receipt still keeps that result (deliveries and acknowledgements rewrite
     /// a terminal receipt); retiring or purging drops it.
     pub(crate) fn put_receipt(&mut self, rec: &ReceiptRecord) -> Result<()> {
-        let mut value = codec::encode(RecordKind::Receipt, rec);
-        if let Some(seq) = kept_result_seq(rec)
-            && let Some(Some(tail)) = self.with_str::<Receipts, _>(&rec.operation_id, |v| {
-                split_receipt_value(v)
+        // Built where the value it replaces is read, so that its result is copied once.
+        let value = match kept_result_seq(rec) {
+            Some(seq) => self.with_str::<Receipts, _>(&rec.operation_id, |v| {
+                let tail = split_receipt_value(v)
                     .1
                     .filter(|tail| result_record_seq(tail) == Some(seq))
-                    .map(<[u8]>::to_vec)
-            })?
-        {
-            value.extend_from_slice(&tail);
+                    .unwrap_or_default();
+                let mut value =
+                    codec::encode_with_tail(RecordKind::Receipt, rec, &[], tail.len());
+                value.extend_from_slice(tail);
+                value
+            })?,
+            None => None,
         }
+        .unwrap_or_else(|| codec::encode(RecordKind::Receipt, rec));
+        // The memo hands out `rec` for what a read would decode from `value`: the two
+        // must agree (every receipt has one encoding; see `ReceiptRecord::decode`).
+        debug_assert_eq!(
+            decode_receipt(&rec.operation_id, split_receipt_value(&value).0).ok().as_ref(),
+            Some(rec),
+            "a receipt must decode to the record that was encoded"
+        );
         self.set::<Receipts>(rec.operation_id.clone(), Some(value));
+        self.memo.set(Memo::Present(rec.clone()));
         Ok(())
     }
 
     pub(crate) fn delete_receipt(&mut self, id: &str) -> Result<()> {
         self.set::<Receipts>(id.to_string(), None);
+        self.memo.set(Memo::Absent(id.to_string()));
         Ok(())
     }
 
@@ -165,15 +236,14 @@ impl<'a> WriteTables<'a> {
     pub(crate) fn put_result(&mut self, seq: u64, id: &str, result: &OpResult) -> Result<()> {
         let frame = encode_result(seq, id, result);
         if frame.len() <= INLINE_RESULT_MAX
-            && let Some(Some(mut value)) = self.with_str::<Receipts, _>(id, |v| {
+            && let Some(Some(value)) = self.with_str::<Receipts, _>(id, |v| {
                 let head = split_receipt_value(v).0;
                 decode_receipt(id, head)
                     .ok()
                     .filter(|r| kept_result_seq(r) == Some(seq))
-                    .map(|_| head.to_vec())
+                    .map(|_| [head, &frame].concat())
             })?
         {
-            value.extend_from_slice(&frame);
             self.set::<Receipts>(id.to_string(), Some(value));
             return Ok(());
         }
@@ -216,5 +286,78 @@ impl<'a> WriteTables<'a> {
             IndexEntry::Hold(scope) => self.set::<Holds>((scope.clone(), op), value),
             IndexEntry::InDoubt => self.set::<InDoubt>(op, value),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Timestamp;
+    use crate::record::{ExecRecord, IntentDigest};
+
+    fn running(id: &str, attempt: u32) -> ReceiptRecord {
+        ReceiptRecord {
+            operation_id: id.into(),
+            attempt,
+            intent_name: "edit".into(),
+            intent_hash: IntentDigest::LOST,
+            scope: Some("doc".into()),
+            session: None,
+            base_revision: Some(3),
+            epoch: u64::from(attempt),
+            hold_until_ack: false,
+            submitted_at: Timestamp(5),
+            state: ExecRecord::Running {
+                lease_until: Timestamp(9),
+            },
+        }
+    }
+
+    /// What a batch's reads answer must be what its tables hold, memo or not: a read
+    /// through a snapshot of the same layers (which has no memo) is the reference.
+    fn check(t: &WriteTables<'_>, id: &str, want: Option<&ReceiptRecord>) -> Result<()> {
+        let plain = super::super::layers::Snapshot {
+            base: None,
+            layers: t.layers(),
+        };
+        assert_eq!(plain.receipt(id)?.as_ref(), want, "{id} in the tables");
+        assert_eq!(t.receipt(id)?.as_ref(), want, "{id} read by the batch");
+        assert_eq!(t.receipt(id)?.as_ref(), want, "{id} read again");
+        Ok(())
+    }
+
+    #[test]
+    fn a_batch_reads_each_receipt_as_its_last_write_or_deletion_left_it() -> Result<()> {
+        let mut below = Memtable::default();
+        let stored = running("op-b", 1);
+        below.set::<Receipts>(
+            "op-b".into(),
+            Some(codec::encode(RecordKind::Receipt, &stored)),
+        );
+        let mut t = WriteTables::over(None, Layers::new(&[&below]));
+        check(&t, "op-a", None)?;
+        check(&t, "op-b", Some(&stored))?;
+
+        // Remembered as absent, then written.
+        check(&t, "op-a", None)?;
+        let first = running("op-a", 1);
+        t.put_receipt(&first)?;
+        check(&t, "op-a", Some(&first))?;
+        // Another id read in between, then the first one rewritten and read back.
+        check(&t, "op-b", Some(&stored))?;
+        let second = running("op-a", 2);
+        t.put_receipt(&second)?;
+        check(&t, "op-a", Some(&second))?;
+        // A deletion of the receipt just read, and of one held below.
+        t.delete_receipt("op-a")?;
+        check(&t, "op-a", None)?;
+        check(&t, "op-b", Some(&stored))?;
+        t.delete_receipt("op-b")?;
+        check(&t, "op-b", None)?;
+        // Written again after its deletion.
+        let third = running("op-b", 2);
+        t.put_receipt(&third)?;
+        check(&t, "op-b", Some(&third))?;
+        Ok(())
     }
 }
