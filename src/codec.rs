@@ -249,8 +249,7 @@ pub fn encode_with_tail<T: Serialize>(
     tail: &[u8],
     spare: usize,
 ) -> Vec<u8> {
-    let mut out =
-        Vec::with_capacity(HEADER_LEN + payload_size(value) + tail.len() + spare);
+    let mut out = Vec::with_capacity(HEADER_LEN + payload_size(value) + tail.len() + spare);
     out.extend_from_slice(&MAGIC);
     out.push(FORMAT_VERSION);
     out.push(kind as u8);
@@ -368,7 +367,13 @@ mod tests {
         let with_tail = [payload.as_slice(), &tail].concat();
         let framed = encode_with_tail(RecordKind::Result, &value, &tail, 100);
         assert_eq!(framed, frame(RecordKind::Result, &with_tail));
-        assert!(framed.capacity() >= framed.len() + 100, "room for the spare bytes");
-        assert_eq!(unframe(RecordKind::Result, &framed), Ok(with_tail.as_slice()));
+        assert!(
+            framed.capacity() >= framed.len() + 100,
+            "room for the spare bytes"
+        );
+        assert_eq!(
+            unframe(RecordKind::Result, &framed),
+            Ok(with_tail.as_slice())
+        );
     }
 }

@@ -12,8 +12,8 @@ use redb::{ReadOnlyTable, ReadTransaction, ReadableTableMetadata};
 
 use super::purged::Purged;
 use super::store::{self, Store};
-use super::write::ReceiptMemo;
 use super::tables::{Events, Memtable, Meta, Results, Table, TableKey, TableValue};
+use super::write::ReceiptMemo;
 use crate::error::Result;
 
 /// Entries of a table in key order.

@@ -72,6 +72,8 @@ impl Layered for WriteTables<'_> {
 #[derive(Default)]
 pub(crate) struct ReceiptMemo(RefCell<Memo>);
 
+// One per batch; boxing the record would add an allocation to every read that fills it.
+#[allow(clippy::large_enum_variant)]
 #[derive(Default)]
 enum Memo {
     #[default]
@@ -197,8 +199,7 @@ impl<'a> WriteTables<'a> {
                     .1
                     .filter(|tail| result_record_seq(tail) == Some(seq))
                     .unwrap_or_default();
-                let mut value =
-                    codec::encode_with_tail(RecordKind::Receipt, rec, &[], tail.len());
+                let mut value = codec::encode_with_tail(RecordKind::Receipt, rec, &[], tail.len());
                 value.extend_from_slice(tail);
                 value
             })?,
@@ -208,7 +209,9 @@ impl<'a> WriteTables<'a> {
         // The memo hands out `rec` for what a read would decode from `value`: the two
         // must agree (every receipt has one encoding; see `ReceiptRecord::decode`).
         debug_assert_eq!(
-            decode_receipt(&rec.operation_id, split_receipt_value(&value).0).ok().as_ref(),
+            decode_receipt(&rec.operation_id, split_receipt_value(&value).0)
+                .ok()
+                .as_ref(),
             Some(rec),
             "a receipt must decode to the record that was encoded"
         );
