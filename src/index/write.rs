@@ -191,33 +191,46 @@ impl<'a> WriteTables<'a> {
     /// Writes a receipt. A result stored inline in the value it replaces stays with it
     /// while the receipt still keeps that result (deliveries and acknowledgements rewrite
     /// a terminal receipt); retiring or purging drops it.
-    pub(crate) fn put_receipt(&mut self, rec: &ReceiptRecord) -> Result<()> {
+    pub(crate) fn put_receipt(&mut self, rec: ReceiptRecord) -> Result<()> {
         // Built where the value it replaces is read, so that its result is copied once.
-        let value = match kept_result_seq(rec) {
+        let value = match kept_result_seq(&rec) {
             Some(seq) => self.with_str::<Receipts, _>(&rec.operation_id, |v| {
                 let tail = split_receipt_value(v)
                     .1
                     .filter(|tail| result_record_seq(tail) == Some(seq))
                     .unwrap_or_default();
-                let mut value = codec::encode_with_tail(RecordKind::Receipt, rec, &[], tail.len());
+                let mut value = codec::encode_with_tail(RecordKind::Receipt, &rec, &[], tail.len());
                 value.extend_from_slice(tail);
                 value
             })?,
             None => None,
         }
-        .unwrap_or_else(|| codec::encode(RecordKind::Receipt, rec));
+        .unwrap_or_else(|| codec::encode(RecordKind::Receipt, &rec));
         // The memo hands out `rec` for what a read would decode from `value`: the two
         // must agree (every receipt has one encoding; see `ReceiptRecord::decode`).
         debug_assert_eq!(
             decode_receipt(&rec.operation_id, split_receipt_value(&value).0)
                 .ok()
                 .as_ref(),
-            Some(rec),
+            Some(&rec),
             "a receipt must decode to the record that was encoded"
         );
         self.set::<Receipts>(rec.operation_id.clone(), Some(value));
-        self.memo.set(Memo::Present(rec.clone()));
+        self.memo.set(Memo::Present(rec));
         Ok(())
+    }
+
+    /// The receipt of `id`, for a caller that writes it back in this batch (`apply`): the
+    /// memo's record is moved out, not cloned, and a record read from the layers is not
+    /// remembered, since the write that follows sets the memo.
+    pub(crate) fn take_receipt(&mut self, id: &str) -> Result<Option<ReceiptRecord>> {
+        match std::mem::take(self.memo.0.get_mut()) {
+            Memo::Present(r) if r.operation_id == id => return Ok(Some(r)),
+            Memo::Absent(k) if k == id => return Ok(None),
+            other => self.memo.set(other),
+        }
+        self.with_str::<Receipts, _>(id, |v| decode_receipt(id, v))?
+            .transpose()
     }
 
     pub(crate) fn delete_receipt(&mut self, id: &str) -> Result<()> {
@@ -344,13 +357,22 @@ mod tests {
         // Remembered as absent, then written.
         check(&t, "op-a", None)?;
         let first = running("op-a", 1);
-        t.put_receipt(&first)?;
+        t.put_receipt(first.clone())?;
         check(&t, "op-a", Some(&first))?;
         // Another id read in between, then the first one rewritten and read back.
         check(&t, "op-b", Some(&stored))?;
         let second = running("op-a", 2);
-        t.put_receipt(&second)?;
+        t.put_receipt(second.clone())?;
         check(&t, "op-a", Some(&second))?;
+        // Taken for a write back (as `apply` does): moved out of the memo, and the tables
+        // still answer with it; taken again without the memo, and for an id it lacks.
+        assert_eq!(t.take_receipt("op-a")?.as_ref(), Some(&second));
+        check(&t, "op-a", Some(&second))?;
+        assert_eq!(t.take_receipt("op-b")?.as_ref(), Some(&stored));
+        assert_eq!(t.take_receipt("op-a")?.as_ref(), Some(&second));
+        check(&t, "op-z", None)?;
+        assert_eq!(t.take_receipt("op-z")?, None);
+        check(&t, "op-z", None)?;
         // A deletion of the receipt just read, and of one held below.
         t.delete_receipt("op-a")?;
         check(&t, "op-a", None)?;
@@ -359,7 +381,7 @@ mod tests {
         check(&t, "op-b", None)?;
         // Written again after its deletion.
         let third = running("op-b", 2);
-        t.put_receipt(&third)?;
+        t.put_receipt(third.clone())?;
         check(&t, "op-b", Some(&third))?;
         Ok(())
     }

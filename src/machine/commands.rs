@@ -154,7 +154,7 @@ pub(crate) fn apply(t: &mut WriteTables<'_>, ev: &Event) -> Result<()> {
         EventKind::FormatUpgraded { .. } => {}
         _ => {
             let id = ev.operation_id.as_deref().unwrap_or("");
-            let old = t.receipt(id)?;
+            let old = t.take_receipt(id)?;
             let new =
                 transition(old.as_ref(), ev).map_err(|m| Error::corrupt("events", ev.seq, m))?;
             let old_entries = old.as_ref().map(index_entries).unwrap_or_default();
@@ -165,7 +165,6 @@ pub(crate) fn apply(t: &mut WriteTables<'_>, ev: &Event) -> Result<()> {
             for e in new_entries.iter().filter(|e| !old_entries.contains(e)) {
                 t.insert_index(id, e)?;
             }
-            t.put_receipt(&new)?;
             let applied_rev = match &ev.kind {
                 EventKind::Completed {
                     outcome: OutcomeKind::Applied { result_revision },
@@ -180,8 +179,13 @@ pub(crate) fn apply(t: &mut WriteTables<'_>, ev: &Event) -> Result<()> {
                 } => Some(*result_revision),
                 _ => None,
             };
-            if let (Some(rev), Some(scope)) = (applied_rev, &new.scope) {
-                advance_scope(t, scope, rev, ev, false)?;
+            let advanced = match (applied_rev, &new.scope) {
+                (Some(rev), Some(scope)) => Some((rev, scope.clone())),
+                _ => None,
+            };
+            t.put_receipt(new)?;
+            if let Some((rev, scope)) = advanced {
+                advance_scope(t, &scope, rev, ev, false)?;
             }
         }
     }
