@@ -159,16 +159,30 @@ fn crc_of(header8: &[u8], payload: &[u8]) -> u32 {
 
 /// Frames `payload` as a record of `kind`.
 pub fn frame(kind: RecordKind, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    let mut out = header(kind, payload.len());
+    out.extend_from_slice(payload);
+    seal(out)
+}
+
+/// A record of `kind` with room for a payload of `capacity` bytes: its header, with the
+/// length and CRC left for [`seal`] once the payload follows it.
+fn header(kind: RecordKind, capacity: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + capacity);
     out.extend_from_slice(&MAGIC);
     out.push(FORMAT_VERSION);
     out.push(kind as u8);
+    out.extend_from_slice(&[0; 8]);
+    out
+}
+
+/// Writes the length and CRC of the payload after the header into the header.
+fn seal(mut out: Vec<u8>) -> Vec<u8> {
+    let payload_len = out.len().saturating_sub(HEADER_LEN);
     // Payloads are bounded far below 4 GiB by the result limit (64 MiB ceiling).
-    let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
-    out.extend_from_slice(&len.to_le_bytes());
-    let crc = crc_of(&out[0..8], payload);
-    out.extend_from_slice(&crc.to_le_bytes());
-    out.extend_from_slice(payload);
+    let len = u32::try_from(payload_len).unwrap_or(u32::MAX);
+    out[4..8].copy_from_slice(&len.to_le_bytes());
+    let crc = crc_of(&out[0..8], &out[HEADER_LEN..]);
+    out[8..12].copy_from_slice(&crc.to_le_bytes());
     out
 }
 
@@ -249,20 +263,10 @@ pub fn encode_with_tail<T: Serialize>(
     tail: &[u8],
     spare: usize,
 ) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + payload_size(value) + tail.len() + spare);
-    out.extend_from_slice(&MAGIC);
-    out.push(FORMAT_VERSION);
-    out.push(kind as u8);
-    // The length and the CRC, written once the payload is.
-    out.extend_from_slice(&[0; 8]);
+    let mut out = header(kind, payload_size(value) + tail.len() + spare);
     append_payload(value, &mut out);
     out.extend_from_slice(tail);
-    // Payloads are bounded far below 4 GiB by the result limit (64 MiB ceiling).
-    let len = u32::try_from(out.len() - HEADER_LEN).unwrap_or(u32::MAX);
-    out[4..8].copy_from_slice(&len.to_le_bytes());
-    let crc = crc_of(&out[0..8], &out[HEADER_LEN..]);
-    out[8..12].copy_from_slice(&crc.to_le_bytes());
-    out
+    seal(out)
 }
 
 /// Encodes `value` with bincode, without a frame.

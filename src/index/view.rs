@@ -56,13 +56,17 @@ pub(crate) trait View: Layered {
         if let Some(hit) = memo.and_then(|m| m.get(id)) {
             return Ok(hit);
         }
-        let found = self
-            .with_str::<Receipts, _>(id, |v| decode_receipt(id, v))?
-            .transpose()?;
+        let found = self.stored_receipt(id)?;
         if let Some(m) = memo {
             m.read(id, found.as_ref());
         }
         Ok(found)
+    }
+
+    /// The receipt of `id` as the layers hold it, read and decoded without a batch's memo.
+    fn stored_receipt(&self, id: &str) -> Result<Option<ReceiptRecord>> {
+        self.with_str::<Receipts, _>(id, |v| decode_receipt(id, v))?
+            .transpose()
     }
 
     fn scope(&self, scope: &str) -> Result<Option<ScopeRecord>> {

@@ -87,9 +87,15 @@ impl ReceiptMemo {
     /// The receipt of `id` if it is the one remembered: `Some(None)` for an id known to
     /// have none, `None` for an id not remembered.
     pub(crate) fn get(&self, id: &str) -> Option<Option<ReceiptRecord>> {
+        self.peek(id, |r| r.cloned())
+    }
+
+    /// `f` of the receipt of `id` (`None`: it has none) if it is the one remembered,
+    /// without cloning it.
+    fn peek<R>(&self, id: &str, f: impl FnOnce(Option<&ReceiptRecord>) -> R) -> Option<R> {
         match &*self.0.try_borrow().ok()? {
-            Memo::Present(r) if r.operation_id == id => Some(Some(r.clone())),
-            Memo::Absent(k) if k == id => Some(None),
+            Memo::Present(r) if r.operation_id == id => Some(f(Some(r))),
+            Memo::Absent(k) if k == id => Some(f(None)),
             _ => None,
         }
     }
@@ -229,8 +235,7 @@ impl<'a> WriteTables<'a> {
             Memo::Absent(k) if k == id => return Ok(None),
             other => self.memo.set(other),
         }
-        self.with_str::<Receipts, _>(id, |v| decode_receipt(id, v))?
-            .transpose()
+        self.stored_receipt(id)
     }
 
     pub(crate) fn delete_receipt(&mut self, id: &str) -> Result<()> {
@@ -251,17 +256,23 @@ impl<'a> WriteTables<'a> {
     /// the receipt's value when it is small (see [`INLINE_RESULT_MAX`]), else in `results`.
     pub(crate) fn put_result(&mut self, seq: u64, id: &str, result: &OpResult) -> Result<()> {
         let frame = encode_result(seq, id, result);
-        if frame.len() <= INLINE_RESULT_MAX
-            && let Some(Some(value)) = self.with_str::<Receipts, _>(id, |v| {
+        if frame.len() <= INLINE_RESULT_MAX {
+            // Whether the receipt names this result: the memo knows when this batch just
+            // wrote the receipt (a completion does), else the stored receipt is decoded (a
+            // damaged one keeps the result out of line).
+            let named = self
+                .memo
+                .peek(id, |r| r.and_then(kept_result_seq) == Some(seq));
+            if let Some(Some(value)) = self.with_str::<Receipts, _>(id, |v| {
                 let head = split_receipt_value(v).0;
-                decode_receipt(id, head)
-                    .ok()
-                    .filter(|r| kept_result_seq(r) == Some(seq))
-                    .map(|_| [head, &frame].concat())
-            })?
-        {
-            self.set::<Receipts>(id.to_string(), Some(value));
-            return Ok(());
+                let named = named.unwrap_or_else(|| {
+                    decode_receipt(id, head).is_ok_and(|r| kept_result_seq(&r) == Some(seq))
+                });
+                named.then(|| [head, &frame].concat())
+            })? {
+                self.set::<Receipts>(id.to_string(), Some(value));
+                return Ok(());
+            }
         }
         self.set::<Results>(seq, Some(frame));
         Ok(())
