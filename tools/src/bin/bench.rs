@@ -504,6 +504,11 @@ const SQL_STANDARD: SqlCfg = writing(
     "SQLite mutex, acks next commit",
 );
 
+/// The reopen after kill -9 against each of these (the same WAL recovery, but a writer
+/// thread's store opens a second connection for the lookup): the ratios are against the
+/// faster.
+const SQL_REOPEN_VARIANTS: [SqlCfg; 2] = [SQL_STANDARD, SQL_WRITER];
+
 /// A dedicated writer thread ([`Writers::Writer`]).
 const fn writer(
     max_batch: usize,
@@ -3538,8 +3543,13 @@ fn reopen_once(
         Engine::Sqlite(cfg) => {
             let start = Instant::now();
             let store = SqlStore::open(&path, cfg.cfg)?;
-            let a = store.connect()?.lookup_replay(&last, &ctx.hash)?;
+            // The connection lives past the clock: closing the last one checkpoints the
+            // WAL into the database file and syncs it, which is closing, not reopening
+            // (until 2026-12-06 the mutex arrangement's time included it, 6-8 ms).
+            let conn = store.connect()?;
+            let a = conn.lookup_replay(&last, &ctx.hash)?;
             let secs = start.elapsed().as_secs_f64();
+            drop(conn);
             if !matches!(a, SqlAdmission::Replay(_)) {
                 return Err(format!("after the crash, sqlite `{last}` is {a:?}").into());
             }
@@ -3554,7 +3564,7 @@ fn section_reopen(p: &Params, dir: &Path, base: &Base, r: &mut Report) -> Result
     let engines: Vec<Engine> = OPJ_VARIANTS
         .into_iter()
         .map(Engine::Opj)
-        .chain([Engine::Sqlite(SQL_STANDARD)])
+        .chain(SQL_REOPEN_VARIANTS.map(Engine::Sqlite))
         .collect();
     let tail = p.reopen_tail;
     let mut times: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
@@ -3573,7 +3583,12 @@ fn section_reopen(p: &Params, dir: &Path, base: &Base, r: &mut Report) -> Result
             tails.insert(e.key(), (written, index_syncs, wal_len));
         }
     }
-    let sql = times.get(SQL_STANDARD.key).map_or(0.0, |v| median(v));
+    // The ratios are against the SQLite arrangement that reopened fastest.
+    let (sql, sql_best) = SQL_REOPEN_VARIANTS
+        .iter()
+        .map(|c| (times.get(c.key).map_or(f64::INFINITY, |v| median(v)), c))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .ok_or("no SQLite arrangement")?;
     for e in &engines {
         let v = times.get(e.key()).map_or(0.0, |v| median(v));
         let (written, index_syncs, wal_len) = tails.get(e.key()).copied().unwrap_or_default();
@@ -3601,7 +3616,11 @@ fn section_reopen(p: &Params, dir: &Path, base: &Base, r: &mut Report) -> Result
             v * 1e3,
             "ms",
             match e {
-                Engine::Opj(_) => format!("{}; {tail_text}", ratio_text(v / sql, "SQLite's time")),
+                Engine::Opj(_) => format!(
+                    "{} ({}); {tail_text}",
+                    ratio_text(v / sql, "the best SQLite's time"),
+                    sql_best.short_label
+                ),
                 Engine::Sqlite(_) => format!("WAL recovery included; {tail_text}"),
             },
             json!({"samples_s": times.get(e.key()), "tail_lifecycles": tail,
@@ -4048,6 +4067,43 @@ fn profile(args: &[String]) -> Result<()> {
         }
     };
     match args.first().map(String::as_str) {
+        // The open and first lookup of a journal a killed child left (`reopen` kills a
+        // fresh one each time; this one reuses KILLED, copied N times, for `perf`).
+        Some("reopen-copy") => {
+            let killed = PathBuf::from(args.get(1).ok_or("missing KILLED")?);
+            let dir = killed.parent().ok_or("KILLED has no directory")?;
+            let path = dir.join("reopen-copy.opj");
+            let last = op_id(&format!("crash-{}", num(3)?.saturating_sub(1)));
+            let mut times = Vec::new();
+            for _ in 0..num(2)? {
+                remove_journal(&path);
+                copy_synced(&killed, &path)?;
+                for (from, to) in opjournal::FileLog::paths_for(&killed)
+                    .into_iter()
+                    .zip(opjournal::FileLog::paths_for(&path))
+                {
+                    copy_synced(&from, &to)?;
+                }
+                let start = Instant::now();
+                let j = DEFAULT_CFG.builder().open(&path)?;
+                let op = Operation::new(last.as_str(), ctx.intent.clone())
+                    .scope("crash")
+                    .session("crash");
+                let a = j.submit(op)?;
+                times.push(start.elapsed().as_secs_f64());
+                if !matches!(a, Admission::Replay(_)) {
+                    return Err(format!("`{last}` is {}", a.name()).into());
+                }
+            }
+            remove_journal(&path);
+            times.sort_by(f64::total_cmp);
+            eprintln!(
+                "{:.2} ms median reopen ({:.2}-{:.2})",
+                median(&times) * 1e3,
+                times[0] * 1e3,
+                times[times.len() - 1] * 1e3
+            );
+        }
         Some("reopen") => {
             let engine = Engine::from_key(args.get(1).ok_or("missing CFG")?)
                 .ok_or("unknown configuration")?;
