@@ -3478,6 +3478,23 @@ fn crash_child(args: &[String]) -> Result<()> {
 /// One reopen after kill -9: (seconds to open and answer the first lookup, bytes the
 /// child wrote after opening, syncs of the index file in the child after opening, the
 /// length of SQLite's WAL at the kill).
+/// The timed part of a reopen after kill -9: opening the journal at `path` (a killed
+/// `__crash-child`'s) and the first lookup, a `submit` of `last` (the last operation the
+/// child completed), which must answer a replay. Returns the seconds and the journal.
+fn open_and_replay(cfg: OpjCfg, path: &Path, last: &str, ctx: &Ctx) -> Result<(f64, Journal)> {
+    let start = Instant::now();
+    let j = cfg.builder().open(path)?;
+    let op = Operation::new(last, ctx.intent.clone())
+        .scope("crash")
+        .session("crash");
+    let a = j.submit(op)?;
+    let secs = start.elapsed().as_secs_f64();
+    if !matches!(a, Admission::Replay(_)) {
+        return Err(format!("after the crash, `{last}` is {}", a.name()).into());
+    }
+    Ok((secs, j))
+}
+
 fn reopen_once(
     engine: Engine,
     dir: &Path,
@@ -3521,16 +3538,7 @@ fn reopen_once(
     let last = op_id(&format!("crash-{}", tail.saturating_sub(1)));
     let secs = match engine {
         Engine::Opj(cfg) => {
-            let start = Instant::now();
-            let j = cfg.builder().open(&path)?;
-            let op = Operation::new(last.as_str(), ctx.intent.clone())
-                .scope("crash")
-                .session("crash");
-            let a = j.submit(op)?;
-            let secs = start.elapsed().as_secs_f64();
-            if !matches!(a, Admission::Replay(_)) {
-                return Err(format!("after the crash, `{last}` is {}", a.name()).into());
-            }
+            let (secs, j) = open_and_replay(cfg, &path, &last, &ctx)?;
             let running = j.lookup("crash-running")?.map(|r| r.status);
             if running != Some(ExecutionStatus::InDoubt) {
                 return Err(format!(
@@ -4084,16 +4092,7 @@ fn profile(args: &[String]) -> Result<()> {
                 {
                     copy_synced(&from, &to)?;
                 }
-                let start = Instant::now();
-                let j = DEFAULT_CFG.builder().open(&path)?;
-                let op = Operation::new(last.as_str(), ctx.intent.clone())
-                    .scope("crash")
-                    .session("crash");
-                let a = j.submit(op)?;
-                times.push(start.elapsed().as_secs_f64());
-                if !matches!(a, Admission::Replay(_)) {
-                    return Err(format!("`{last}` is {}", a.name()).into());
-                }
+                times.push(open_and_replay(DEFAULT_CFG, &path, &last, &ctx)?.0);
             }
             remove_journal(&path);
             times.sort_by(f64::total_cmp);
