@@ -3475,9 +3475,6 @@ fn crash_child(args: &[String]) -> Result<()> {
     }
 }
 
-/// One reopen after kill -9: (seconds to open and answer the first lookup, bytes the
-/// child wrote after opening, syncs of the index file in the child after opening, the
-/// length of SQLite's WAL at the kill).
 /// The timed part of a reopen after kill -9: opening the journal at `path` (a killed
 /// `__crash-child`'s) and the first lookup, a `submit` of `last` (the last operation the
 /// child completed), which must answer a replay. Returns the seconds and the journal.
@@ -3495,6 +3492,9 @@ fn open_and_replay(cfg: OpjCfg, path: &Path, last: &str, ctx: &Ctx) -> Result<(f
     Ok((secs, j))
 }
 
+/// One reopen after kill -9: (seconds to open and answer the first lookup, bytes the
+/// child wrote after opening, syncs of the index file in the child after opening, the
+/// length of SQLite's WAL at the kill).
 fn reopen_once(
     engine: Engine,
     dir: &Path,
@@ -4096,11 +4096,12 @@ fn profile(args: &[String]) -> Result<()> {
             }
             remove_journal(&path);
             times.sort_by(f64::total_cmp);
+            let ms = |t: Option<&f64>| t.map_or(0.0, |t| t * 1e3);
             eprintln!(
                 "{:.2} ms median reopen ({:.2}-{:.2})",
                 median(&times) * 1e3,
-                times[0] * 1e3,
-                times[times.len() - 1] * 1e3
+                ms(times.first()),
+                ms(times.last())
             );
         }
         Some("reopen") => {
