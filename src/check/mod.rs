@@ -25,10 +25,10 @@ pub(crate) fn ops_of_log_record(payload: &[u8], ops: &mut std::collections::BTre
     let mut m = crate::index::Memtable::default();
     if m.apply_encoded(payload).is_ok() {
         for op in crate::index::Receipts::map(&m).keys() {
-            ops.insert(op.clone());
+            ops.insert(op.to_string());
         }
         for (op, _) in crate::index::OpEvents::map(&m).keys() {
-            ops.insert(op.clone());
+            ops.insert(op.to_string());
         }
         return;
     }

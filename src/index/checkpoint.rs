@@ -9,6 +9,7 @@
 
 use redb::WriteTransaction;
 use roaring::RoaringTreemap;
+use smol_str::SmolStr;
 
 use super::purged::Purged;
 
@@ -296,7 +297,7 @@ fn remove_in_runs<T: Table<K = u64>>(
 /// between are due timers of the same batch: the pass steps over at most a batch.
 fn remove_timers(
     table: &mut WriteTable<'_, Timers>,
-    keys: &mut Vec<(u8, u64, String)>,
+    keys: &mut Vec<(u8, u64, SmolStr)>,
 ) -> Result<()> {
     keys.sort_unstable();
     keys.dedup();
@@ -366,16 +367,17 @@ mod tests {
     -> Result<()> {
         // 200 ids; each deletion list once small (one descent per key) and once large
         // (one pass), with duplicates, unsorted, and ids the table lacks.
-        let ids: Vec<String> = (0..200u32)
-            .map(|i| format!("op_{:08x}", i.wrapping_mul(2_654_435_761)))
+        let ids: Vec<SmolStr> = (0..200u32)
+            .map(|i| format!("op_{:08x}", i.wrapping_mul(2_654_435_761)).into())
             .collect();
         for doomed_count in [3usize, 120] {
             assert_eq!(one_pass(doomed_count, 200), doomed_count == 120);
-            let mut doomed: Vec<String> = ids.iter().step_by(200 / doomed_count).cloned().collect();
+            let mut doomed: Vec<SmolStr> =
+                ids.iter().step_by(200 / doomed_count).cloned().collect();
             doomed.truncate(doomed_count);
             doomed.reverse();
             doomed.push(doomed[0].clone());
-            doomed.push("op_absent".to_string());
+            doomed.push("op_absent".into());
             let db =
                 redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new())?;
             let txn = db.begin_write()?;
@@ -391,7 +393,7 @@ mod tests {
                 let mut keys = doomed.clone();
                 remove_many::<Receipts>(&mut receipts, &mut keys)?;
                 assert!(keys.is_empty());
-                let mut keys: Vec<(String, u64)> = doomed
+                let mut keys: Vec<(SmolStr, u64)> = doomed
                     .iter()
                     .flat_map(|id| [(id.clone(), 0), (id.clone(), 2)])
                     .collect();
@@ -402,9 +404,9 @@ mod tests {
             let read = db.begin_read()?;
             let mut left = Vec::new();
             for entry in read.open_table(<Receipts as Table>::def())?.iter()? {
-                left.push(entry?.0.value().to_string());
+                left.push(SmolStr::new(entry?.0.value()));
             }
-            let mut expected: Vec<String> = ids
+            let mut expected: Vec<SmolStr> = ids
                 .iter()
                 .filter(|id| !doomed.contains(id))
                 .cloned()
@@ -415,9 +417,9 @@ mod tests {
             for entry in read.open_table(<OpEvents as Table>::def())?.iter()? {
                 let (key, ()) = entry.map(|(k, v)| (k, v.value()))?;
                 let (id, seq) = key.value();
-                left.push((id.to_string(), seq));
+                left.push((SmolStr::new(id), seq));
             }
-            let mut expected: Vec<(String, u64)> = ids
+            let mut expected: Vec<(SmolStr, u64)> = ids
                 .iter()
                 .flat_map(|id| (0..3).map(move |seq| (id.clone(), seq)))
                 .filter(|(id, seq)| !(doomed.contains(id) && *seq != 1))
@@ -547,10 +549,12 @@ mod tests {
     #[test]
     fn held_timer_deletes_remove_exactly_the_listed_timers_of_each_kind() -> Result<()> {
         let db = redb::Builder::new().create_with_backend(redb::backends::InMemoryBackend::new())?;
-        let all: Vec<(u8, u64, String)> = (0..3u8)
-            .flat_map(|kind| (0..40u64).map(move |due| (kind, due, format!("op{}", due % 7))))
+        let all: Vec<(u8, u64, SmolStr)> = (0..3u8)
+            .flat_map(|kind| {
+                (0..40u64).map(move |due| (kind, due, format!("op{}", due % 7).into()))
+            })
             .collect();
-        let doomed: Vec<(u8, u64, String)> = all
+        let doomed: Vec<(u8, u64, SmolStr)> = all
             .iter()
             .filter(|(kind, due, _)| (*kind == 0 && due % 3 == 0) || (*kind == 2 && *due == 5))
             .cloned()
@@ -573,7 +577,7 @@ mod tests {
         for entry in table.iter()? {
             let (key, _) = entry?;
             let (kind, due, op) = key.value();
-            left.push((kind, due, op.to_string()));
+            left.push((kind, due, SmolStr::new(op)));
         }
         let expected: Vec<_> = all.into_iter().filter(|k| !doomed.contains(k)).collect();
         assert_eq!(left, expected);

@@ -9,6 +9,7 @@ use std::ops::Bound;
 use std::sync::OnceLock;
 
 use redb::{ReadOnlyTable, ReadTransaction, ReadableTableMetadata};
+use smol_str::SmolStr;
 
 use super::purged::Purged;
 use super::store::{self, Store};
@@ -184,13 +185,13 @@ impl<'b> Base<'b> {
     }
 
     /// Calls `f` with the bytes stored under `key`, without copying them out of redb.
-    pub(crate) fn with_str<T: Table<K = String, V = Vec<u8>>, R>(
+    pub(crate) fn with_str<T: Table<K = SmolStr, V = Vec<u8>>, R>(
         &self,
         key: &str,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<Option<R>> {
         if let Some(s) = self.as_store() {
-            return Ok(store::get_raw::<T>(s, &key.to_string())?.map(|v| f(&v)));
+            return Ok(store::get_raw::<T>(s, &SmolStr::new(key))?.map(|v| f(&v)));
         }
         let Some(t) = self.table::<T>()? else {
             return Ok(None);
@@ -268,7 +269,7 @@ pub(crate) trait Layered {
 
     /// Calls `f` with the bytes stored under the string `key` (the top layer's, or redb's
     /// without copying them): the read path of every lookup by operation id.
-    fn with_str<T: Table<K = String, V = Vec<u8>>, R>(
+    fn with_str<T: Table<K = SmolStr, V = Vec<u8>>, R>(
         &self,
         key: &str,
         f: impl FnOnce(&[u8]) -> R,
@@ -509,12 +510,12 @@ mod tests {
         let base = Base::new(db.begin_read()?);
         let mut mem = Memtable::default();
         let mut batch = Memtable::default();
-        batch.set::<InDoubt>("b".to_string(), Some(()));
+        batch.set::<InDoubt>("b".into(), Some(()));
         batch.set::<Events>(2, Some(vec![2]));
         mem.absorb_over(batch, Some(&base), None);
         let mut batch = Memtable::default();
         for k in ["a", "b", "c"] {
-            batch.set::<InDoubt>(k.to_string(), None);
+            batch.set::<InDoubt>(SmolStr::new(k), None);
         }
         for k in [1, 2, 3] {
             batch.set::<Events>(k, None);
@@ -522,11 +523,11 @@ mod tests {
         mem.absorb_over(batch, Some(&base), None);
         // In the index read by range, only the base's key needs hiding; the memtable's own
         // and a never-seen key vanish.
-        let held: Vec<(String, Option<()>)> = <InDoubt as Table>::map(&mem)
+        let held: Vec<(SmolStr, Option<()>)> = <InDoubt as Table>::map(&mem)
             .iter()
             .map(|(k, v)| (k.clone(), *v))
             .collect();
-        assert_eq!(held, vec![("a".to_string(), None)]);
+        assert_eq!(held, vec![(SmolStr::new("a"), None)]);
         // Elsewhere the tombstones stay, without a lookup in the base per deletion.
         assert_eq!(<Events as Table>::map(&mem).len(), 3);
         let snap = Snapshot {
@@ -548,26 +549,26 @@ mod tests {
         let base = Base::new(db.begin_read()?);
         let mut mem = Memtable::default();
         let mut batch = Memtable::default();
-        batch.set::<InDoubt>("b".to_string(), Some(()));
+        batch.set::<InDoubt>("b".into(), Some(()));
         mem.absorb_over(batch, Some(&base), None);
         let below = {
             let mut m = Memtable::default();
-            m.set::<InDoubt>("d".to_string(), None);
+            m.set::<InDoubt>("d".into(), None);
             m
         };
         let mut batch = Memtable::default();
         batch.deletes_stored_keys();
         for k in ["a", "b", "c", "d"] {
-            batch.set::<InDoubt>(k.to_string(), None);
+            batch.set::<InDoubt>(SmolStr::new(k), None);
         }
         mem.absorb_over(batch, Some(&base), Some(&below));
         // The base's key, the memtable's own and a never-seen key keep their tombstones (no
         // lookup was made); a key `below` already deletes needs none.
-        let held: Vec<(String, Option<()>)> = <InDoubt as Table>::map(&mem)
+        let held: Vec<(SmolStr, Option<()>)> = <InDoubt as Table>::map(&mem)
             .iter()
             .map(|(k, v)| (k.clone(), *v))
             .collect();
-        let tombstone = |k: &str| (k.to_string(), None);
+        let tombstone = |k: &str| (SmolStr::new(k), None);
         assert_eq!(held, vec![tombstone("a"), tombstone("b"), tombstone("c")]);
         let snap = Snapshot {
             base: Some(&base),
@@ -576,21 +577,21 @@ mod tests {
         assert_eq!(snap.all::<InDoubt>()?.count(), 0, "every key is deleted");
         // The mark is the batch's: a later batch into the same memtable asks again.
         let mut batch = Memtable::default();
-        batch.set::<InDoubt>("e".to_string(), Some(()));
+        batch.set::<InDoubt>("e".into(), Some(()));
         mem.absorb_over(batch, Some(&base), None);
         let mut batch = Memtable::default();
-        batch.set::<InDoubt>("e".to_string(), None);
+        batch.set::<InDoubt>("e".into(), None);
         mem.absorb_over(batch, Some(&base), None);
         assert!(!<InDoubt as Table>::map(&mem).contains_key("e"));
         // Without a base (a journal in memory, where the memtable is everything) nothing
         // lies below, so a compaction batch's tombstones go too: none piles up.
         let mut all = Memtable::default();
         let mut batch = Memtable::default();
-        batch.set::<InDoubt>("f".to_string(), Some(()));
+        batch.set::<InDoubt>("f".into(), Some(()));
         all.absorb_over(batch, None, None);
         let mut batch = Memtable::default();
         batch.deletes_stored_keys();
-        batch.set::<InDoubt>("f".to_string(), None);
+        batch.set::<InDoubt>("f".into(), None);
         all.absorb_over(batch, None, None);
         assert!(<InDoubt as Table>::map(&all).is_empty());
         Ok(())

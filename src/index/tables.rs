@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use redb::TableDefinition;
+use smol_str::SmolStr;
 
 /// A key type: owned, ordered exactly as redb orders its stored form (strings by their
 /// UTF-8 bytes, tuples element by element), so that a memtable and redb merge in order.
@@ -108,8 +109,10 @@ impl<'a> Bytes<'a> {
         self.take(n)
     }
 
-    pub(crate) fn str(&mut self) -> Option<String> {
-        std::str::from_utf8(self.bytes()?).ok().map(str::to_string)
+    /// A string key: up to 23 bytes kept inline, without an allocation (operation ids,
+    /// sessions and scopes mostly are).
+    pub(crate) fn smol(&mut self) -> Option<SmolStr> {
+        std::str::from_utf8(self.bytes()?).ok().map(SmolStr::new)
     }
 
     /// A big-endian u64 (see [`TableKey::to_ordered`]).
@@ -117,6 +120,11 @@ impl<'a> Bytes<'a> {
         let mut a = [0u8; 8];
         a.copy_from_slice(self.take(8)?);
         Some(u64::from_be_bytes(a))
+    }
+
+    /// A string written by [`put_ordered_str`], as a key.
+    pub(crate) fn ordered_smol(&mut self) -> Option<SmolStr> {
+        self.ordered_str().map(SmolStr::from)
     }
 
     /// A string written by [`put_ordered_str`].
@@ -157,10 +165,10 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
 /// Memory a map entry costs besides its key and value, roughly.
 pub(crate) const ENTRY_OVERHEAD: usize = 48;
 
-impl TableKey for String {
+impl TableKey for SmolStr {
     type Redb = &'static str;
     fn own(k: &str) -> Self {
-        k.to_string()
+        SmolStr::new(k)
     }
     fn borrow(&self) -> &str {
         self.as_str()
@@ -175,16 +183,16 @@ impl TableKey for String {
         put_bytes(out, self.as_bytes());
     }
     fn decode(r: &mut Bytes<'_>) -> Option<Self> {
-        r.str()
+        r.smol()
     }
     fn show(&self) -> String {
-        self.clone()
+        self.to_string()
     }
     fn to_ordered(&self, out: &mut Vec<u8>) {
         put_ordered_str(out, self);
     }
     fn from_ordered(r: &mut Bytes<'_>) -> Option<Self> {
-        r.ordered_str()
+        r.ordered_smol()
     }
 }
 
@@ -222,10 +230,10 @@ impl TableKey for u64 {
     }
 }
 
-impl TableKey for (String, u64) {
+impl TableKey for (SmolStr, u64) {
     type Redb = (&'static str, u64);
     fn own(k: (&str, u64)) -> Self {
-        (k.0.to_string(), k.1)
+        (SmolStr::new(k.0), k.1)
     }
     fn borrow(&self) -> (&str, u64) {
         (self.0.as_str(), self.1)
@@ -241,7 +249,7 @@ impl TableKey for (String, u64) {
         out.extend_from_slice(&self.1.to_le_bytes());
     }
     fn decode(r: &mut Bytes<'_>) -> Option<Self> {
-        Some((r.str()?, r.u64()?))
+        Some((r.smol()?, r.u64()?))
     }
     fn show(&self) -> String {
         format!("{} @ {}", self.0, self.1)
@@ -251,14 +259,14 @@ impl TableKey for (String, u64) {
         out.extend_from_slice(&self.1.to_be_bytes());
     }
     fn from_ordered(r: &mut Bytes<'_>) -> Option<Self> {
-        Some((r.ordered_str()?, r.u64_be()?))
+        Some((r.ordered_smol()?, r.u64_be()?))
     }
 }
 
-impl TableKey for (u8, u64, String) {
+impl TableKey for (u8, u64, SmolStr) {
     type Redb = (u8, u64, &'static str);
     fn own(k: (u8, u64, &str)) -> Self {
-        (k.0, k.1, k.2.to_string())
+        (k.0, k.1, SmolStr::new(k.2))
     }
     fn borrow(&self) -> (u8, u64, &str) {
         (self.0, self.1, self.2.as_str())
@@ -275,7 +283,7 @@ impl TableKey for (u8, u64, String) {
         put_bytes(out, self.2.as_bytes());
     }
     fn decode(r: &mut Bytes<'_>) -> Option<Self> {
-        Some((r.u8()?, r.u64()?, r.str()?))
+        Some((r.u8()?, r.u64()?, r.smol()?))
     }
     fn show(&self) -> String {
         let name = super::TimerKind::from_byte(self.0).map_or("?", super::TimerKind::name);
@@ -287,7 +295,7 @@ impl TableKey for (u8, u64, String) {
         put_ordered_str(out, &self.2);
     }
     fn from_ordered(r: &mut Bytes<'_>) -> Option<Self> {
-        Some((r.u8()?, r.u64_be()?, r.ordered_str()?))
+        Some((r.u8()?, r.u64_be()?, r.ordered_smol()?))
     }
 }
 
@@ -324,10 +332,10 @@ impl TableKey for (u64, u64) {
     }
 }
 
-impl TableKey for (String, u64, String) {
+impl TableKey for (SmolStr, u64, SmolStr) {
     type Redb = (&'static str, u64, &'static str);
     fn own(k: (&str, u64, &str)) -> Self {
-        (k.0.to_string(), k.1, k.2.to_string())
+        (SmolStr::new(k.0), k.1, SmolStr::new(k.2))
     }
     fn borrow(&self) -> (&str, u64, &str) {
         (self.0.as_str(), self.1, self.2.as_str())
@@ -344,7 +352,7 @@ impl TableKey for (String, u64, String) {
         put_bytes(out, self.2.as_bytes());
     }
     fn decode(r: &mut Bytes<'_>) -> Option<Self> {
-        Some((r.str()?, r.u64()?, r.str()?))
+        Some((r.smol()?, r.u64()?, r.smol()?))
     }
     fn show(&self) -> String {
         format!("{} {} {}", self.0, crate::clock::Timestamp(self.1), self.2)
@@ -355,14 +363,14 @@ impl TableKey for (String, u64, String) {
         put_ordered_str(out, &self.2);
     }
     fn from_ordered(r: &mut Bytes<'_>) -> Option<Self> {
-        Some((r.ordered_str()?, r.u64_be()?, r.ordered_str()?))
+        Some((r.ordered_smol()?, r.u64_be()?, r.ordered_smol()?))
     }
 }
 
-impl TableKey for (String, String) {
+impl TableKey for (SmolStr, SmolStr) {
     type Redb = (&'static str, &'static str);
     fn own(k: (&str, &str)) -> Self {
-        (k.0.to_string(), k.1.to_string())
+        (SmolStr::new(k.0), SmolStr::new(k.1))
     }
     fn borrow(&self) -> (&str, &str) {
         (self.0.as_str(), self.1.as_str())
@@ -378,7 +386,7 @@ impl TableKey for (String, String) {
         put_bytes(out, self.1.as_bytes());
     }
     fn decode(r: &mut Bytes<'_>) -> Option<Self> {
-        Some((r.str()?, r.str()?))
+        Some((r.smol()?, r.smol()?))
     }
     fn show(&self) -> String {
         format!("{} {}", self.0, self.1)
@@ -388,7 +396,7 @@ impl TableKey for (String, String) {
         put_ordered_str(out, &self.1);
     }
     fn from_ordered(r: &mut Bytes<'_>) -> Option<Self> {
-        Some((r.ordered_str()?, r.ordered_str()?))
+        Some((r.ordered_smol()?, r.ordered_smol()?))
     }
 }
 
@@ -492,27 +500,27 @@ macro_rules! tables {
 
 tables! {
     /// `meta`: `"format"`, `"state"` and `"checkpoint"` records.
-    Meta = ("meta", 1, meta, String, Vec<u8>);
+    Meta = ("meta", 1, meta, SmolStr, Vec<u8>);
     /// `events`: seq → event record. The source of truth.
     Events = ("events", 2, events, u64, Vec<u8>);
     /// `receipts`: operation id → receipt record (an index).
-    Receipts = ("receipts", 3, receipts, String, Vec<u8>);
+    Receipts = ("receipts", 3, receipts, SmolStr, Vec<u8>);
     /// `results`: seq of the completing event → result header and payload.
     Results = ("results", 4, results, u64, Vec<u8>);
     /// `scopes`: scope → its revision and the event that set it (an index).
-    Scopes = ("scopes", 5, scopes, String, Vec<u8>);
+    Scopes = ("scopes", 5, scopes, SmolStr, Vec<u8>);
     /// `op_events`: (operation id, seq) (an index).
-    OpEvents = ("op_events", 6, op_events, (String, u64), ());
+    OpEvents = ("op_events", 6, op_events, (SmolStr, u64), ());
     /// `timers`: (timer kind, due ms, operation id) (an index).
-    Timers = ("timers", 7, timers, (u8, u64, String), ());
+    Timers = ("timers", 7, timers, (u8, u64, SmolStr), ());
     /// `scope_timers`: (due ms, seq of a superseded revision event) (an index).
     ScopeTimers = ("scope_timers", 8, scope_timers, (u64, u64), ());
     /// `windows`: (session, ack deadline ms, operation id) (an index).
-    Windows = ("windows", 9, windows, (String, u64, String), ());
+    Windows = ("windows", 9, windows, (SmolStr, u64, SmolStr), ());
     /// `scope_holds`: (scope, operation id) (an index).
-    Holds = ("scope_holds", 10, holds, (String, String), ());
+    Holds = ("scope_holds", 10, holds, (SmolStr, SmolStr), ());
     /// `in_doubt`: operation id (an index).
-    InDoubt = ("in_doubt", 11, in_doubt, String, ());
+    InDoubt = ("in_doubt", 11, in_doubt, SmolStr, ());
     /// `quarantine`: n → a record `repair` could not use.
     Quarantine = ("quarantine", 12, quarantine, u64, Vec<u8>);
 }
@@ -804,7 +812,21 @@ mod tests {
     #[test]
     fn ordered_keys_sort_as_bytes_exactly_as_the_keys_sort() {
         let strings = [
-            "", "\0", "\0\0", "a", "a\0", "a\0b", "a\u{1}", "ab", "b", "é", "\u{ff}",
+            "",
+            "\0",
+            "\0\0",
+            "a",
+            "a\0",
+            "a\0b",
+            "a\u{1}",
+            "ab",
+            "b",
+            "é",
+            "\u{ff}",
+            // Longer than the 23 bytes a key keeps inline: stored apart, ordered the same.
+            "abcdefghijklmnopqrstuvw",
+            "abcdefghijklmnopqrstuvwx",
+            "abcdefghijklmnopqrstuvwx\0",
         ];
         let numbers = [0u64, 1, 255, 256, 0xFF00_0000_0000_0000, u64::MAX];
         let mut pairs = Vec::new();
@@ -812,13 +834,13 @@ mod tests {
         let mut string_pairs = Vec::new();
         for s in strings {
             for n in numbers {
-                pairs.push((s.to_string(), n));
+                pairs.push((SmolStr::new(s), n));
                 for t in strings {
-                    triples.push((s.to_string(), n, t.to_string()));
+                    triples.push((SmolStr::new(s), n, SmolStr::new(t)));
                 }
             }
             for t in strings {
-                string_pairs.push((s.to_string(), t.to_string()));
+                string_pairs.push((SmolStr::new(s), SmolStr::new(t)));
             }
         }
         fn check<K: TableKey>(keys: &[K]) {
@@ -829,12 +851,12 @@ mod tests {
                 }
             }
         }
-        check(&strings.map(String::from));
+        check(&strings.map(SmolStr::new));
         check(&numbers);
         check(&pairs);
         check(&triples);
         check(&string_pairs);
-        let timers: Vec<(u8, u64, String)> = triples
+        let timers: Vec<(u8, u64, SmolStr)> = triples
             .iter()
             .map(|(s, n, _)| (u8::try_from(s.len() % 7).unwrap_or(0), *n, s.clone()))
             .collect();
@@ -849,7 +871,7 @@ mod tests {
     #[test]
     fn ordered_string_refuses_bytes_it_never_writes() {
         for bad in [&[b'a'][..], &[0, 1], &[0xC3, 0, 0], &[0]] {
-            assert_eq!(String::from_ordered(&mut Bytes::new(bad)), None, "{bad:?}");
+            assert_eq!(SmolStr::from_ordered(&mut Bytes::new(bad)), None, "{bad:?}");
         }
     }
 
@@ -860,7 +882,7 @@ mod tests {
         for round in 0..40u64 {
             let mut m = Memtable::default();
             for i in 0..25u64 {
-                let id = format!("op-{}", (i * 7 + round * 3) % 31);
+                let id = SmolStr::from(format!("op-{}", (i * 7 + round * 3) % 31));
                 let value = (round % 3 != 0).then(|| format!("{round}:{i}").into_bytes());
                 m.set::<Receipts>(id.clone(), value);
                 m.set::<Events>((i * 13 + round) % 50, Some(vec![round as u8; i as usize]));
@@ -874,9 +896,9 @@ mod tests {
         // then deleted): staged, each replaces the change before it.
         for round in 0..30u64 {
             let mut m = Memtable::default();
-            m.set::<Meta>("state".to_string(), Some(vec![round as u8; 4]));
+            m.set::<Meta>("state".into(), Some(vec![round as u8; 4]));
             let receipt = (round % 4 != 3).then(|| vec![round as u8; 3]);
-            m.set::<Receipts>("op-busy".to_string(), receipt);
+            m.set::<Receipts>("op-busy".into(), receipt);
             records.push(m.encode());
         }
         records

@@ -6,6 +6,8 @@
 
 use std::ops::Bound;
 
+use smol_str::SmolStr;
+
 use super::TimerKind;
 use super::layers::Layered;
 use super::tables::{
@@ -25,14 +27,14 @@ use crate::types::OpResult;
 /// memtable, a redb snapshot).
 pub(crate) trait View: Layered {
     fn format(&self) -> Result<Option<FormatRecord>> {
-        match self.get::<Meta>(&"format".to_string())? {
+        match self.get::<Meta>(&SmolStr::new_static("format"))? {
             Some(v) => Ok(Some(decode_format(&v)?)),
             None => Ok(None),
         }
     }
 
     fn state(&self) -> Result<StateRecord> {
-        match self.get::<Meta>(&"state".to_string())? {
+        match self.get::<Meta>(&SmolStr::new_static("state"))? {
             Some(v) => decode_meta("state", &v),
             None => Err(Error::corrupt(
                 "meta",
@@ -45,7 +47,7 @@ pub(crate) trait View: Layered {
     /// Where the log's current cycle starts (`None` for a journal of format 1, which has
     /// no log).
     fn checkpoint(&self) -> Result<Option<CheckpointRecord>> {
-        match self.get::<Meta>(&"checkpoint".to_string())? {
+        match self.get::<Meta>(&SmolStr::new_static("checkpoint"))? {
             Some(v) => Ok(Some(decode_meta("checkpoint", &v)?)),
             None => Ok(None),
         }
@@ -178,7 +180,7 @@ pub(crate) trait View: Layered {
     /// the first id with `None`): a compaction that scans every receipt instead of looking
     /// each due one up (see `machine::compaction`).
     fn receipts_after(&self, after: Option<&str>, limit: usize) -> Result<Vec<ReceiptRecord>> {
-        let after = after.map(str::to_string);
+        let after = after.map(SmolStr::new);
         let lo = match &after {
             Some(id) => Bound::Excluded(id),
             None => Bound::Unbounded,
@@ -193,9 +195,9 @@ pub(crate) trait View: Layered {
 
     /// The `op_events` entries of the operations with ids from `first` to `last` (both
     /// included), in key order: one range for a run of operations adjacent in id order.
-    fn op_events_between(&self, first: &str, last: &str) -> Result<Vec<(String, u64)>> {
-        let lo = (first.to_string(), 0u64);
-        let hi = (last.to_string(), u64::MAX);
+    fn op_events_between(&self, first: &str, last: &str) -> Result<Vec<(SmolStr, u64)>> {
+        let lo = (SmolStr::new(first), 0u64);
+        let hi = (SmolStr::new(last), u64::MAX);
         let mut out = Vec::new();
         for entry in self.range::<OpEvents>(Bound::Included(&lo), Bound::Included(&hi))? {
             out.push(entry?.0);
@@ -204,9 +206,9 @@ pub(crate) trait View: Layered {
     }
 
     /// The operations recorded as holding `scope`'s lock.
-    fn holders(&self, scope: &str) -> Result<Vec<String>> {
-        let lo = (scope.to_string(), String::new());
-        let hi = (successor(scope), String::new());
+    fn holders(&self, scope: &str) -> Result<Vec<SmolStr>> {
+        let lo = (SmolStr::new(scope), SmolStr::default());
+        let hi = (successor(scope), SmolStr::default());
         let mut out = Vec::new();
         for entry in self.range::<Holds>(Bound::Included(&lo), Bound::Excluded(&hi))? {
             let ((s, op), ()) = entry?;
@@ -220,13 +222,13 @@ pub(crate) trait View: Layered {
 
     /// Window entries of `session` whose ack deadline is after `after`, oldest deadline
     /// first, at most `limit`.
-    fn window_after(&self, session: &str, after: u64, limit: usize) -> Result<Vec<(u64, String)>> {
+    fn window_after(&self, session: &str, after: u64, limit: usize) -> Result<Vec<(u64, SmolStr)>> {
         let mut out = Vec::new();
         if after == u64::MAX || limit == 0 {
             return Ok(out);
         }
-        let lo = (session.to_string(), after + 1, String::new());
-        let hi = (successor(session), 0, String::new());
+        let lo = (SmolStr::new(session), after + 1, SmolStr::default());
+        let hi = (successor(session), 0, SmolStr::default());
         for entry in self.range::<Windows>(Bound::Included(&lo), Bound::Excluded(&hi))? {
             let ((s, deadline, op), ()) = entry?;
             if s != session {
@@ -241,7 +243,7 @@ pub(crate) trait View: Layered {
     }
 
     /// Timers of `kind` due at or before `now`, earliest first, at most `limit`.
-    fn timers_due(&self, kind: TimerKind, now: u64, limit: usize) -> Result<Vec<(u64, String)>> {
+    fn timers_due(&self, kind: TimerKind, now: u64, limit: usize) -> Result<Vec<(u64, SmolStr)>> {
         self.timers_due_after(kind, None, now, limit)
     }
 
@@ -251,10 +253,10 @@ pub(crate) trait View: Layered {
     fn timers_due_after(
         &self,
         kind: TimerKind,
-        after: Option<&(u64, String)>,
+        after: Option<&(u64, SmolStr)>,
         now: u64,
         limit: usize,
-    ) -> Result<Vec<(u64, String)>> {
+    ) -> Result<Vec<(u64, SmolStr)>> {
         let k = kind as u8;
         let mut out = Vec::new();
         if limit == 0 {
@@ -262,7 +264,7 @@ pub(crate) trait View: Layered {
         }
         let (lo, lo_bound) = match after {
             Some((due, op)) => ((k, *due, op.clone()), true),
-            None => ((k, 0u64, String::new()), false),
+            None => ((k, 0u64, SmolStr::default()), false),
         };
         let lower = if lo_bound {
             Bound::Excluded(&lo)
@@ -274,8 +276,8 @@ pub(crate) trait View: Layered {
         // the loop sees a key past it, and compaction deletes timers of the other kinds and
         // of later dues as it goes, which each of its batches stepped over again.
         let hi = match (now.checked_add(1), k.checked_add(1)) {
-            (Some(next_due), _) => Some((k, next_due, String::new())),
-            (None, Some(next_kind)) => Some((next_kind, 0, String::new())),
+            (Some(next_due), _) => Some((k, next_due, SmolStr::default())),
+            (None, Some(next_kind)) => Some((next_kind, 0, SmolStr::default())),
             (None, None) => None,
         };
         let upper = hi.as_ref().map_or(Bound::Unbounded, Bound::Excluded);
@@ -328,9 +330,9 @@ impl<L: Layered> View for L {}
 /// The least string greater than `s`: `s` followed by a NUL. As the first field of an
 /// exclusive upper bound it ends the keys whose first field is `s`, so that a range read
 /// stops there instead of stepping over the next keys' deletions.
-fn successor(s: &str) -> String {
+fn successor(s: &str) -> SmolStr {
     let mut out = String::with_capacity(s.len() + 1);
     out.push_str(s);
     out.push('\0');
-    out
+    SmolStr::from(out)
 }

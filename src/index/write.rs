@@ -6,6 +6,8 @@
 
 use std::cell::RefCell;
 
+use smol_str::SmolStr;
+
 use super::TimerKind;
 use super::layers::{Base, Layered, Layers};
 use super::tables::{
@@ -165,7 +167,7 @@ impl<'a> WriteTables<'a> {
     pub(crate) fn put_event(&mut self, ev: &Event) -> Result<()> {
         self.set::<Events>(ev.seq, Some(codec::encode(RecordKind::Event, ev)));
         if let Some(op) = &ev.operation_id {
-            self.set::<OpEvents>((op.clone(), ev.seq), Some(()));
+            self.set::<OpEvents>((SmolStr::new(op), ev.seq), Some(()));
         }
         Ok(())
     }
@@ -190,7 +192,7 @@ impl<'a> WriteTables<'a> {
     /// entries in one range).
     pub(crate) fn drop_op_events(&mut self, op: &str, seqs: &[u64]) {
         for seq in seqs {
-            self.set::<OpEvents>((op.to_string(), *seq), None);
+            self.set::<OpEvents>((SmolStr::new(op), *seq), None);
         }
     }
 
@@ -221,7 +223,7 @@ impl<'a> WriteTables<'a> {
             Some(&rec),
             "a receipt must decode to the record that was encoded"
         );
-        self.set::<Receipts>(rec.operation_id.clone(), Some(value));
+        self.set::<Receipts>(SmolStr::new(&rec.operation_id), Some(value));
         self.memo.set(Memo::Present(rec));
         Ok(())
     }
@@ -239,14 +241,14 @@ impl<'a> WriteTables<'a> {
     }
 
     pub(crate) fn delete_receipt(&mut self, id: &str) -> Result<()> {
-        self.set::<Receipts>(id.to_string(), None);
+        self.set::<Receipts>(SmolStr::new(id), None);
         self.memo.set(Memo::Absent(id.to_string()));
         Ok(())
     }
 
     pub(crate) fn put_scope(&mut self, rec: &ScopeRecord) -> Result<()> {
         self.set::<Scopes>(
-            rec.scope.clone(),
+            SmolStr::new(&rec.scope),
             Some(codec::encode(RecordKind::Scope, rec)),
         );
         Ok(())
@@ -270,7 +272,7 @@ impl<'a> WriteTables<'a> {
                 });
                 named.then(|| [head, &frame].concat())
             })? {
-                self.set::<Receipts>(id.to_string(), Some(value));
+                self.set::<Receipts>(SmolStr::new(id), Some(value));
                 return Ok(());
             }
         }
@@ -304,13 +306,13 @@ impl<'a> WriteTables<'a> {
     }
 
     fn index_entry(&mut self, op: &str, entry: &IndexEntry, value: Option<()>) {
-        let op = op.to_string();
+        let op = SmolStr::new(op);
         match entry {
             IndexEntry::Timer(kind, due) => self.set::<Timers>((*kind as u8, *due, op), value),
             IndexEntry::Window(session, deadline) => {
-                self.set::<Windows>((session.clone(), *deadline, op), value)
+                self.set::<Windows>((SmolStr::new(session), *deadline, op), value)
             }
-            IndexEntry::Hold(scope) => self.set::<Holds>((scope.clone(), op), value),
+            IndexEntry::Hold(scope) => self.set::<Holds>((SmolStr::new(scope), op), value),
             IndexEntry::InDoubt => self.set::<InDoubt>(op, value),
         }
     }

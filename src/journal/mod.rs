@@ -703,7 +703,7 @@ impl Journal {
                     .tables
                     .timers_due(TimerKind::Redeliver, now.0, limit.saturating_mul(4).max(64))?
                     .into_iter()
-                    .map(|(_, id)| id)
+                    .map(|(_, id)| id.to_string())
                     .collect();
                 // A pending (not yet committed) delivery moves its next push, which the timer index
                 // does not show until the delivery is committed.
@@ -750,10 +750,10 @@ impl Journal {
                     .tables
                     .timers_due(TimerKind::Lease, now.0, usize::MAX)?
                 {
-                    ids.push(id);
+                    ids.push(id.to_string());
                 }
                 for entry in snap.tables.all::<index::InDoubt>()? {
-                    ids.push(entry?.0);
+                    ids.push(entry?.0.to_string());
                 }
                 let mut out = Vec::new();
                 for id in ids {

@@ -61,7 +61,7 @@ fn check_fresh<V: View>(v: &V, now: Timestamp, cfg: &Config, op: &Operation) -> 
             {
                 return Err(Error::new(ErrorKind::ScopeBusy {
                     scope: scope.clone(),
-                    holder,
+                    holder: holder.to_string(),
                 }));
             }
         }
@@ -75,7 +75,7 @@ fn check_fresh<V: View>(v: &V, now: Timestamp, cfg: &Config, op: &Operation) -> 
             return Err(Error::new(ErrorKind::WindowFull {
                 session: session.clone(),
                 limit: cfg.session_window,
-                oldest: oldest.clone(),
+                oldest: oldest.to_string(),
                 frees_at: Timestamp(*deadline),
             }));
         }

@@ -1,6 +1,8 @@
 //! One compaction batch: firing due timers, after a scan of every receipt in id order when
 //! most of them are due (see [`scan_pays`]).
 
+use smol_str::SmolStr;
+
 use super::Ctx;
 
 use crate::error::Result;
@@ -25,7 +27,7 @@ const FIRED_KINDS: [TimerKind; 5] = [
 /// already past when it was set) waits for the next run; reads apply the clocks anyway.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Resume {
-    timers: [Option<(u64, String)>; FIRED_KINDS.len()],
+    timers: [Option<(u64, SmolStr)>; FIRED_KINDS.len()],
     scope: Option<(u64, u64)>,
     scan: Scan,
 }

@@ -314,7 +314,7 @@ fn initialize_writes_once_of_several_at_once() {
     let (r, _) = pg.read().expect("read");
     assert_eq!(r.count(Meta::ID).expect("count"), 2);
     let mut key = Vec::new();
-    crate::index::TableKey::to_ordered(&"format".to_string(), &mut key);
+    crate::index::TableKey::to_ordered(&smol_str::SmolStr::new("format"), &mut key);
     assert_eq!(r.get(Meta::ID, &key).expect("get"), Some(b"v1".to_vec()));
 }
 

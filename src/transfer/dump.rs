@@ -202,7 +202,7 @@ fn write_dump(snap: &index::Snapshot<'_>, out: &mut dyn Write) -> Result<DumpRep
         if let ExecRecord::Done(d) = &rec.state
             && let Some(seq) = d.result_seq
         {
-            inline.push((seq, k));
+            inline.push((seq, k.to_string()));
         }
     }
     inline.sort_unstable();
@@ -534,7 +534,7 @@ fn import(mut reader: impl BufRead, dest: &Path) -> Result<ImportReport> {
                 && let Some(seq) = d.result_seq
                 && !snap.result_stored(&k, seq)?
             {
-                return Ok(Some((k, seq)));
+                return Ok(Some((k.to_string(), seq)));
             }
         }
         Ok(None)

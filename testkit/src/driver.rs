@@ -236,9 +236,22 @@ impl Workload {
             old_claims: Vec::new(),
             applications: BTreeMap::new(),
             generations: BTreeMap::new(),
-            ids: (0..6).map(|i| format!("op-{i}")).collect(),
-            scopes: vec!["scene/a".into(), "scene/b".into()],
-            sessions: vec!["tab-1".into(), "tab-2".into()],
+            // Half the ids, one scope and one session longer than 23 bytes: the tables keep
+            // shorter strings inline and longer ones shared, and both must behave alike.
+            ids: (0..6)
+                .map(|i| match i {
+                    0..3 => format!("op-{i}"),
+                    _ => format!("op-{i}-0f8fad5b-d9cb-469f-a165-70867728950e"),
+                })
+                .collect(),
+            scopes: vec![
+                "scene/a".into(),
+                "scene/b/a-scope-name-of-some-length".into(),
+            ],
+            sessions: vec![
+                "tab-1".into(),
+                "tab-2-of-a-window-with-a-long-session-id".into(),
+            ],
             focus: None,
             verbose: false,
         }

@@ -87,9 +87,18 @@ pub const MAX_OPS: usize = 96;
 /// Reopens per input, at most.
 pub const MAX_REOPENS: usize = 6;
 
-const IDS: [&str; 6] = ["op-0", "op-1", "op-2", "op-3", "op-4", "op-5"];
-const SCOPES: [&str; 2] = ["scene/a", "scene/b"];
-const SESSIONS: [&str; 2] = ["tab-1", "tab-2"];
+// Half the ids, one scope and one session longer than 23 bytes: the tables keep shorter
+// strings inline and longer ones shared, and both must behave alike.
+const IDS: [&str; 6] = [
+    "op-0",
+    "op-1",
+    "op-2",
+    "op-3-0f8fad5b-d9cb-469f-a165-70867728950e",
+    "op-4-0f8fad5b-d9cb-469f-a165-70867728950e",
+    "op-5-0f8fad5b-d9cb-469f-a165-70867728950e",
+];
+const SCOPES: [&str; 2] = ["scene/a", "scene/b/a-scope-name-of-some-length"];
+const SESSIONS: [&str; 2] = ["tab-1", "tab-2-of-a-window-with-a-long-session-id"];
 
 /// Where the session's journal keeps its tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,6 +3,7 @@
 //! taken with evidence (see `events` and `results`); a copy of a receipt is never taken
 //! as it is, only as the evidence that its operation existed.
 
+use smol_str::SmolStr;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 
@@ -48,7 +49,10 @@ impl Candidates {
                 }
                 RecordKind::Receipt => {
                     if let Ok(rec) = index::decode_receipt_frame(frame)
-                        && gaps.receipts.iter().any(|g| g.contains(&rec.operation_id))
+                        && gaps
+                            .receipts
+                            .iter()
+                            .any(|g| g.contains(&SmolStr::new(&rec.operation_id)))
                     {
                         match c.receipts.get_mut(&rec.operation_id) {
                             Some(old) if later_receipt(&rec, old) => *old = rec,
@@ -138,7 +142,7 @@ pub(super) struct TableGaps {
     pub(super) results: Vec<Gap<u64>>,
     pub(super) result_keys: BTreeSet<u64>,
     /// The receipts table's unreadable ranges.
-    pub(super) receipts: Vec<Gap<String>>,
+    pub(super) receipts: Vec<Gap<SmolStr>>,
     pub(super) meta: bool,
 }
 

@@ -3,6 +3,7 @@
 //! whose history is incomplete (in doubt, or retired when their result was lost); every
 //! scope compared with its recorded revision, which never moves back.
 
+use smol_str::SmolStr;
 use std::collections::BTreeSet;
 
 use crate::clock::Timestamp;
@@ -29,24 +30,25 @@ impl<'s> Build<'s> {
         // Every operation of the new file, in id order (what phase 1 built, written out:
         // nothing below writes until the actions are applied).
         self.out.flush(false)?;
-        let ids_of_new = |b: &Build<'_>, from: Option<&String>, n: usize| -> Result<Vec<String>> {
-            b.out.view(|snap| {
-                let lo = match from {
-                    Some(f) => std::ops::Bound::Excluded(f),
-                    None => std::ops::Bound::Unbounded,
-                };
-                let mut out = Vec::new();
-                for entry in snap.range::<index::Receipts>(lo, std::ops::Bound::Unbounded)? {
-                    out.push(entry?.0);
-                    if out.len() >= n {
-                        break;
+        let ids_of_new =
+            |b: &Build<'_>, from: Option<&SmolStr>, n: usize| -> Result<Vec<SmolStr>> {
+                b.out.view(|snap| {
+                    let lo = match from {
+                        Some(f) => std::ops::Bound::Excluded(f),
+                        None => std::ops::Bound::Unbounded,
+                    };
+                    let mut out = Vec::new();
+                    for entry in snap.range::<index::Receipts>(lo, std::ops::Bound::Unbounded)? {
+                        out.push(entry?.0);
+                        if out.len() >= n {
+                            break;
+                        }
                     }
-                }
-                Ok(out)
-            })
-        };
+                    Ok(out)
+                })
+            };
         let mut checked: BTreeSet<String> = BTreeSet::new();
-        let mut last: Option<String> = None;
+        let mut last: Option<SmolStr> = None;
         loop {
             let ids = ids_of_new(self, last.as_ref(), 1024)?;
             let Some(l) = ids.last().cloned() else { break };
@@ -54,8 +56,8 @@ impl<'s> Build<'s> {
                 if let Some(a) = self.compare_one(&id, dropped_ops, None)? {
                     actions.push(a);
                 }
-                if self.damaged.contains_key(&id) || dropped_ops.contains(&id) {
-                    checked.insert(id);
+                if self.damaged.contains_key(id.as_str()) || dropped_ops.contains(id.as_str()) {
+                    checked.insert(id.to_string());
                 }
             }
             last = Some(l);
@@ -70,15 +72,15 @@ impl<'s> Build<'s> {
                 |op: &str| -> Result<bool> { Ok(out.view(|snap| snap.receipt(op))?.is_none()) };
             let g1 = src.read_table::<index::Receipts>(|k, _| {
                 if missing(&k)? {
-                    known.insert(k);
+                    known.insert(k.to_string());
                 }
                 Ok(())
             })?;
-            let mut last_op: Option<String> = None;
+            let mut last_op: Option<SmolStr> = None;
             let g2 = src.read_table::<index::OpEvents>(|(op, _), ()| {
                 if last_op.as_deref() != Some(op.as_str()) {
                     if missing(&op)? {
-                        known.insert(op.clone());
+                        known.insert(op.to_string());
                     }
                     last_op = Some(op);
                 }

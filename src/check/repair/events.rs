@@ -4,6 +4,7 @@
 //! operation's history, or does not decode, is quarantined; a raw candidate is taken only
 //! with evidence that it is live.
 
+use smol_str::SmolStr;
 use std::collections::BTreeSet;
 
 use crate::clock::Timestamp;
@@ -159,7 +160,7 @@ impl<'s> Build<'s> {
                             for entry in v.all::<index::OpEvents>()? {
                                 let ((op, s), ()) = entry?;
                                 if s == seq {
-                                    owner = Some(op);
+                                    owner = Some(op.to_string());
                                     break;
                                 }
                             }
@@ -185,7 +186,7 @@ impl<'s> Build<'s> {
     pub(super) fn candidate(&mut self, ev: Event) -> Result<Option<Pending>> {
         let evidence: std::result::Result<bool, ()> = match (&ev.operation_id, &ev.kind) {
             (Some(op), _) => {
-                let key = (op.clone(), ev.seq);
+                let key = (SmolStr::new(op), ev.seq);
                 match self.src.view(|v| v.get::<index::OpEvents>(&key)) {
                     Ok(Some(())) => Ok(true),
                     // Absent where the index could not be read proves nothing.

@@ -59,10 +59,10 @@ pub(super) fn absorb_log(src: &mut Source, report: &mut RepairReport) -> Result<
                 let mut m = Memtable::default();
                 if m.apply_encoded(r.payload).is_ok() {
                     for op in index::Receipts::map(&m).keys() {
-                        dropped_ops.insert(op.clone());
+                        dropped_ops.insert(op.to_string());
                     }
                     for (op, _) in index::OpEvents::map(&m).keys() {
-                        dropped_ops.insert(op.clone());
+                        dropped_ops.insert(op.to_string());
                     }
                 }
                 records += 1;
@@ -130,10 +130,10 @@ pub(super) fn absorb_log(src: &mut Source, report: &mut RepairReport) -> Result<
     report.log_records = records;
     let note_ops = |m: &Memtable, ops: &mut BTreeSet<String>| {
         for op in index::Receipts::map(m).keys() {
-            ops.insert(op.clone());
+            ops.insert(op.to_string());
         }
         for (op, _) in index::OpEvents::map(m).keys() {
-            ops.insert(op.clone());
+            ops.insert(op.to_string());
         }
     };
     if let Some((lsn, detail)) = &bad {

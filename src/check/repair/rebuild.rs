@@ -2,6 +2,7 @@
 //! known of each damaged operation while the phases run (`events`, `results`, `compare`),
 //! then writes the meta records and commits durably ([`Build::finish`]).
 
+use smol_str::SmolStr;
 use std::collections::{BTreeMap, BTreeSet};
 
 use redb::Database;
@@ -56,7 +57,7 @@ pub(super) struct Build<'s> {
     pub(super) wanted: TableGaps,
     /// The ranges of the file's `op_events` index that could not be read (known when raw
     /// candidates are weighed: an entry there is not evidence either way).
-    pub(super) op_event_gaps: Vec<Gap<(String, u64)>>,
+    pub(super) op_event_gaps: Vec<Gap<(SmolStr, u64)>>,
     pub(super) cfg: Config,
 }
 
@@ -216,15 +217,15 @@ impl<'s> Build<'s> {
 
     /// Quarantines the values of a table keyed by name that `check` refuses, and reports
     /// its unreadable ranges (which it returns).
-    pub(super) fn check_values<T: Table<K = String, V = Vec<u8>>>(
+    pub(super) fn check_values<T: Table<K = SmolStr, V = Vec<u8>>>(
         &mut self,
         table: &str,
         check: impl Fn(&str, &[u8]) -> Result<()>,
-    ) -> Result<Vec<Gap<String>>> {
+    ) -> Result<Vec<Gap<SmolStr>>> {
         let mut bad: Vec<(String, String, Vec<u8>)> = Vec::new();
         let gaps = self.src.read_table::<T>(|k, v| {
             if let Err(e) = check(&k, &v) {
-                bad.push((k, corrupt_detail(&e), v));
+                bad.push((k.to_string(), corrupt_detail(&e), v));
             }
             Ok(())
         })?;

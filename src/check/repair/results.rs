@@ -3,6 +3,7 @@
 //! refers to it and its retention has not passed. A payload that retention dropped is
 //! never revived.
 
+use smol_str::SmolStr;
 use std::collections::BTreeMap;
 
 use crate::error::Result;
@@ -40,8 +41,8 @@ impl<'s> Build<'s> {
         }
         // Results stored inline in the source's receipts (format 3). A damaged receipt's
         // result is looked for in the raw bytes, as any damaged value's is.
-        let mut after_id: Option<String> = None;
-        let mut receipts: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut after_id: Option<SmolStr> = None;
+        let mut receipts: Vec<(SmolStr, Vec<u8>)> = Vec::new();
         loop {
             let chunk =
                 self.src

@@ -3,6 +3,7 @@
 //! as the writer does (one entry per scope in memory) and checking the scope timers of the
 //! revision events that stop anchoring their scope.
 
+use smol_str::SmolStr;
 use std::collections::BTreeMap;
 
 use crate::clock::Timestamp;
@@ -27,7 +28,7 @@ pub(super) fn check_meta<V: View>(
 ) -> Option<crate::record::StateRecord> {
     let mut state = None;
     for key in ["format", "state", "checkpoint"] {
-        let got = match t.get::<index::Meta>(&key.to_string()) {
+        let got = match t.get::<index::Meta>(&SmolStr::new(key)) {
             Ok(v) => v,
             Err(e) => {
                 findings.push(finding_of(&e, "meta", key));
@@ -56,7 +57,7 @@ pub(super) fn check_meta<V: View>(
     }
     // Deferred purges (see `index::purged`): a damaged entry leaves purged events and
     // results indistinguishable from live ones.
-    match t.get::<index::Meta>(&index::purged::KEY.to_string()) {
+    match t.get::<index::Meta>(&SmolStr::new_static(index::purged::KEY)) {
         Ok(Some(v)) => {
             if let Err(e) = index::purged::Purged::decode(&v) {
                 findings.add("meta", index::purged::KEY, corrupt_detail(&e));
@@ -169,7 +170,7 @@ pub(super) fn check_events<V: View>(
         }
         last_at = ev.at;
         if let Some(op) = &ev.operation_id {
-            let key = (op.clone(), seq);
+            let key = (SmolStr::new(op), seq);
             match t.get::<index::OpEvents>(&key)? {
                 Some(()) => {}
                 None => findings.add(

@@ -346,24 +346,24 @@ fn check_tables<V: View>(
     pass("timers", findings, |findings| {
         check_index::<index::Timers>(t, report, findings, |(k, due, op)| {
             Some((
-                op.clone(),
+                op.to_string(),
                 IndexEntry::Timer(TimerKind::from_byte(*k)?, *due),
             ))
         })
     })?;
     pass("windows", findings, |findings| {
         check_index::<index::Windows>(t, report, findings, |(s, deadline, op)| {
-            Some((op.clone(), IndexEntry::Window(s.clone(), *deadline)))
+            Some((op.to_string(), IndexEntry::Window(s.to_string(), *deadline)))
         })
     })?;
     pass("scope_holds", findings, |findings| {
         check_index::<index::Holds>(t, report, findings, |(scope, op)| {
-            Some((op.clone(), IndexEntry::Hold(scope.clone())))
+            Some((op.to_string(), IndexEntry::Hold(scope.to_string())))
         })
     })?;
     pass("in_doubt", findings, |findings| {
         check_index::<index::InDoubt>(t, report, findings, |op| {
-            Some((op.clone(), IndexEntry::InDoubt))
+            Some((op.to_string(), IndexEntry::InDoubt))
         })
     })?;
     pass("scope_timers", findings, |findings| {

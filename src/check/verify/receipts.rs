@@ -7,26 +7,27 @@ use crate::error::Result;
 use crate::index::{self, IndexEntry, Layered, TableKey, View};
 use crate::machine;
 use crate::record::ExecRecord;
+use smol_str::SmolStr;
 
 use super::events::fold;
 use super::{Findings, VerifyReport, corrupt_detail, describe};
 
 fn index_key(op: &str, e: &IndexEntry) -> (&'static str, String) {
-    let op = op.to_string();
+    let op = SmolStr::new(op);
     match e {
         IndexEntry::Timer(kind, due) => ("timers", (*kind as u8, *due, op).show()),
-        IndexEntry::Window(s, d) => ("windows", (s.clone(), *d, op).show()),
-        IndexEntry::Hold(scope) => ("scope_holds", (scope.clone(), op).show()),
-        IndexEntry::InDoubt => ("in_doubt", op),
+        IndexEntry::Window(s, d) => ("windows", (SmolStr::new(s), *d, op).show()),
+        IndexEntry::Hold(scope) => ("scope_holds", (SmolStr::new(scope), op).show()),
+        IndexEntry::InDoubt => ("in_doubt", op.to_string()),
     }
 }
 
 fn index_present<V: Layered>(t: &V, op: &str, e: &IndexEntry) -> Result<bool> {
-    let op = op.to_string();
+    let op = SmolStr::new(op);
     Ok(match e {
         IndexEntry::Timer(kind, due) => t.get::<index::Timers>(&(*kind as u8, *due, op))?,
-        IndexEntry::Window(s, d) => t.get::<index::Windows>(&(s.clone(), *d, op))?,
-        IndexEntry::Hold(scope) => t.get::<index::Holds>(&(scope.clone(), op))?,
+        IndexEntry::Window(s, d) => t.get::<index::Windows>(&(SmolStr::new(s), *d, op))?,
+        IndexEntry::Hold(scope) => t.get::<index::Holds>(&(SmolStr::new(scope), op))?,
         IndexEntry::InDoubt => t.get::<index::InDoubt>(&op)?,
     }
     .is_some())
@@ -115,7 +116,7 @@ pub(super) fn check_receipts<V: View>(
         };
         if let Some((d, seq)) = kept {
             let stored_result = match tail {
-                Some(_) => inline.map(|r| (id.clone(), r.changed_assets, r.bytes)),
+                Some(_) => inline.map(|r| (id.to_string(), r.changed_assets, r.bytes)),
                 None => match t.get::<index::Results>(&seq)? {
                     None => {
                         findings.add(
@@ -138,7 +139,7 @@ pub(super) fn check_receipts<V: View>(
                     || changed_assets.len() as u32 != d.result.assets)
             {
                 let (table, key) = match tail {
-                    Some(_) => ("receipts", id.clone()),
+                    Some(_) => ("receipts", id.to_string()),
                     None => ("results", seq.to_string()),
                 };
                 findings.add(

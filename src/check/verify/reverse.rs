@@ -19,7 +19,7 @@ pub(super) fn check_op_events<V: View>(
     report: &mut VerifyReport,
     findings: &mut Findings,
 ) -> Result<()> {
-    let mut last_op: Option<String> = None;
+    let mut last_op: Option<smol_str::SmolStr> = None;
     for entry in t.all::<index::OpEvents>()? {
         let ((op, seq), ()) = entry?;
         report.index_entries += 1;
