@@ -3,9 +3,10 @@
 //! taken with evidence (see `events` and `results`); a copy of a receipt is never taken
 //! as it is, only as the evidence that its operation existed.
 
-use smol_str::SmolStr;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
+
+use smol_str::SmolStr;
 
 use crate::codec::{self, RecordKind};
 use crate::error::Result;

@@ -3,8 +3,9 @@
 //! whose history is incomplete (in doubt, or retired when their result was lost); every
 //! scope compared with its recorded revision, which never moves back.
 
-use smol_str::SmolStr;
 use std::collections::BTreeSet;
+
+use smol_str::SmolStr;
 
 use crate::clock::Timestamp;
 use crate::error::Result;

@@ -4,8 +4,9 @@
 //! operation's history, or does not decode, is quarantined; a raw candidate is taken only
 //! with evidence that it is live.
 
-use smol_str::SmolStr;
 use std::collections::BTreeSet;
+
+use smol_str::SmolStr;
 
 use crate::clock::Timestamp;
 use crate::codec::{self, RecordKind};

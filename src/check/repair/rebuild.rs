@@ -2,10 +2,10 @@
 //! known of each damaged operation while the phases run (`events`, `results`, `compare`),
 //! then writes the meta records and commits durably ([`Build::finish`]).
 
-use smol_str::SmolStr;
 use std::collections::{BTreeMap, BTreeSet};
 
 use redb::Database;
+use smol_str::SmolStr;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::codec::{self, FORMAT_VERSION, RecordKind};

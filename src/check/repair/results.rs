@@ -3,8 +3,9 @@
 //! refers to it and its retention has not passed. A payload that retention dropped is
 //! never revived.
 
-use smol_str::SmolStr;
 use std::collections::BTreeMap;
+
+use smol_str::SmolStr;
 
 use crate::error::Result;
 use crate::index::{self, Layered, View};

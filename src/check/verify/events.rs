@@ -3,8 +3,9 @@
 //! as the writer does (one entry per scope in memory) and checking the scope timers of the
 //! revision events that stop anchoring their scope.
 
-use smol_str::SmolStr;
 use std::collections::BTreeMap;
+
+use smol_str::SmolStr;
 
 use crate::clock::Timestamp;
 use crate::error::{ErrorKind, Result};

@@ -3,11 +3,12 @@
 //! implies, and its result (inline or in `results`), which must match the length, CRC and
 //! asset count its completion recorded.
 
+use smol_str::SmolStr;
+
 use crate::error::Result;
 use crate::index::{self, IndexEntry, Layered, TableKey, View};
 use crate::machine;
 use crate::record::ExecRecord;
-use smol_str::SmolStr;
 
 use super::events::fold;
 use super::{Findings, VerifyReport, corrupt_detail, describe};
