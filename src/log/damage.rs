@@ -90,6 +90,11 @@ fn probe(
         let crc = record_crc(prev, &head[0..24], &payload);
         match (crc == stored, problem.as_deref()) {
             (true, None) => return Ok(Probe::Valid { end, crc }),
+            // A torn append whose header straddles a sector boundary: the sector holding
+            // the header's first bytes did not land (they read zero, as the writer left
+            // the tail) while the next one did. Mended, they are the expected ones, so
+            // the CRC holds; the record was never synced, so it is no damage.
+            (true, Some(_)) if torn_header_start(&rh, &head, at) => return Ok(Probe::End),
             (true, Some(p)) => {
                 return Ok(Probe::Damaged {
                     why: format!("its header is damaged ({p}), while its CRC holds"),
@@ -184,6 +189,16 @@ fn probe(
 
 /// Whether a [`SECTOR`]-aligned sector overlapping `at..end` (read whole, up to `len`) is
 /// all zero: what a power cut leaves of a sector of a record that did not land.
+/// Whether `found`, a record header at `at` that reads as `expected` once its fixed fields
+/// are mended, differs from it only in bytes that a torn write leaves blank: it straddles
+/// a sector boundary, its bytes before the boundary are all zero and the rest match.
+fn torn_header_start(found: &[u8], expected: &[u8], at: u64) -> bool {
+    let in_first = usize::try_from(SECTOR - at % SECTOR).unwrap_or(usize::MAX);
+    in_first < found.len()
+        && found[..in_first].iter().all(|b| *b == 0)
+        && found[in_first..] == expected[in_first..]
+}
+
 fn has_blank_sector(storage: &dyn LogStorage, len: u64, at: u64, end: u64) -> io::Result<bool> {
     let from = at / SECTOR * SECTOR;
     let to = end.div_ceil(SECTOR).saturating_mul(SECTOR).min(len);
