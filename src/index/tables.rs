@@ -122,9 +122,18 @@ impl<'a> Bytes<'a> {
         Some(u64::from_be_bytes(a))
     }
 
-    /// A string written by [`put_ordered_str`], as a key.
+    /// A string written by [`put_ordered_str`], as a key. A string without 0x00 bytes (ids,
+    /// sessions and scopes are) is its bytes up to the ending 0x00 0x00, read in place:
+    /// no allocation for one of up to 23 bytes.
     pub(crate) fn ordered_smol(&mut self) -> Option<SmolStr> {
-        self.ordered_str().map(SmolStr::from)
+        let zero = self.buf.iter().position(|b| *b == 0)?;
+        if self.buf.get(zero + 1) != Some(&0) {
+            // An escaped 0x00 (or bytes this encoding never writes): the general reading.
+            return self.ordered_str().map(SmolStr::from);
+        }
+        let s = std::str::from_utf8(self.take(zero)?).ok()?;
+        self.take(2)?;
+        Some(SmolStr::new(s))
     }
 
     /// A string written by [`put_ordered_str`].
