@@ -187,8 +187,6 @@ fn probe(
     Ok(Probe::End)
 }
 
-/// Whether a [`SECTOR`]-aligned sector overlapping `at..end` (read whole, up to `len`) is
-/// all zero: what a power cut leaves of a sector of a record that did not land.
 /// Whether `found`, a record header at `at` that reads as `expected` once its fixed fields
 /// are mended, differs from it only in bytes that a torn write leaves blank: it straddles
 /// a sector boundary, its bytes before the boundary are all zero and the rest match.
@@ -199,6 +197,8 @@ fn torn_header_start(found: &[u8], expected: &[u8], at: u64) -> bool {
         && found[in_first..] == expected[in_first..]
 }
 
+/// Whether a [`SECTOR`]-aligned sector overlapping `at..end` (read whole, up to `len`) is
+/// all zero: what a power cut leaves of a sector of a record that did not land.
 fn has_blank_sector(storage: &dyn LogStorage, len: u64, at: u64, end: u64) -> io::Result<bool> {
     let from = at / SECTOR * SECTOR;
     let to = end.div_ceil(SECTOR).saturating_mul(SECTOR).min(len);
