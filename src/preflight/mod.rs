@@ -40,6 +40,7 @@ pub(crate) mod reading;
 pub(crate) mod system_tree;
 #[cfg(test)]
 mod test_files;
+mod warm;
 
 pub(crate) use guard::{close_unwritten, guarded};
 pub(crate) use page_numbers::{Depth, PagesChecked};
@@ -66,16 +67,42 @@ pub(crate) fn check_file(path: &Path, depth: impl Fn(u64) -> Depth) -> Result<Pa
         tries += 1;
         // One handle per try: the slots before the walk, the walk, and, only when it
         // refuses, the slots again.
-        let (walked, slots_changed) = on_file(path, |len, read| {
-            let before = header::header_of(len, read)?;
-            let walked = page_numbers::check_page_numbers(len, read, depth(len));
-            let changed = walked.is_err() && header::header_of(len, read)? != before;
-            Ok((walked, changed))
-        })?;
+        let file = std::fs::File::open(path).map_err(Error::io)?;
+        let len = file.metadata().map_err(Error::io)?.len();
+        let depth = depth(len);
+        // After a reboot the walk would wait for the device page by page (see `warm`).
+        let cold =
+            tries == 1 && warm::is_cold(len, &mut |at, buf| reading::read_exact_at(&file, buf, at));
+        let (walked, slots_changed) = walk_file(&file, len, depth, cold)?;
         if !(slots_changed && tries < 3) {
             return walked;
         }
     }
+}
+
+/// One try of [`check_file`] on `file`: the walk's answer, and whether the commit slots
+/// changed during a walk that refused (a live writer committed meanwhile). A `cold` file is
+/// read ahead of the walk as its depth suits (see `warm`).
+fn walk_file(
+    file: &std::fs::File,
+    len: u64,
+    depth: Depth,
+    cold: bool,
+) -> Result<(Result<PagesChecked>, bool)> {
+    let mut read = |at, buf: &mut [u8]| reading::read_exact_at(file, buf, at);
+    if cold && depth == Depth::Full {
+        warm::read_ahead(len, &mut read);
+    }
+    let before = header::header_of(len, &mut read)?;
+    let walked = if cold && depth == Depth::Branches {
+        warm::prefetching(file, |prefetch| {
+            page_numbers::check_page_numbers_prefetching(len, &mut read, depth, prefetch)
+        })
+    } else {
+        page_numbers::check_page_numbers(len, &mut read, depth)
+    };
+    let slots_changed = walked.is_err() && header::header_of(len, &mut read)? != before;
+    Ok((walked, slots_changed))
 }
 
 /// Checks redb's system tree in the file at `path` (see [`system_tree::check`]), read
@@ -114,4 +141,61 @@ fn on_file<R>(path: &Path, check: impl FnOnce(u64, &mut ReadAt<'_>) -> Result<R>
     let file = std::fs::File::open(path).map_err(Error::io)?;
     let len = file.metadata().map_err(Error::io)?.len();
     check(len, &mut |at, buf| reading::read_exact_at(&file, buf, at))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preflight::test_files::journal_file;
+
+    /// The walk of `path` at `depth`, as a cold file is walked and as a warm one is.
+    fn both_ways(path: &Path, depth: Depth) -> [Result<PagesChecked>; 2] {
+        [true, false].map(|cold| {
+            let file = std::fs::File::open(path).expect("open");
+            let len = file.metadata().expect("metadata").len();
+            walk_file(&file, len, depth, cold).expect("read").0
+        })
+    }
+
+    #[test]
+    fn a_cold_file_is_checked_as_a_warm_one_at_either_depth() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = journal_file(dir.path());
+        for depth in [Depth::Full, Depth::Branches] {
+            let [cold, warm] = both_ways(&path, depth);
+            let (cold, warm) = (cold.expect("intact"), warm.expect("intact"));
+            assert_eq!(cold, warm, "{depth:?}");
+            assert!(cold.pages > 0, "{depth:?} {cold:?}");
+        }
+    }
+
+    #[test]
+    fn a_cold_file_with_a_child_outside_it_is_refused_as_a_warm_one_is() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = journal_file(dir.path());
+        let mut bytes = std::fs::read(&path).expect("read");
+        // Every page that starts as a branch gets a last child past the file's pages (as
+        // in `page_numbers`' tests), the reachable ones among them.
+        let page = layout::PAGE_SIZE as usize;
+        let mut damaged = 0;
+        for at in (page..bytes.len()).step_by(page) {
+            if bytes[at] != page::BRANCH {
+                continue;
+            }
+            let keys = usize::from(page::u16_at(&bytes, at + 2).expect("key count"));
+            let child = at + 8 + 16 * (keys + 1) + 8 * keys;
+            if child + 8 <= at + page {
+                bytes[child..child + 8].copy_from_slice(&0x000F_FFFFu64.to_le_bytes());
+                damaged += 1;
+            }
+        }
+        assert!(damaged > 0);
+        std::fs::write(&path, &bytes).expect("write");
+        for depth in [Depth::Full, Depth::Branches] {
+            let [cold, warm] = both_ways(&path, depth);
+            let (cold, warm) = (cold.expect_err("cut"), warm.expect_err("cut"));
+            assert_eq!(cold.to_string(), warm.to_string(), "{depth:?}");
+            assert!(cold.to_string().contains("outside the file"), "{cold}");
+        }
+    }
 }
