@@ -20,7 +20,8 @@
 //!
 //! Laid out as redb lays out its `page_store`: the header and its commit slots
 //! ([`header`]), where the pages are ([`layout`]), what a page holds ([`page`]), and the two
-//! walks over them ([`system_tree`], [`page_numbers`]). It knows redb's file format (file
+//! walks over them ([`system_tree`], [`page_numbers`]), with the reads ahead of a walk
+//! over a file the page cache does not hold ([`warm`]). It knows redb's file format (file
 //! format 3, redb 3 and 4, as described in redb's `header.rs`, `layout.rs` and
 //! `btree_base.rs`), not the journal's tables: the index (`crate::index`) is what reads
 //! those, after pre-flight passed. A file these checks do not understand (another page
