@@ -74,7 +74,7 @@ pub(crate) fn check_file(path: &Path, depth: impl Fn(u64) -> Depth) -> Result<Pa
         // After a reboot the walk would wait for the device page by page (see `warm`).
         let cold =
             tries == 1 && warm::is_cold(len, &mut |at, buf| reading::read_exact_at(&file, buf, at));
-        let (walked, slots_changed) = walk_file(&file, len, depth, cold)?;
+        let (walked, slots_changed) = walk_file(&file, len, depth, cold, warm::READ_AHEAD_MAX)?;
         if !(slots_changed && tries < 3) {
             return walked;
         }
@@ -83,19 +83,22 @@ pub(crate) fn check_file(path: &Path, depth: impl Fn(u64) -> Depth) -> Result<Pa
 
 /// One try of [`check_file`] on `file`: the walk's answer, and whether the commit slots
 /// changed during a walk that refused (a live writer committed meanwhile). A `cold` file is
-/// read ahead of the walk as its depth suits (see `warm`).
+/// read ahead of the walk as its depth suits (see `warm`): in order when every page is
+/// read and the file is at most `read_ahead_max` bytes, else by the prefetch threads.
 fn walk_file(
     file: &std::fs::File,
     len: u64,
     depth: Depth,
     cold: bool,
+    read_ahead_max: u64,
 ) -> Result<(Result<PagesChecked>, bool)> {
     let mut read = |at, buf: &mut [u8]| reading::read_exact_at(file, buf, at);
-    if cold && depth == Depth::Full {
+    let in_order = cold && depth == Depth::Full && len <= read_ahead_max;
+    if in_order {
         warm::read_ahead(len, &mut read);
     }
     let before = header::header_of(len, &mut read)?;
-    let walked = if cold && depth == Depth::Branches {
+    let walked = if cold && !in_order {
         warm::prefetching(file, |prefetch| {
             page_numbers::check_page_numbers_prefetching(len, &mut read, depth, prefetch)
         })
@@ -149,12 +152,15 @@ mod tests {
     use super::*;
     use crate::preflight::test_files::journal_file;
 
-    /// The walk of `path` at `depth`, as a cold file is walked and as a warm one is.
-    fn both_ways(path: &Path, depth: Depth) -> [Result<PagesChecked>; 2] {
-        [true, false].map(|cold| {
+    /// The walk of `path` at `depth` as a cold file is walked, read ahead in order and by
+    /// the prefetch threads, and as a warm one is.
+    fn three_ways(path: &Path, depth: Depth) -> [Result<PagesChecked>; 3] {
+        [(true, u64::MAX), (true, 0), (false, u64::MAX)].map(|(cold, read_ahead_max)| {
             let file = std::fs::File::open(path).expect("open");
             let len = file.metadata().expect("metadata").len();
-            walk_file(&file, len, depth, cold).expect("read").0
+            walk_file(&file, len, depth, cold, read_ahead_max)
+                .expect("read")
+                .0
         })
     }
 
@@ -163,10 +169,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = journal_file(dir.path());
         for depth in [Depth::Full, Depth::Branches] {
-            let [cold, warm] = both_ways(&path, depth);
-            let (cold, warm) = (cold.expect("intact"), warm.expect("intact"));
-            assert_eq!(cold, warm, "{depth:?}");
-            assert!(cold.pages > 0, "{depth:?} {cold:?}");
+            let [in_order, threads, warm] = three_ways(&path, depth).map(|w| w.expect("intact"));
+            assert_eq!(in_order, warm, "{depth:?}");
+            assert_eq!(threads, warm, "{depth:?}");
+            assert!(warm.pages > 0, "{depth:?} {warm:?}");
         }
     }
 
@@ -193,10 +199,11 @@ mod tests {
         assert!(damaged > 0);
         std::fs::write(&path, &bytes).expect("write");
         for depth in [Depth::Full, Depth::Branches] {
-            let [cold, warm] = both_ways(&path, depth);
-            let (cold, warm) = (cold.expect_err("cut"), warm.expect_err("cut"));
-            assert_eq!(cold.to_string(), warm.to_string(), "{depth:?}");
-            assert!(cold.to_string().contains("outside the file"), "{cold}");
+            let [in_order, threads, warm] =
+                three_ways(&path, depth).map(|w| w.expect_err("damaged").to_string());
+            assert_eq!(in_order, warm, "{depth:?}");
+            assert_eq!(threads, warm, "{depth:?}");
+            assert!(warm.contains("outside the file"), "{warm}");
         }
     }
 }

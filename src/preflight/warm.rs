@@ -10,7 +10,8 @@
 //!
 //! - [`Depth::Full`] reads about every page: [`read_ahead`] reads the file once in order
 //!   first, which the device streams (the kernel reads ahead of sequential reads), and the
-//!   walk then finds every page in memory.
+//!   walk then finds every page in memory. Files over [`READ_AHEAD_MAX`] are left to the
+//!   threads below.
 //! - [`Depth::Branches`] reads one page in a hundred, scattered: [`prefetching`] reads each
 //!   page on one of [`THREADS`] threads as soon as the walk knows it will read it (when it
 //!   reads the branch naming it), so the device has many reads in flight instead of one.
@@ -46,6 +47,11 @@ const PROBES: u64 = 4;
 const CHUNK: usize = 1 << 20;
 /// Below this, the walk's reads are few enough not to matter.
 const SMALL_FILE: u64 = 64 * 1024;
+/// The largest file read ahead in order: a walk of every page of a larger one has its
+/// pages read by the prefetch threads instead, since the operating system might not hold a
+/// whole read ahead of it until the walk comes to its pages (and the file would be read
+/// twice).
+pub(super) const READ_AHEAD_MAX: u64 = 1 << 30;
 /// Threads reading pages ahead of a walk of branches: reads in flight at once.
 const THREADS: usize = 8;
 /// The most of one page read ahead (a larger page is a value's, read by the walk itself).
