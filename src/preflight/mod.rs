@@ -27,6 +27,7 @@
 //! those, after pre-flight passed. A file these checks do not understand (another page
 //! size, a slot version they do not know) is left to redb.
 
+use std::fs::File;
 use std::path::Path;
 
 use crate::error::{Error, Result};
@@ -68,13 +69,11 @@ pub(crate) fn check_file(path: &Path, depth: impl Fn(u64) -> Depth) -> Result<Pa
         tries += 1;
         // One handle per try: the slots before the walk, the walk, and, only when it
         // refuses, the slots again.
-        let file = std::fs::File::open(path).map_err(Error::io)?;
-        let len = file.metadata().map_err(Error::io)?.len();
-        let depth = depth(len);
-        // After a reboot the walk would wait for the device page by page (see `warm`).
-        let cold =
-            tries == 1 && warm::is_cold(len, &mut |at, buf| reading::read_exact_at(&file, buf, at));
-        let (walked, slots_changed) = walk_file(&file, len, depth, cold, warm::READ_AHEAD_MAX)?;
+        let (walked, slots_changed) = on_file(path, |file, len, read| {
+            // After a reboot the walk would wait for the device page by page (see `warm`).
+            let cold = tries == 1 && warm::is_cold(len, read);
+            walk_file(file, len, read, depth(len), cold, warm::READ_AHEAD_MAX)
+        })?;
         if !(slots_changed && tries < 3) {
             return walked;
         }
@@ -86,26 +85,26 @@ pub(crate) fn check_file(path: &Path, depth: impl Fn(u64) -> Depth) -> Result<Pa
 /// read ahead of the walk as its depth suits (see `warm`): in order when every page is
 /// read and the file is at most `read_ahead_max` bytes, else by the prefetch threads.
 fn walk_file(
-    file: &std::fs::File,
+    file: &File,
     len: u64,
+    read: &mut ReadAt<'_>,
     depth: Depth,
     cold: bool,
     read_ahead_max: u64,
 ) -> Result<(Result<PagesChecked>, bool)> {
-    let mut read = |at, buf: &mut [u8]| reading::read_exact_at(file, buf, at);
     let in_order = cold && depth == Depth::Full && len <= read_ahead_max;
     if in_order {
-        warm::read_ahead(len, &mut read);
+        warm::read_ahead(len, read);
     }
-    let before = header::header_of(len, &mut read)?;
+    let before = header::header_of(len, read)?;
     let walked = if cold && !in_order {
         warm::prefetching(file, |prefetch| {
-            page_numbers::check_page_numbers_prefetching(len, &mut read, depth, prefetch)
+            page_numbers::check_page_numbers_prefetching(len, read, depth, prefetch)
         })
     } else {
-        page_numbers::check_page_numbers(len, &mut read, depth)
+        page_numbers::check_page_numbers(len, read, depth)
     };
-    let slots_changed = walked.is_err() && header::header_of(len, &mut read)? != before;
+    let slots_changed = walked.is_err() && header::header_of(len, read)? != before;
     Ok((walked, slots_changed))
 }
 
@@ -118,7 +117,7 @@ fn walk_file(
 /// `Corrupt { table: "(redb)", key: "system tree", .. }` naming the damage; `Io` when the
 /// file cannot be opened or read.
 pub(crate) fn check_before_first_commit(path: &Path) -> Result<Checked> {
-    on_file(path, system_tree::check)
+    on_file(path, |_, len, read| system_tree::check(len, read))
 }
 
 /// Checks a storage backend before redb takes it as a writer: its system tree (see
@@ -140,11 +139,17 @@ pub(crate) fn check_backend(
     Ok(checked)
 }
 
-/// Runs a check on the redb file at `path`, read through a handle of its own.
-fn on_file<R>(path: &Path, check: impl FnOnce(u64, &mut ReadAt<'_>) -> Result<R>) -> Result<R> {
-    let file = std::fs::File::open(path).map_err(Error::io)?;
+/// Runs a check on the redb file at `path`, read through a handle of its own (given too,
+/// for reads on other threads).
+fn on_file<R>(
+    path: &Path,
+    check: impl FnOnce(&File, u64, &mut ReadAt<'_>) -> Result<R>,
+) -> Result<R> {
+    let file = File::open(path).map_err(Error::io)?;
     let len = file.metadata().map_err(Error::io)?.len();
-    check(len, &mut |at, buf| reading::read_exact_at(&file, buf, at))
+    check(&file, len, &mut |at, buf| {
+        reading::read_exact_at(&file, buf, at)
+    })
 }
 
 #[cfg(test)]
@@ -156,11 +161,11 @@ mod tests {
     /// the prefetch threads, and as a warm one is.
     fn three_ways(path: &Path, depth: Depth) -> [Result<PagesChecked>; 3] {
         [(true, u64::MAX), (true, 0), (false, u64::MAX)].map(|(cold, read_ahead_max)| {
-            let file = std::fs::File::open(path).expect("open");
-            let len = file.metadata().expect("metadata").len();
-            walk_file(&file, len, depth, cold, read_ahead_max)
-                .expect("read")
-                .0
+            on_file(path, |file, len, read| {
+                walk_file(file, len, read, depth, cold, read_ahead_max)
+            })
+            .expect("read")
+            .0
         })
     }
 

@@ -216,17 +216,10 @@ impl PageWalk {
                 }
                 Some(&BRANCH) => {
                     for child in children(buf) {
-                        // Read next (whole, when the leaf depth is known; its first bytes
-                        // otherwise), unless it lies outside the file, which the pop refuses.
+                        // Read next, unless it lies outside the file, which the pop
+                        // refuses.
                         if let Some((start, len)) = self.layout.range(child) {
-                            prefetch(
-                                start,
-                                if leaf_depth.is_some() {
-                                    len
-                                } else {
-                                    HEAD as u64
-                                },
-                            );
+                            prefetch(start, len);
                         }
                         stack.push((child, depth + 1));
                     }

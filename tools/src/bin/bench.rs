@@ -1059,21 +1059,32 @@ impl Footprint {
     }
 }
 
-/// Copies `from` to `to` and syncs the copy, so its writeback does not disturb what is
-/// measured next.
-/// Drops the (synced, so clean) pages of the file at `path` from the page cache.
-fn evict(path: &Path) -> Result<()> {
+/// `OPJ_BENCH_COLD=1` (`__profile reopen` and `reopen-copy`): drops the (synced, so
+/// clean) pages of each of `files` that exists from the page cache, as after a reboot.
+fn evict_for_cold_run(files: impl IntoIterator<Item = PathBuf>) -> Result<()> {
     use std::os::fd::AsRawFd;
-    let f = fs::File::open(path)?;
-    f.sync_all()?;
-    // SAFETY: `f` is an open file for the duration of the call.
-    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        return Err(format!("posix_fadvise on {}: error {rc}", path.display()).into());
+    if std::env::var_os("OPJ_BENCH_COLD").is_none() {
+        return Ok(());
+    }
+    for path in files.into_iter().filter(|f| f.exists()) {
+        let f = fs::File::open(&path)?;
+        f.sync_all()?;
+        // SAFETY: `f` is an open file for the duration of the call.
+        let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        if rc != 0 {
+            return Err(format!("posix_fadvise on {}: error {rc}", path.display()).into());
+        }
     }
     Ok(())
 }
 
+/// A journal's files: the redb file and its two logs.
+fn opj_files(path: &Path) -> impl Iterator<Item = PathBuf> {
+    std::iter::once(path.to_path_buf()).chain(opjournal::FileLog::paths_for(path))
+}
+
+/// Copies `from` to `to` and syncs the copy, so its writeback does not disturb what is
+/// measured next.
 fn copy_synced(from: &Path, to: &Path) -> Result<()> {
     let _ = fs::remove_file(to);
     fs::copy(from, to)?;
@@ -3543,20 +3554,9 @@ fn reopen_once(
         _ => return Err(format!("the crash child did not get ready ({status})").into()),
     };
     let wal_len = file_len(&sqlite_files(&path)[1]);
-    // `OPJ_BENCH_COLD=1` (`__profile reopen`): every file of the journal dropped from the
-    // page cache first, as after a reboot.
-    if std::env::var_os("OPJ_BENCH_COLD").is_some() {
-        let files = match engine {
-            Engine::Opj(_) => {
-                let mut f = vec![path.clone()];
-                f.extend(opjournal::FileLog::paths_for(&path));
-                f
-            }
-            Engine::Sqlite(_) => sqlite_files(&path).to_vec(),
-        };
-        for f in files.iter().filter(|f| f.exists()) {
-            evict(f)?;
-        }
+    match engine {
+        Engine::Opj(_) => evict_for_cold_run(opj_files(&path))?,
+        Engine::Sqlite(_) => evict_for_cold_run(sqlite_files(&path))?,
     }
     // The same for both engines: open, then the first lookup, a replay of the last
     // operation completed before the kill (in the log tail), through the same call a
@@ -4120,15 +4120,7 @@ fn profile(args: &[String]) -> Result<()> {
                 {
                     copy_synced(&from, &to)?;
                 }
-                // `OPJ_BENCH_COLD=1`: the copies' pages dropped from the page cache, as
-                // after a reboot (the first open after a power cut).
-                if std::env::var_os("OPJ_BENCH_COLD").is_some() {
-                    let mut files = vec![path.clone()];
-                    files.extend(opjournal::FileLog::paths_for(&path));
-                    for f in files {
-                        evict(&f)?;
-                    }
-                }
+                evict_for_cold_run(opj_files(&path))?;
                 times.push(open_and_replay(DEFAULT_CFG, &path, &last, &ctx)?.0);
             }
             remove_journal(&path);
