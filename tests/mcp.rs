@@ -12,11 +12,17 @@
 //! as a replay. The kill -9 tests run `opjournal serve --mcp` as a process.
 //!
 //! The Python tests need the SDK: `.ci/run` installs it (`python3 -m venv target/mcp-venv`,
-//! then `pip install -r tests/mcp/requirements.txt`) and runs this suite with
+//! then `pip install -r tests/mcp/requirements.txt`) and runs the tests with
 //! `OPJOURNAL_MCP_PYTHON` naming it, so that there a missing SDK fails the suite. Elsewhere
-//! they use that venv if it exists, and are skipped with a note if not (the workspace's
-//! `cargo test` runs before CI installs the SDK).
+//! they use that venv if it exists, and are skipped with a note if not.
+//!
+//! `journaled` (tests/mcp/journaled.rs) tests `opjournal::mcp::Journaled` on its own, with
+//! rmcp's client; it is a module of this test binary rather than a binary of its own, which
+//! would link rmcp and tokio once more.
 #![cfg(all(feature = "cli", feature = "mcp"))]
+
+#[path = "mcp/journaled.rs"]
+mod journaled;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};

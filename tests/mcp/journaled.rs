@@ -3,7 +3,6 @@
 //! reference editor does not produce on demand: an operation in doubt without a resolver,
 //! an expired result, a panicking effect, a recorded tool error, a call still running
 //! past the wait, and a busy scope.
-#![cfg(feature = "mcp")]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
