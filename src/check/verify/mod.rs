@@ -25,6 +25,7 @@
 //! finding (a writer refuses such a file; `repair` trims them), and redb's page
 //! checksums are checked on a scratch in memory, never on a copy of the file.
 
+mod digest;
 mod events;
 mod integrity;
 mod log;
@@ -45,6 +46,7 @@ use crate::record::{ExecRecord, ReceiptRecord};
 
 pub(crate) use log::and_after;
 
+use digest::Digests;
 use events::{ScopeState, check_events, check_meta};
 use integrity::integrity_in_place;
 use log::check_log;
@@ -311,12 +313,35 @@ fn finding_of(e: &Error, table: &str, key: &str) -> Finding {
     }
 }
 
+/// Runs the passes once with the cross-checks counted in [`Digests`] (no point lookups);
+/// when that run finds anything, or a pair of tables does not match, runs them again with
+/// the point lookups, which name each problem (see `digest`).
 fn check_tables<V: View>(
     t: &V,
     _now: Timestamp,
     report: &mut VerifyReport,
     findings: &mut Findings,
     progress: &mut dyn FnMut(u64, u64),
+) -> Result<()> {
+    let mut digests = Digests::new();
+    let mut quick = report.clone();
+    let mut quick_findings = Findings::new();
+    run_passes(t, &mut quick, &mut quick_findings, progress, Some(&mut digests))?;
+    if quick_findings.kept.is_empty() && quick_findings.more == 0 && digests.balanced() {
+        *report = quick;
+        return Ok(());
+    }
+    run_passes(t, report, findings, progress, None)
+}
+
+/// The passes, in order; with `fast`, the cross-checks between tables are counted in it
+/// instead of looked up.
+fn run_passes<V: View>(
+    t: &V,
+    report: &mut VerifyReport,
+    findings: &mut Findings,
+    progress: &mut dyn FnMut(u64, u64),
+    mut fast: Option<&mut Digests>,
 ) -> Result<()> {
     report.quarantined =
         pass("quarantine", findings, |_| t.count::<index::Quarantine>())?.unwrap_or_default();
@@ -332,19 +357,20 @@ fn check_tables<V: View>(
             findings,
             total,
             progress,
+            fast.as_deref_mut(),
         )
     })?;
     pass("receipts", findings, |findings| {
-        check_receipts(t, report, findings)
+        check_receipts(t, report, findings, fast.as_deref_mut())
     })?;
     pass("op_events", findings, |findings| {
-        check_op_events(t, report, findings)
+        check_op_events(t, report, findings, fast.as_deref_mut())
     })?;
     pass("results", findings, |findings| {
-        check_results(t, report, findings)
+        check_results(t, report, findings, fast.as_deref_mut())
     })?;
     pass("timers", findings, |findings| {
-        check_index::<index::Timers>(t, report, findings, |(k, due, op)| {
+        check_index::<index::Timers>(t, report, findings, fast.as_deref_mut(), |(k, due, op)| {
             Some((
                 op.to_string(),
                 IndexEntry::Timer(TimerKind::from_byte(*k)?, *due),
@@ -352,17 +378,17 @@ fn check_tables<V: View>(
         })
     })?;
     pass("windows", findings, |findings| {
-        check_index::<index::Windows>(t, report, findings, |(s, deadline, op)| {
+        check_index::<index::Windows>(t, report, findings, fast.as_deref_mut(), |(s, deadline, op)| {
             Some((op.to_string(), IndexEntry::Window(s.to_string(), *deadline)))
         })
     })?;
     pass("scope_holds", findings, |findings| {
-        check_index::<index::Holds>(t, report, findings, |(scope, op)| {
+        check_index::<index::Holds>(t, report, findings, fast.as_deref_mut(), |(scope, op)| {
             Some((op.to_string(), IndexEntry::Hold(scope.to_string())))
         })
     })?;
     pass("in_doubt", findings, |findings| {
-        check_index::<index::InDoubt>(t, report, findings, |op| {
+        check_index::<index::InDoubt>(t, report, findings, fast.as_deref_mut(), |op| {
             Some((op.to_string(), IndexEntry::InDoubt))
         })
     })?;
@@ -433,4 +459,196 @@ pub(crate) fn describe(rec: &ReceiptRecord) -> String {
         ),
     };
     format!("attempt {} epoch {}, {state}", rec.attempt, rec.epoch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Admission, Intent, Journal, Operation, Outcome};
+    use redb::{ReadableTable, TableDefinition};
+
+    const OP_EVENTS: TableDefinition<(&str, u64), ()> = TableDefinition::new("op_events");
+    const RESULTS: TableDefinition<u64, &[u8]> = TableDefinition::new("results");
+    const TIMERS: TableDefinition<(u8, u64, &str), ()> = TableDefinition::new("timers");
+    const WINDOWS: TableDefinition<(&str, u64, &str), ()> = TableDefinition::new("windows");
+    const IN_DOUBT: TableDefinition<&str, ()> = TableDefinition::new("in_doubt");
+
+    /// A closed journal with operations in every state: results out of line and inline,
+    /// acknowledged and not, released, and running when it closed (in doubt on reopen).
+    fn varied(path: &Path) -> Result<()> {
+        for round in 0..2 {
+            let j = Journal::open(path)?;
+            for i in 0..30u32 {
+                let id = format!("op-{round}-{i}");
+                let intent = Intent::from_json("edit", &serde_json::json!({ "i": i }))?;
+                // A running operation holds its scope: those left running have their own.
+                let scope = match i % 5 {
+                    0 => format!("held-{id}"),
+                    _ => format!("scope-{}", i % 3),
+                };
+                let op = Operation::new(id.as_str(), intent)
+                    .scope(scope)
+                    .session("tab");
+                let Admission::Fresh(claim) = j.submit(op)? else {
+                    panic!("{id} is new");
+                };
+                let big = vec![i as u8; 1024];
+                match i % 5 {
+                    0 => continue, // left running
+                    1 => {
+                        j.complete(&claim, Outcome::applied(u64::from(round * 100 + i) + 1, big))?;
+                        j.acknowledge(&id, Some("tab"))?;
+                    }
+                    2 => {
+                        j.complete(&claim, Outcome::applied(u64::from(round * 100 + i) + 1, vec![1, 2]))?;
+                    }
+                    3 => {
+                        j.complete(&claim, Outcome::applied(u64::from(round * 100 + i) + 1, big))?;
+                        j.delivered(&id)?;
+                    }
+                    _ => j.release(&claim)?,
+                }
+            }
+        }
+        // The second open marked the first round's running operations in doubt.
+        drop(Journal::open(path)?);
+        Ok(())
+    }
+
+    /// The first run of the passes (digests, no lookups) and the report `verify` gives.
+    fn both_runs(path: &Path) -> Result<(bool, VerifyReport, VerifyReport)> {
+        let insp = Inspector::open(path)?;
+        // What `verify` reports before the passes run.
+        let fresh = || -> Result<VerifyReport> {
+            Ok(VerifyReport {
+                findings: Vec::new(),
+                more_findings: 0,
+                events: 0,
+                receipts: 0,
+                results: 0,
+                scopes: 0,
+                index_entries: 0,
+                ..verify(path)?
+            })
+        };
+        let quick = insp.with_snapshot_and_log(false, |t, _, _| {
+            let mut digests = Digests::new();
+            let mut report = fresh()?;
+            let mut findings = Findings::new();
+            run_passes(t, &mut report, &mut findings, &mut |_, _| {}, Some(&mut digests))?;
+            Ok(findings.kept.is_empty() && digests.balanced())
+        })?;
+        let full = insp.with_snapshot_and_log(false, |t, _, _| {
+            let mut report = fresh()?;
+            let mut findings = Findings::new();
+            run_passes(t, &mut report, &mut findings, &mut |_, _| {}, None)?;
+            report.findings = findings.kept;
+            Ok(report)
+        })?;
+        Ok((quick, verify(path)?, full))
+    }
+
+    fn edit(path: &Path, f: impl FnOnce(&redb::WriteTransaction) -> Result<()>) -> Result<()> {
+        let db = redb::Database::open(path)?;
+        let txn = db.begin_write()?;
+        f(&txn)?;
+        txn.commit()?;
+        Ok(())
+    }
+
+    #[test]
+    fn verify_trusts_the_digests_only_when_the_lookups_would_find_nothing() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let clean = dir.path().join("clean.opj");
+        varied(&clean)?;
+        let (quick, report, full) = both_runs(&clean)?;
+        assert!(quick, "a clean journal passes on the digests alone");
+        assert!(report.is_clean(), "{report:?}");
+        assert_eq!(report, full, "the same counts as the passes with lookups");
+        assert!(report.results > 0 && report.index_entries > report.events);
+
+        type Damage = fn(&redb::WriteTransaction) -> Result<()>;
+        let damages: [(&str, Damage); 9] = [
+            ("an op_events entry removed", |txn| {
+                let mut t = txn.open_table(OP_EVENTS)?;
+                let key = t.first()?.map(|(k, _)| (k.value().0.to_string(), k.value().1));
+                let (op, seq) = key.expect("entries");
+                t.remove((op.as_str(), seq))?;
+                Ok(())
+            }),
+            ("an op_events entry naming another operation's event", |txn| {
+                let mut t = txn.open_table(OP_EVENTS)?;
+                let seq = t.first()?.map(|(k, _)| k.value().1).expect("entries");
+                t.insert(("op-0-1", seq), ())?;
+                Ok(())
+            }),
+            ("an out-of-line result removed", |txn| {
+                let mut t = txn.open_table(RESULTS)?;
+                let seq = t.first()?.map(|(k, _)| k.value()).expect("results");
+                t.remove(seq)?;
+                Ok(())
+            }),
+            ("two results swapped between their keys", |txn| {
+                let mut t = txn.open_table(RESULTS)?;
+                let (a, b) = {
+                    let mut it = t.iter()?;
+                    let a = it.next().expect("two")?;
+                    let b = it.next().expect("two")?;
+                    ((a.0.value(), a.1.value().to_vec()), (b.0.value(), b.1.value().to_vec()))
+                };
+                t.insert(a.0, b.1.as_slice())?;
+                t.insert(b.0, a.1.as_slice())?;
+                Ok(())
+            }),
+            ("a timer removed", |txn| {
+                let mut t = txn.open_table(TIMERS)?;
+                let key = t.first()?.map(|(k, _)| {
+                    let (kind, due, op) = k.value();
+                    (kind, due, op.to_string())
+                });
+                let (kind, due, op) = key.expect("timers");
+                t.remove((kind, due, op.as_str()))?;
+                Ok(())
+            }),
+            ("a timer no receipt implies", |txn| {
+                txn.open_table(TIMERS)?.insert((1, 12345, "op-1-1"), ())?;
+                Ok(())
+            }),
+            ("a timer moved to another due time", |txn| {
+                let mut t = txn.open_table(TIMERS)?;
+                let key = t.last()?.map(|(k, _)| {
+                    let (kind, due, op) = k.value();
+                    (kind, due, op.to_string())
+                });
+                let (kind, due, op) = key.expect("timers");
+                t.remove((kind, due, op.as_str()))?;
+                t.insert((kind, due + 1, op.as_str()), ())?;
+                Ok(())
+            }),
+            ("a window removed", |txn| {
+                let mut t = txn.open_table(WINDOWS)?;
+                let key = t.first()?.map(|(k, _)| {
+                    let (s, d, op) = k.value();
+                    (s.to_string(), d, op.to_string())
+                });
+                let (s, d, op) = key.expect("windows");
+                t.remove((s.as_str(), d, op.as_str()))?;
+                Ok(())
+            }),
+            ("an in-doubt entry for a completed operation", |txn| {
+                txn.open_table(IN_DOUBT)?.insert("op-1-1", ())?;
+                Ok(())
+            }),
+        ];
+        for (i, (what, damage)) in damages.into_iter().enumerate() {
+            let path = dir.path().join(format!("damaged-{i}.opj"));
+            std::fs::copy(&clean, &path)?;
+            edit(&path, damage)?;
+            let (quick, report, full) = both_runs(&path)?;
+            assert!(!quick, "{what}: the digests do not balance");
+            assert!(!report.findings.is_empty(), "{what}: found");
+            assert_eq!(report, full, "{what}: reported as the lookups find it");
+        }
+        Ok(())
+    }
 }

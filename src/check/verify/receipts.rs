@@ -6,10 +6,11 @@
 use smol_str::SmolStr;
 
 use crate::error::Result;
-use crate::index::{self, IndexEntry, Layered, TableKey, View};
+use crate::index::{self, IndexEntry, Layered, Table, TableKey, View};
 use crate::machine;
 use crate::record::ExecRecord;
 
+use super::digest::{Cross, Digests};
 use super::events::fold;
 use super::{Findings, VerifyReport, corrupt_detail, describe};
 
@@ -34,10 +35,32 @@ fn index_present<V: Layered>(t: &V, op: &str, e: &IndexEntry) -> Result<bool> {
     .is_some())
 }
 
+/// Counts the index entry `e` of `op` as implied, keyed as its table stores it (the keys
+/// [`index_present`] looks up; the reverse passes count each table's keys as stored).
+fn imply_entry(d: &mut Digests, op: &str, e: &IndexEntry) {
+    let op = SmolStr::new(op);
+    match e {
+        IndexEntry::Timer(kind, due) => d.implied(
+            Cross::Index,
+            (<index::Timers as Table>::ID, (*kind as u8, *due, op)),
+        ),
+        IndexEntry::Window(s, dl) => d.implied(
+            Cross::Index,
+            (<index::Windows as Table>::ID, (SmolStr::new(s), *dl, op)),
+        ),
+        IndexEntry::Hold(scope) => d.implied(
+            Cross::Index,
+            (<index::Holds as Table>::ID, (SmolStr::new(scope), op)),
+        ),
+        IndexEntry::InDoubt => d.implied(Cross::Index, (<index::InDoubt as Table>::ID, op)),
+    }
+}
+
 pub(super) fn check_receipts<V: View>(
     t: &V,
     report: &mut VerifyReport,
     findings: &mut Findings,
+    mut fast: Option<&mut Digests>,
 ) -> Result<()> {
     for entry in t.all::<index::Receipts>()? {
         let (id, raw) = entry?;
@@ -78,7 +101,9 @@ pub(super) fn check_receipts<V: View>(
             );
         }
         for e in machine::index_entries(&folded) {
-            if !index_present(t, &id, &e)? {
+            if let Some(d) = fast.as_deref_mut() {
+                imply_entry(d, &id, &e);
+            } else if !index_present(t, &id, &e)? {
                 let (table, key) = index_key(&id, &e);
                 findings.add(
                     table,
@@ -118,6 +143,15 @@ pub(super) fn check_receipts<V: View>(
         if let Some((d, seq)) = kept {
             let stored_result = match tail {
                 Some(_) => inline.map(|r| (id.to_string(), r.changed_assets, r.bytes)),
+                None if fast.is_some() => {
+                    if let Some(dg) = fast.as_deref_mut() {
+                        dg.implied(
+                            Cross::Results,
+                            (seq, id.as_str(), d.result.len, d.result.crc32, d.result.assets),
+                        );
+                    }
+                    None
+                }
                 None => match t.get::<index::Results>(&seq)? {
                     None => {
                         findings.add(

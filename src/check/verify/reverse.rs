@@ -11,6 +11,7 @@ use crate::index::{self, IndexEntry, Table, TableKey, View};
 use crate::machine;
 use crate::record::{EventKind, ExecRecord};
 
+use super::digest::{Cross, Digests};
 use super::events::ScopeState;
 use super::{Findings, VerifyReport, corrupt_detail};
 
@@ -18,18 +19,25 @@ pub(super) fn check_op_events<V: View>(
     t: &V,
     report: &mut VerifyReport,
     findings: &mut Findings,
+    mut fast: Option<&mut Digests>,
 ) -> Result<()> {
     let mut last_op: Option<smol_str::SmolStr> = None;
     for entry in t.all::<index::OpEvents>()? {
         let ((op, seq), ()) = entry?;
         report.index_entries += 1;
-        let implied = match t.get::<index::Events>(&seq)? {
-            Some(raw) => match index::decode_event(seq, &raw) {
-                Ok(ev) => ev.operation_id.as_deref() == Some(op.as_str()),
-                // Reported by the events pass.
-                Err(_) => true,
+        let implied = match fast.as_deref_mut() {
+            Some(d) => {
+                d.stored(Cross::OpEvents, (op.as_str(), seq));
+                true
+            }
+            None => match t.get::<index::Events>(&seq)? {
+                Some(raw) => match index::decode_event(seq, &raw) {
+                    Ok(ev) => ev.operation_id.as_deref() == Some(op.as_str()),
+                    // Reported by the events pass.
+                    Err(_) => true,
+                },
+                None => false,
             },
-            None => false,
         };
         if !implied {
             findings.add(
@@ -56,18 +64,33 @@ pub(super) fn check_results<V: View>(
     t: &V,
     report: &mut VerifyReport,
     findings: &mut Findings,
+    mut fast: Option<&mut Digests>,
 ) -> Result<()> {
     for entry in t.all::<index::Results>()? {
         let (seq, raw) = entry?;
         report.results += 1;
-        let header = match index::decode_result(seq, &raw) {
-            Ok((h, _)) => h,
+        let (header, bytes) = match index::decode_result(seq, &raw) {
+            Ok(r) => r,
             Err(e) => {
                 findings.add("results", seq, corrupt_detail(&e));
                 continue;
             }
         };
         let op = &header.operation_id;
+        if let Some(d) = fast.as_deref_mut() {
+            // As the receipts pass counts what each receipt's completion recorded.
+            d.stored(
+                Cross::Results,
+                (
+                    seq,
+                    op.as_str(),
+                    bytes.len() as u64,
+                    crc32fast::hash(&bytes),
+                    header.changed_assets.len() as u32,
+                ),
+            );
+            continue;
+        }
         // A receipt keeping its result inline does not refer to a copy in `results`.
         let inline = t
             .with_str::<index::Receipts, _>(op, |v| index::split_receipt_value(v).1.is_some())?
@@ -98,12 +121,22 @@ pub(super) fn check_index<T: Table<V = ()>>(
     t: &impl View,
     report: &mut VerifyReport,
     findings: &mut Findings,
+    mut fast: Option<&mut Digests>,
     entry_of: impl Fn(&T::K) -> Option<(String, IndexEntry)>,
-) -> Result<()> {
+) -> Result<()>
+where
+    T::K: std::hash::Hash,
+{
     for entry in t.all::<T>()? {
         let (key, ()) = entry?;
         report.index_entries += 1;
         let implied = match entry_of(&key) {
+            Some(_) if fast.is_some() => {
+                if let Some(d) = fast.as_deref_mut() {
+                    d.stored(Cross::Index, (T::ID, &key));
+                }
+                true
+            }
             Some((op, e)) => match t.receipt(&op) {
                 Ok(Some(rec)) => machine::index_entries(&rec).contains(&e),
                 Ok(None) => false,
