@@ -1210,3 +1210,30 @@ async fn rmcp_client_over_stdio_initializes_lists_calls_and_gets_a_replay() -> T
     client.cancel().await?;
     Ok(())
 }
+
+#[test]
+fn an_object_name_too_long_for_its_asset_is_a_tool_error_marked_invalid_and_nothing_runs()
+-> TestResult {
+    let Some(python) = python() else {
+        return Ok(());
+    };
+    let ed = Editor::start()?;
+    let mut py = Driver::start(&python)?;
+    // `scene/main/NAME` is the outcome's changed asset; a longer name was applied and then
+    // could not be recorded (and one of 1.5 MB made a result over the journal's limit; the
+    // driver reads lines of at most 64 KiB).
+    for (id, len) in [
+        ("op_long", opjournal::service::MAX_OBJECT_NAME_BYTES + 1),
+        ("op_huge", 60_000),
+    ] {
+        let long = "n".repeat(len);
+        let answer = py.call_now(&ed.url(), MODERN, "scene.add", add(id, &long))?;
+        let r = result(&answer)?;
+        assert_eq!(r["isError"], true, "{id}: {r}");
+        assert_eq!(meta(r, "status"), "invalid", "{id}: {r}");
+        assert!(text(r).contains("object"), "{id}: {}", text(r));
+        assert!(ed.journal().lookup(id)?.is_none(), "{id}: nothing recorded");
+        assert_eq!(ed.times_applied(id), 0, "{id}: nothing applied");
+    }
+    Ok(())
+}

@@ -658,3 +658,102 @@ fn sessions_and_ids_that_submit_would_refuse_are_refused_everywhere() -> TestRes
     }
     Ok(())
 }
+
+#[test]
+fn an_object_name_too_long_for_its_changed_asset_is_refused_before_anything_is_recorded()
+-> TestResult {
+    // `scene/main/NAME` is the outcome's changed asset, which the journal takes up to 256
+    // bytes: a longer name used to be applied and then fail to be recorded.
+    let server = Server::start(&[])?;
+    let mut a = server.connect()?;
+    let (welcome, _) = a.hello("tab-a")?;
+    let revision = welcome["revision"].as_u64().ok_or("no revision")?;
+    let max = opjournal::service::MAX_OBJECT_NAME_BYTES;
+    let too_long = "n".repeat(max + 1);
+    let edits = [
+        json!({"kind": "add", "object": too_long, "beside": "door"}),
+        json!({"kind": "add", "object": "lamp", "beside": too_long}),
+        json!({"kind": "rename", "from": "door", "to": too_long}),
+        json!({"kind": "delete", "object": "n".repeat(1_500_000 / 1000 * 40)}),
+    ];
+    for (i, edit) in edits.iter().enumerate() {
+        let id = format!("op_long_{i}");
+        let m =
+            a.ask(&json!({"type": "submit", "id": id, "base_revision": revision, "edit": edit}))?;
+        assert_eq!(m["type"], "error", "{m}");
+        assert_eq!(m["kind"], "bad_request", "{m}");
+        let text = m["message"].as_str().unwrap_or("");
+        assert!(text.contains(&max.to_string()), "names the limit: {text}");
+        let s = a.ask(&status(&id))?;
+        assert_eq!(s["state"], "unknown", "nothing recorded: {s}");
+    }
+    // Nothing applied: the document's log has no line with the name (or no line at all).
+    let log = std::fs::read_to_string(server.log()).unwrap_or_default();
+    assert!(!log.contains("nnnnnnnn"), "nothing applied: {log}");
+    let s = a.ask(&json!({"type": "hello", "session": "tab-a"}))?;
+    assert_eq!(s["revision"], revision, "the revision did not move: {s}");
+    // The longest name that fits is applied and recorded, its asset listed.
+    let fits = "n".repeat(max);
+    let r = a.run("op_fits", revision, &fits)?;
+    assert_eq!(types(&r), ["accepted", "result"], "{r:?}");
+    let changed = &r[1]["changed"];
+    assert_eq!(changed, &json!([format!("scene/main/{fits}")]), "{changed}");
+    Ok(())
+}
+
+#[test]
+fn the_submitting_connection_hears_the_answer_when_its_session_has_a_newer_one() -> TestResult {
+    let server = Server::start(&[])?;
+    let mut older = server.connect()?;
+    let (welcome, _) = older.hello("tab-a")?;
+    let revision = welcome["revision"].as_u64().ok_or("no revision")?;
+    // A newer connection of the same session, gone before the edit ends.
+    let mut newer = server.connect()?;
+    newer.hello("tab-a")?;
+    drop(newer);
+    let r = older.run("op_older", revision, "lamp")?;
+    assert_eq!(types(&r), ["accepted", "result"], "{r:?}");
+    Ok(())
+}
+
+#[test]
+fn a_client_that_stops_reading_does_not_hold_up_other_clients_answers() -> TestResult {
+    let server = Server::start(&[])?;
+    let mut same = server.connect()?;
+    let (welcome, _) = same.hello("tab-a")?;
+    let revision = welcome["revision"].as_u64().ok_or("no revision")?;
+    // The session's newest connection, which gets its answers, stops reading and fills
+    // its socket with replies: a write to it blocks until the write timeout (10 s)
+    // closes it.
+    let mut stuck = server.connect()?;
+    stuck.hello("tab-a")?;
+    stuck
+        .stream
+        .set_write_timeout(Some(Duration::from_secs(2)))?;
+    let flood = std::thread::spawn(move || {
+        let line = format!("{}\n", status("op_flood"));
+        // Until the service stops reading this connection (its write is blocked) and the
+        // socket's buffers are full both ways.
+        while stuck.stream.write_all(line.as_bytes()).is_ok() {}
+        stuck
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    // Another session, whose edit waits for the editor thread.
+    let mut other = server.connect()?;
+    other.hello("tab-b")?;
+    let t = Instant::now();
+    // The answer goes to the stuck connection first (the session's newest), then here.
+    let r = same.run("op_same", revision, "lamp")?;
+    let same_took = t.elapsed();
+    assert_eq!(types(&r), ["accepted", "result"], "{r:?}");
+    let t = Instant::now();
+    let r = other.run("op_other", revision + 1, "chair")?;
+    let other_took = t.elapsed();
+    assert_eq!(types(&r), ["accepted", "result"], "{r:?}");
+    assert!(
+        same_took < Duration::from_secs(5) && other_took < Duration::from_secs(5),
+        "the answers waited for the stuck client: {same_took:?} and {other_took:?}"
+    );
+    drop(flood.join());
+    Ok(())
+}

@@ -260,7 +260,13 @@ impl SceneEditor {
         Ok(())
     }
 
-    async fn edit(&self, call: ToolCall, edit: Edit) -> Result<CallToolResult, ErrorData> {
+    async fn edit(&self, mut call: ToolCall, edit: Edit) -> Result<CallToolResult, ErrorData> {
+        // Refused before anything is recorded, as the JSON Lines front end refuses it: a
+        // name too long for the outcome's changed asset (or its result's size) would be
+        // applied and then fail to be recorded.
+        if let Err(e) = edit.validate() {
+            call.problem.get_or_insert(e.to_string());
+        }
         let document = self.document.clone();
         let path = self.document_path.clone();
         let journal = self.journaled.journal().clone();

@@ -84,7 +84,7 @@ use std::time::Duration;
 pub(crate) use document::ApplyError;
 pub use document::{AppliedEdit, Document, DocumentStore};
 pub use pauses::{Pauses, Stage, Verdict};
-pub use protocol::{Edit, Reply, Request, ResultMsg, StatusMsg};
+pub use protocol::{Edit, MAX_OBJECT_NAME_BYTES, Reply, Request, ResultMsg, StatusMsg};
 #[cfg(feature = "postgres")]
 pub use server::DocumentDatabase;
 pub use server::{

@@ -31,7 +31,56 @@ pub enum Edit {
     },
 }
 
+/// The longest object name, in bytes: an edit's changed asset is `scene/main/NAME`, and the
+/// journal takes asset names of at most [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) bytes.
+pub const MAX_OBJECT_NAME_BYTES: usize = crate::MAX_NAME_BYTES - "scene/main/".len();
+
 impl Edit {
+    /// Checks every name the edit carries, before anything is recorded or applied: each is
+    /// a valid name ([`validate_name`](crate::validate_name)) of at most
+    /// [`MAX_OBJECT_NAME_BYTES`] bytes. An edit that passes has an outcome the journal can
+    /// record (a name too long for its changed asset was applied and then could not be).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) naming the field and its
+    /// value.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use opjournal::service::{Edit, MAX_OBJECT_NAME_BYTES};
+    ///
+    /// let ok = Edit::Delete { object: "lamp".into() };
+    /// assert!(ok.validate().is_ok());
+    /// let long = Edit::Delete { object: "n".repeat(MAX_OBJECT_NAME_BYTES + 1) };
+    /// assert!(long.validate().is_err());
+    /// ```
+    pub fn validate(&self) -> crate::Result<()> {
+        let names: &[(&'static str, &str)] = match self {
+            Edit::Add { object, beside } => &[("object", object), ("beside", beside)],
+            Edit::Rename { from, to } => &[("from", from), ("to", to)],
+            Edit::Delete { object } => &[("object", object)],
+        };
+        for (what, name) in names {
+            if name.len() > MAX_OBJECT_NAME_BYTES {
+                return Err(crate::Error::invalid(
+                    what,
+                    name,
+                    format!(
+                        "it is {} bytes long; an object name may have at most \
+                         {MAX_OBJECT_NAME_BYTES} bytes of UTF-8 (its changed asset, \
+                         `scene/main/` and the name, must fit in {})",
+                        name.len(),
+                        crate::MAX_NAME_BYTES
+                    ),
+                ));
+            }
+            crate::validate_name(what, name)?;
+        }
+        Ok(())
+    }
+
     /// The journal intent: the edit's name and its arguments, hashed canonically. The same
     /// operation id with a different edit is refused (`IntentMismatch`).
     ///

@@ -87,12 +87,18 @@ mod tests {
             }
             d
         };
-        assert!(fill(None, None).balanced(), "the same set, stored in reverse");
+        assert!(
+            fill(None, None).balanced(),
+            "the same set, stored in reverse"
+        );
         assert!(!fill(Some(500), None).balanced(), "an entry missing");
         assert!(!fill(None, Some(7)).balanced(), "an entry changed");
         let mut d = fill(None, None);
         d.stored(Cross::Index, ("in_doubt", "op-1"));
-        assert!(!d.balanced(), "an entry only one side holds, in another pair");
+        assert!(
+            !d.balanced(),
+            "an entry only one side holds, in another pair"
+        );
         d.implied(Cross::Results, ("in_doubt", "op-1"));
         assert!(!d.balanced(), "pairs do not cancel one another");
     }

@@ -128,10 +128,10 @@ pub(super) fn check_events<V: View>(
     scopes: &mut BTreeMap<String, ScopeState>,
     report: &mut VerifyReport,
     findings: &mut Findings,
-    total: u64,
     progress: &mut dyn FnMut(u64, u64),
     mut fast: Option<&mut Digests>,
 ) -> Result<()> {
+    let total = t.count::<index::Events>().unwrap_or_default();
     let mut max_seq = 0u64;
     let mut max_at = Timestamp(0);
     let mut last_at = Timestamp(0);

@@ -326,7 +326,13 @@ fn check_tables<V: View>(
     let mut digests = Digests::new();
     let mut quick = report.clone();
     let mut quick_findings = Findings::new();
-    run_passes(t, &mut quick, &mut quick_findings, progress, Some(&mut digests))?;
+    run_passes(
+        t,
+        &mut quick,
+        &mut quick_findings,
+        progress,
+        Some(&mut digests),
+    )?;
     if quick_findings.kept.is_empty() && quick_findings.more == 0 && digests.balanced() {
         *report = quick;
         return Ok(());
@@ -346,7 +352,6 @@ fn run_passes<V: View>(
     report.quarantined =
         pass("quarantine", findings, |_| t.count::<index::Quarantine>())?.unwrap_or_default();
     let state = check_meta(t, findings);
-    let total = t.count::<index::Events>().unwrap_or_default();
     let mut scopes: BTreeMap<String, ScopeState> = BTreeMap::new();
     pass("events", findings, |findings| {
         check_events(
@@ -355,7 +360,6 @@ fn run_passes<V: View>(
             &mut scopes,
             report,
             findings,
-            total,
             progress,
             fast.as_deref_mut(),
         )
@@ -378,9 +382,15 @@ fn run_passes<V: View>(
         })
     })?;
     pass("windows", findings, |findings| {
-        check_index::<index::Windows>(t, report, findings, fast.as_deref_mut(), |(s, deadline, op)| {
-            Some((op.to_string(), IndexEntry::Window(s.to_string(), *deadline)))
-        })
+        check_index::<index::Windows>(
+            t,
+            report,
+            findings,
+            fast.as_deref_mut(),
+            |(s, deadline, op)| {
+                Some((op.to_string(), IndexEntry::Window(s.to_string(), *deadline)))
+            },
+        )
     })?;
     pass("scope_holds", findings, |findings| {
         check_index::<index::Holds>(t, report, findings, fast.as_deref_mut(), |(scope, op)| {
@@ -388,7 +398,7 @@ fn run_passes<V: View>(
         })
     })?;
     pass("in_doubt", findings, |findings| {
-        check_index::<index::InDoubt>(t, report, findings, fast.as_deref_mut(), |op| {
+        check_index::<index::InDoubt>(t, report, findings, fast, |op| {
             Some((op.to_string(), IndexEntry::InDoubt))
         })
     })?;
@@ -496,14 +506,23 @@ mod tests {
                 match i % 5 {
                     0 => continue, // left running
                     1 => {
-                        j.complete(&claim, Outcome::applied(u64::from(round * 100 + i) + 1, big))?;
+                        j.complete(
+                            &claim,
+                            Outcome::applied(u64::from(round * 100 + i) + 1, big),
+                        )?;
                         j.acknowledge(&id, Some("tab"))?;
                     }
                     2 => {
-                        j.complete(&claim, Outcome::applied(u64::from(round * 100 + i) + 1, vec![1, 2]))?;
+                        j.complete(
+                            &claim,
+                            Outcome::applied(u64::from(round * 100 + i) + 1, vec![1, 2]),
+                        )?;
                     }
                     3 => {
-                        j.complete(&claim, Outcome::applied(u64::from(round * 100 + i) + 1, big))?;
+                        j.complete(
+                            &claim,
+                            Outcome::applied(u64::from(round * 100 + i) + 1, big),
+                        )?;
                         j.delivered(&id)?;
                     }
                     _ => j.release(&claim)?,
@@ -535,7 +554,13 @@ mod tests {
             let mut digests = Digests::new();
             let mut report = fresh()?;
             let mut findings = Findings::new();
-            run_passes(t, &mut report, &mut findings, &mut |_, _| {}, Some(&mut digests))?;
+            run_passes(
+                t,
+                &mut report,
+                &mut findings,
+                &mut |_, _| {},
+                Some(&mut digests),
+            )?;
             Ok(findings.kept.is_empty() && digests.balanced())
         })?;
         let full = insp.with_snapshot_and_log(false, |t, _, _| {
@@ -571,17 +596,22 @@ mod tests {
         let damages: [(&str, Damage); 9] = [
             ("an op_events entry removed", |txn| {
                 let mut t = txn.open_table(OP_EVENTS)?;
-                let key = t.first()?.map(|(k, _)| (k.value().0.to_string(), k.value().1));
+                let key = t
+                    .first()?
+                    .map(|(k, _)| (k.value().0.to_string(), k.value().1));
                 let (op, seq) = key.expect("entries");
                 t.remove((op.as_str(), seq))?;
                 Ok(())
             }),
-            ("an op_events entry naming another operation's event", |txn| {
-                let mut t = txn.open_table(OP_EVENTS)?;
-                let seq = t.first()?.map(|(k, _)| k.value().1).expect("entries");
-                t.insert(("op-0-1", seq), ())?;
-                Ok(())
-            }),
+            (
+                "an op_events entry naming another operation's event",
+                |txn| {
+                    let mut t = txn.open_table(OP_EVENTS)?;
+                    let seq = t.first()?.map(|(k, _)| k.value().1).expect("entries");
+                    t.insert(("op-0-1", seq), ())?;
+                    Ok(())
+                },
+            ),
             ("an out-of-line result removed", |txn| {
                 let mut t = txn.open_table(RESULTS)?;
                 let seq = t.first()?.map(|(k, _)| k.value()).expect("results");
@@ -594,7 +624,10 @@ mod tests {
                     let mut it = t.iter()?;
                     let a = it.next().expect("two")?;
                     let b = it.next().expect("two")?;
-                    ((a.0.value(), a.1.value().to_vec()), (b.0.value(), b.1.value().to_vec()))
+                    (
+                        (a.0.value(), a.1.value().to_vec()),
+                        (b.0.value(), b.1.value().to_vec()),
+                    )
                 };
                 t.insert(a.0, b.1.as_slice())?;
                 t.insert(b.0, a.1.as_slice())?;

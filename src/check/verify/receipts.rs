@@ -147,7 +147,13 @@ pub(super) fn check_receipts<V: View>(
                     if let Some(dg) = fast.as_deref_mut() {
                         dg.implied(
                             Cross::Results,
-                            (seq, id.as_str(), d.result.len, d.result.crc32, d.result.assets),
+                            (
+                                seq,
+                                id.as_str(),
+                                d.result.len,
+                                d.result.crc32,
+                                d.result.assets,
+                            ),
                         );
                     }
                     None

@@ -4,6 +4,9 @@ use super::*;
 
 /// The journal scope of the document: revisions and the mutation lock are per scope.
 pub const SCOPE: &str = "scene/main";
+// An object's changed asset, `SCOPE/NAME`, fits the journal's limit for an asset name.
+const _: () =
+    assert!(SCOPE.len() + 1 + crate::service::MAX_OBJECT_NAME_BYTES == crate::MAX_NAME_BYTES);
 
 /// The stack of a connection thread: it parses JSON (nesting limited to 128 by serde_json)
 /// and calls the journal; 512 KiB leaves ample room and keeps a full house of threads

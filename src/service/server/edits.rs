@@ -230,9 +230,28 @@ impl Shared {
                 },
             })
         };
-        for (i, conn) in recipients.iter().enumerate() {
-            if let Some(r) = reply(i == 0) {
-                let _ = conn.send(&r);
+        let sends: Vec<(Arc<Conn>, Reply)> = recipients
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, conn)| reply(i == 0).map(|r| (conn, r)))
+            .collect();
+        if sends.is_empty() {
+            return;
+        }
+        // Each copy is written by a thread of its own: a client that stops reading blocks a
+        // write for up to `write_timeout` (and then loses its connection), and neither the
+        // editor thread (every client's edits wait behind it) nor the other recipients may
+        // wait for it. The deliveries are recorded above, before any copy is sent.
+        for (conn, r) in sends {
+            let spawned = std::thread::Builder::new()
+                .name("opjournal-deliver".into())
+                .spawn(move || {
+                    let _ = conn.send(&r);
+                });
+            if let Err(e) = spawned {
+                self.note(format!(
+                    "could not start a thread to send the answer of `{id}` (the client gets it by `status` or on its next `hello`): {e}"
+                ));
             }
         }
     }

@@ -24,6 +24,11 @@ use crate::{
     Operation, Outcome, Receipt, Resolution, RetireCause, validate_name,
 };
 
+/// How long a `submit` that finds its operation running waits for the thread the journal
+/// admitted to record it as executing here (microseconds after its own answer) before
+/// asking the journal again.
+const ATTACH_WAIT: Duration = Duration::from_millis(100);
+
 mod config;
 mod connections;
 #[cfg(feature = "postgres")]

@@ -68,7 +68,13 @@ pub(super) fn changed_assets(edit: &Edit) -> Vec<String> {
         Edit::Add { object, .. } | Edit::Delete { object } => object,
         Edit::Rename { to, .. } => to,
     };
-    vec![format!("{SCOPE}/{name}")]
+    // Every edit submitted now has a name that fits (`Edit::validate`); one applied before
+    // names were checked is still recorded when it is settled, without its asset.
+    let asset = format!("{SCOPE}/{name}");
+    if asset.len() > crate::MAX_NAME_BYTES {
+        return Vec::new();
+    }
+    vec![asset]
 }
 
 pub(super) fn result_msg(receipt: &Receipt, result: &OpResult, replayed: bool) -> ResultMsg {

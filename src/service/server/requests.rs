@@ -104,6 +104,10 @@ impl Shared {
         base_revision: u64,
         edit: Edit,
     ) -> Result<Option<Reply>, ServiceError> {
+        // Refused before anything is recorded: a name too long for the outcome's changed
+        // asset would be applied and then fail to be recorded.
+        edit.validate()
+            .map_err(|e| journal_error(&format!("submit `{id}`"), e))?;
         let intent = edit.intent().doing(|| format!("describe `{id}`"))?;
         let op = Operation::new(id, intent)
             .scope(SCOPE)
@@ -123,6 +127,15 @@ impl Shared {
                 // The same operation is executing: attach to it; its answer will follow.
                 Admission::InProgress(r) => {
                     let mut live = lock(&self.live);
+                    // The thread that was admitted records the execution right after the
+                    // journal's answer: wait a moment for it (or for any change) before
+                    // asking the journal again.
+                    if !live.executing.contains_key(id) {
+                        live = match self.changed.wait_timeout(live, ATTACH_WAIT) {
+                            Ok((guard, _)) => guard,
+                            Err(poisoned) => poisoned.into_inner().0,
+                        };
+                    }
                     if let Some(ex) = live.executing.get_mut(id) {
                         if !ex.attached.contains(&conn.id) {
                             ex.attached.push(conn.id);
@@ -230,9 +243,12 @@ impl Shared {
             id.clone(),
             Execution {
                 owner: session.to_string(),
-                attached: Vec::new(),
+                // The submitting connection hears the answer even when its session has a
+                // newer connection (which hears it too): `accepted` promises it.
+                attached: vec![conn.id],
             },
         );
+        self.changed.notify_all();
         let accepted = Reply::Accepted {
             id: id.clone(),
             attempt: claim.attempt(),
