@@ -338,6 +338,16 @@ fn log_prints_events_filtered_by_operation_kind_and_position() {
     assert_eq!(seqs(&["--tail", "2"]), [16, 17]);
     assert_eq!(seqs(&["--kind", "completed", "--tail", "1"]), [13]);
     assert!(text.contains("applied at revision 185"), "{text}");
+    // Every kind an event can have is a filter, those `repair` and upgrades write too.
+    for kind in [
+        "result_lost",
+        "format_upgraded",
+        "salvaged",
+        "revision_advanced",
+    ] {
+        let o = run(&["log", "--kind", kind, p]);
+        assert_eq!(code(&o), 0, "--kind {kind}: {}", stderr(&o));
+    }
 }
 
 // ---- JSON Lines ----
@@ -1060,6 +1070,29 @@ fn repair_of_an_intact_journal_loses_nothing_and_keeps_a_backup() -> TestResult 
     );
     assert_eq!(ids(&run(&["--json", "ls", p])), receipts_before);
     assert_eq!(code(&run(&["verify", p])), 0);
+    Ok(())
+}
+
+#[test]
+fn repair_of_a_journal_whose_path_is_not_utf8_reports_its_backup_in_json() -> TestResult {
+    use std::os::unix::ffi::OsStrExt;
+    let s = sample();
+    // A directory whose name is not UTF-8: JSON has no string for it, so the summary
+    // carries the path as text (it used to fail after the repair had run).
+    let dir = s.dir.path().join(std::ffi::OsStr::from_bytes(b"r\xff"));
+    std::fs::create_dir(&dir)?;
+    let path = dir.join("j.opj");
+    std::fs::copy(&s.path, &path)?;
+    let o = opjournal(&["--json", "repair"]).arg(&path).output()?;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let lines = json_lines(&o);
+    let summary = &lines.last().ok_or("a summary")?.1;
+    let backup = summary["backup"].as_str().ok_or("a backup path")?;
+    assert!(
+        backup.ends_with(".bak") || backup.contains("j.opj"),
+        "{backup}"
+    );
+    assert_eq!(code(&opjournal(&["verify"]).arg(&path).output()?), 0);
     Ok(())
 }
 

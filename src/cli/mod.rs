@@ -375,6 +375,8 @@ pub(crate) enum KindArg {
     Retired,
     Salvaged,
     RevisionAdvanced,
+    FormatUpgraded,
+    ResultLost,
 }
 
 #[derive(Args, Debug)]

@@ -276,7 +276,12 @@ pub(crate) fn run_mcp(args: &ServeArgs) -> ExitCode {
         let line = if args.json {
             serde_json::json!({
                 "type": "listening",
-                "data": {"url": server.url(), "journal": path, "document": document},
+                // As text: a path that is not UTF-8 has no JSON string (serializing it fails).
+                "data": {
+                    "url": server.url(),
+                    "journal": path.display().to_string(),
+                    "document": document.display().to_string(),
+                },
             })
             .to_string()
         } else {

@@ -34,6 +34,8 @@ fn kind_name(k: KindArg) -> &'static str {
         KindArg::Retired => "retired",
         KindArg::Salvaged => "salvaged",
         KindArg::RevisionAdvanced => "revision_advanced",
+        KindArg::FormatUpgraded => "format_upgraded",
+        KindArg::ResultLost => "result_lost",
     }
 }
 

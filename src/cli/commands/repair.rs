@@ -64,7 +64,8 @@ pub(super) fn run(args: &RepairArgs, out: &mut Out) -> Run {
     };
     let counts = json!({
         "dry_run": report.dry_run,
-        "backup": report.backup,
+        // As text: a path that is not UTF-8 has no JSON string (serializing it fails).
+        "backup": report.backup.as_ref().map(|p| p.display().to_string()),
         "engine": report.engine,
         "salvaged": report.salvaged,
         "storage_rolled_back": report.storage_rolled_back,
