@@ -343,6 +343,14 @@ impl Inspector {
                     Ok(db) => (Handle::ReadOnly(Some(db)), Access::Live),
                     // The writer that had it is gone mid-way.
                     Err(redb::DatabaseError::RepairAborted) => recover()?,
+                    // Held in the other protocol: by a writer with `Sharing::Exclusive`, or
+                    // by another inspection recovering the file in memory, whose locks are
+                    // shared. The recovery tells them apart: it shares the file with the
+                    // inspection and is refused (`Locked`) by the writer.
+                    Err(
+                        redb::DatabaseError::DatabaseAlreadyOpen
+                        | redb::DatabaseError::LockProtocolMismatch,
+                    ) => recover()?,
                     Err(e) => return Err(not_openable(path, e)),
                 }
             }

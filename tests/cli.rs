@@ -571,6 +571,29 @@ fn read_only_commands_on_a_file_not_closed_cleanly_recover_it_in_memory_copying_
     Ok(())
 }
 
+#[test]
+fn inspections_of_a_file_not_closed_cleanly_run_side_by_side() -> TestResult {
+    let s = sample();
+    let crashed = s.dir.path().join("crashed.opj");
+    {
+        let j = s.open();
+        j.advance_revision("doc/readme", 6)?;
+        std::fs::copy(&s.path, &crashed)?;
+    }
+    // Each recovers the file in memory, holding only shared locks: the others may read it
+    // too (they were refused as if a writer excluded readers).
+    let first = opjournal::Inspector::open(&crashed)?;
+    assert_eq!(first.access(), opjournal::Access::Recovered);
+    let second = opjournal::Inspector::open(&crashed)?;
+    assert_eq!(second.access(), opjournal::Access::Recovered);
+    let o = run(&["stats", path_str(&crashed)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    // Once they are gone, a writer opens the file (and recovers it).
+    drop((first, second));
+    drop(opjournal::Journal::open(&crashed)?);
+    Ok(())
+}
+
 // ---- errors: one line saying what happened, a hint, exit 2 ----
 
 fn assert_fails(args: &[&str], first_line: &str, hint: &str) {
