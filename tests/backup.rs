@@ -227,6 +227,52 @@ fn backup_refuses_an_existing_destination_and_writes_nothing() -> TestResult {
 }
 
 #[test]
+fn backup_of_a_journal_with_a_damaged_record_writes_nothing_and_points_to_repair() -> TestResult {
+    use redb::{ReadableTable, TableDefinition};
+    const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
+    let s = sample();
+    // One bit flipped inside an event's stored value: its CRC fails.
+    let seq = {
+        let db = redb::Database::open(&s.path)?;
+        let txn = db.begin_write()?;
+        let seq = {
+            let mut t = txn.open_table(EVENTS)?;
+            let (seq, mut value) = {
+                let (k, v) = t.last()?.ok_or("events")?;
+                (k.value(), v.value().to_vec())
+            };
+            let last = value.len() - 1;
+            value[last / 2] ^= 0x10;
+            t.insert(seq, value.as_slice())?;
+            seq
+        };
+        txn.commit()?;
+        seq
+    };
+    let listing = names(s.dir.path());
+    let dest = s.dir.path().join("copy.opj");
+    let o = run(&["backup", path_str(&s.path), path_str(&dest)]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("events")
+            && err.contains(&seq.to_string())
+            && err.contains("opjournal repair"),
+        "names the record and the next step: {err}"
+    );
+    assert!(!dest.exists(), "nothing at the destination");
+    assert_eq!(names(s.dir.path()), listing, "nothing new beside it");
+    let e = opjournal::backup(&s.path, &dest).expect_err("refused");
+    assert!(matches!(e.kind(), ErrorKind::Corrupt { .. }), "{e:?}");
+    // After a repair, the backup is made, and verify passes on it.
+    assert_eq!(code(&run(&["repair", path_str(&s.path)])), 0);
+    let o = run(&["backup", path_str(&s.path), path_str(&dest)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(code(&run(&["verify", path_str(&dest)])), 0);
+    Ok(())
+}
+
+#[test]
 fn a_format_1_journal_dumps_and_imports_as_a_journal_of_this_format() -> TestResult {
     let dir = tempfile::tempdir()?;
     let v1 = dir.path().join("v1.opj");

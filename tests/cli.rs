@@ -534,13 +534,14 @@ fn read_only_commands_leave_file_bytes_unchanged() {
 #[test]
 fn read_only_commands_on_a_file_not_closed_cleanly_recover_it_in_memory_copying_nothing_and_leave_bytes_unchanged()
 -> TestResult {
-    // A copy taken while a writer has the file open is what a crash leaves behind.
+    // A copy taken while a writer has the file open, with its log, is what a crash leaves
+    // behind.
     let s = sample();
     let crashed = s.dir.path().join("crashed.opj");
     {
         let j = s.open();
         j.advance_revision("doc/readme", 6)?;
-        std::fs::copy(&s.path, &crashed)?;
+        copy_with_log(&s.path, &crashed)?;
     }
     let p = path_str(&crashed);
     let before = std::fs::read(&crashed)?;
@@ -568,6 +569,78 @@ fn read_only_commands_on_a_file_not_closed_cleanly_recover_it_in_memory_copying_
             "{args:?} wrote to the temporary directory"
         );
     }
+    Ok(())
+}
+
+/// Copies a journal and the log files beside it (those that exist).
+fn copy_with_log(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    std::fs::copy(from, to)?;
+    for (a, b) in opjournal::FileLog::paths_for(from)
+        .into_iter()
+        .zip(opjournal::FileLog::paths_for(to))
+    {
+        if a.exists() {
+            std::fs::copy(a, b)?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn verify_of_a_journal_not_closed_cleanly_without_its_log_says_where_the_log_should_be()
+-> TestResult {
+    let s = sample();
+    let crashed = s.dir.path().join("crashed.opj");
+    {
+        let j = s.open();
+        j.advance_revision("doc/readme", 6)?;
+        // The journal alone, as a copy made while its editor runs would take it.
+        std::fs::copy(&s.path, &crashed)?;
+    }
+    // Not a finding (a power cut just after a clean close leaves the same, losing
+    // nothing), but not "closed cleanly" either.
+    let o = run(&["verify", path_str(&crashed)]);
+    assert_eq!(code(&o), 0, "{}", stdout(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("though the journal was not closed cleanly")
+            && text.contains("crashed.opj-log"),
+        "{text}"
+    );
+    assert!(!text.contains("(the journal was closed cleanly)"), "{text}");
+    Ok(())
+}
+
+#[test]
+fn repair_of_a_journal_whose_log_was_cut_does_not_say_nothing_was_lost() -> TestResult {
+    let s = sample();
+    let crashed = s.dir.path().join("cut.opj");
+    {
+        let j = s.open();
+        for r in 6..40 {
+            j.advance_revision("doc/readme", r)?;
+        }
+        copy_with_log(&s.path, &crashed)?;
+    }
+    // The log cut inside its records (not where a crash tears it: it is preallocated).
+    let log = opjournal::FileLog::paths_for(&crashed)[0].clone();
+    let used = std::fs::read(&log)?
+        .iter()
+        .rposition(|b| *b != 0)
+        .ok_or("a log with records")?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)?
+        .set_len(used as u64 / 2)?;
+    let o = run(&["repair", path_str(&crashed)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(!text.contains("lost: nothing"), "{text}");
+    assert!(
+        text.contains("lost: every operation that could be read"),
+        "{text}"
+    );
+    assert_eq!(code(&run(&["verify", path_str(&crashed)])), 0);
     Ok(())
 }
 

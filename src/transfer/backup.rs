@@ -61,7 +61,8 @@ pub struct BackupReport {
 /// - the errors of [`Inspector::open`] for the source ([`ErrorKind::Locked`](crate::ErrorKind::Locked)
 ///   when a writer holds it with `Sharing::Exclusive`);
 /// - [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt) if the source's log holds a record
-///   whose changes do not decode;
+///   whose changes do not decode, or an event, receipt, result or scope fails its CRC or
+///   does not decode (a copy is always one `verify` passes: run `opjournal repair` first);
 /// - [`ErrorKind::Io`](crate::ErrorKind::Io), [`ErrorKind::Storage`](crate::ErrorKind::Storage)
 ///   writing the copy. Whatever the error, nothing is left at `dest`.
 pub fn backup(src: impl AsRef<Path>, dest: impl AsRef<Path>) -> Result<BackupReport> {
@@ -142,9 +143,22 @@ fn copy_tables(snap: &index::Snapshot<'_>, out: &mut NewJournal) -> Result<Backu
         out.put::<index::Meta>("checkpoint".into(), codec::encode(RecordKind::Meta, &cp))?;
         report.entries += 1;
     }
-    report.events = out.copy::<index::Events>(snap)?;
-    report.receipts = out.copy::<index::Receipts>(snap)?;
-    let in_table = out.copy::<index::Results>(snap)?;
+    report.events =
+        copy_checked::<index::Events>(snap, out, |seq, v| index::decode_event(*seq, v).map(drop))?;
+    report.receipts = copy_checked::<index::Receipts>(snap, out, |id, v| {
+        let rec = index::decode_receipt(id, v)?;
+        // A result inline in the receipt (format 3) has its own CRC.
+        if let (Some(tail), crate::record::ExecRecord::Done(d)) =
+            (index::split_receipt_value(v).1, &rec.state)
+            && let Some(seq) = d.result_seq
+        {
+            index::decode_inline_result(id, seq, tail)?;
+        }
+        Ok(())
+    })?;
+    let in_table = copy_checked::<index::Results>(snap, out, |seq, v| {
+        index::decode_result(*seq, v).map(drop)
+    })?;
     report.entries += report.events + report.receipts + in_table;
     // Results inline in their receipts (format 3) were copied with them.
     let mut inline = 0;
@@ -154,11 +168,12 @@ fn copy_tables(snap: &index::Snapshot<'_>, out: &mut NewJournal) -> Result<Backu
         }
     }
     report.results = in_table + inline;
+    report.entries +=
+        copy_checked::<index::Scopes>(snap, out, |name, v| index::decode_scope(name, v).map(drop))?;
     macro_rules! rest {
         ($($t:ident),*) => { $( report.entries += out.copy::<index::$t>(snap)?; )* };
     }
     rest!(
-        Scopes,
         OpEvents,
         Timers,
         ScopeTimers,
@@ -168,4 +183,36 @@ fn copy_tables(snap: &index::Snapshot<'_>, out: &mut NewJournal) -> Result<Backu
         Quarantine
     );
     Ok(report)
+}
+
+/// Copies table `T` as [`NewJournal::copy`] does, checking each value first with `check`
+/// (its CRC and decoding): a damaged record stops the backup, and nothing is left at the
+/// destination, so that a copy is always one `verify` passes.
+fn copy_checked<T: index::Table<V = Vec<u8>>>(
+    snap: &index::Snapshot<'_>,
+    out: &mut NewJournal,
+    check: impl Fn(&T::K, &[u8]) -> Result<()>,
+) -> Result<u64> {
+    let mut n = 0;
+    for entry in snap.all::<T>()? {
+        let (k, v) = entry?;
+        if let Err(e) = check(&k, &v) {
+            return Err(crate::Error::corrupt(
+                T::NAME,
+                index::TableKey::show(&k),
+                format!(
+                    "{}; the backup stops and writes nothing: run `opjournal repair` on the \
+                     journal first (it sets damaged records aside and says what was lost), \
+                     then back it up",
+                    match e.kind() {
+                        crate::ErrorKind::Corrupt { detail, .. } => detail.clone(),
+                        _ => e.to_string(),
+                    }
+                ),
+            ));
+        }
+        out.put::<T>(k, v)?;
+        n += 1;
+    }
+    Ok(n)
 }

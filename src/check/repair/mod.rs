@@ -148,7 +148,9 @@ pub struct RepairReport {
     /// Always `false`: repair no longer rolls redb back (kept for
     /// compatibility).
     pub storage_rolled_back: bool,
-    /// Always `false` (kept for compatibility): page damage shows as
+    /// redb's page check failed on the file, as `verify` reports it (a damaged page of an
+    /// index, which the rebuild never reads, shows only here). The repaired file is written
+    /// anew, without it. Damage where records lay also shows as
     /// [`RepairReport::unreadable`] ranges.
     pub page_checksums_failed: bool,
     /// Records moved to the quarantine table (they failed CRC/decode, or did not fit the
@@ -241,7 +243,8 @@ impl RepairReport {
     /// damage, a salvage, or a change to the journal's tables (an index entry, an orphan
     /// result), even when every operation answers as before.
     pub fn found_damage(&self) -> bool {
-        !self.quarantined.is_empty()
+        self.page_checksums_failed
+            || !self.quarantined.is_empty()
             || !self.index_changes.is_empty()
             || self.orphan_results_removed > 0
             || !self.lost.is_empty()
@@ -347,6 +350,15 @@ pub fn repair(
         None => EngineAccess::Refused,
     };
     refuse_foreign(&src, path)?;
+    // redb's page check, as `verify` runs it: a damaged page of a table the rebuild does
+    // not read (an index) changes nothing it compares, but the repaired file no longer
+    // has it, so a dry run must say it would change the file.
+    if matches!(src.rung, Some(Rung::InPlace | Rung::Recovered)) {
+        report.page_checksums_failed = matches!(
+            super::verify::page_check(path, extent.journal_len()),
+            super::verify::Integrity::Failed(_)
+        );
+    }
     if !src.readable() {
         // Only raw bytes: refuse what holds no intact journal event (nothing to salvage),
         // and a newer build's records, before anything is written.

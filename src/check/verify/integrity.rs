@@ -11,8 +11,13 @@ use super::{INTEGRITY_SCRATCH_BYTES, Integrity, corrupt_detail};
 /// Runs redb's page checksum check on a scratch over the file (its writes kept
 /// in memory, the file untouched and never copied).
 pub(super) fn integrity_in_place(insp: &Inspector) -> Integrity {
-    let path = insp.path();
-    let len = insp.extent().journal_len();
+    page_check(insp.path(), insp.extent().journal_len())
+}
+
+/// redb's page check of the file at `path` (its first `len` bytes), on a scratch in memory.
+/// The caller already holds the file (an inspector, or repair's source), excluding
+/// writers.
+pub(crate) fn page_check(path: &std::path::Path, len: u64) -> Integrity {
     let r = guarded("integrity", || {
         // This process already holds the file through the inspector, which excludes writers:
         // the scratch takes no locks of its own.

@@ -44,6 +44,7 @@ use crate::inspect::{Access, Inspector};
 use crate::preflight::guarded;
 use crate::record::{ExecRecord, ReceiptRecord};
 
+pub(crate) use integrity::page_check;
 pub(crate) use log::and_after;
 
 use digest::Digests;
@@ -279,6 +280,7 @@ pub fn verify_inspected(
     let r = guarded("records", || {
         insp.with_snapshot_and_log(false, |tables, now, log| {
             report.log = check_log(insp.path(), log, &mut findings)?;
+
             check_tables(tables, now, &mut report, &mut findings, progress)
         })
     });

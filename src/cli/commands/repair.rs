@@ -152,6 +152,12 @@ fn human(out: &mut Out, args: &RepairArgs, report: &RepairReport) -> Result<(), 
             _ => "read".into(),
         },
     ));
+    if report.page_checksums_failed {
+        rows.push((
+            "  pages",
+            "the storage engine's page check failed (as `verify` reports it); the repaired file is written anew from the records, without the damaged pages".into(),
+        ));
+    }
     if report.salvaged && report.engine != EngineAccess::Refused {
         rows.push((
             "  salvaged",
@@ -256,8 +262,16 @@ fn human(out: &mut Out, args: &RepairArgs, report: &RepairReport) -> Result<(), 
         out.table(&table)?;
     }
     out.line("")?;
-    if report.lost.is_empty() {
+    if report.lost.is_empty() && report.unreadable.is_empty() && report.log_records_dropped == 0 {
         out.line("lost: nothing; every operation was restored as it was")?;
+    } else if report.lost.is_empty() {
+        // What the unreadable parts held cannot be compared with anything: say so rather
+        // than that nothing was lost.
+        out.line(
+            "lost: every operation that could be read was restored as it was; what the \
+             unreadable parts above recorded is not in the journal (the operations they \
+             changed are as they were before it, or missing)",
+        )?;
     } else {
         out.line(format!(
             "lost: {} not restored as they were:",

@@ -93,7 +93,8 @@ pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
         }
         return summary.write(out, outcome, counts);
     }
-    human(out, target, insp.path(), &report, problems)?;
+    let recovered = insp.access() == opjournal::Access::Recovered;
+    human(out, target, insp.path(), recovered, &report, problems)?;
     summary.write(out, outcome, counts)
 }
 
@@ -101,6 +102,7 @@ fn human(
     out: &mut Out,
     target: Target<'_>,
     shown: &Path,
+    recovered: bool,
     report: &VerifyReport,
     problems: u64,
 ) -> Result<(), Failure> {
@@ -138,7 +140,7 @@ fn human(
             if target.is_database() {
                 "none (a journal in a database keeps no log file)".to_string()
             } else {
-                log_line(&report.log)
+                log_line(&report.log, recovered, shown)
             },
         ),
     ])?;
@@ -180,8 +182,16 @@ fn human(
     }
 }
 
-fn log_line(log: &LogCheck) -> String {
+fn log_line(log: &LogCheck, recovered: bool, journal: &Path) -> String {
     match log {
+        // Not a finding: a power cut just after a clean close leaves the same (the log
+        // removed, the file's clean mark not yet on the disk), with nothing missing.
+        LogCheck::Absent if recovered => format!(
+            "none, though the journal was not closed cleanly: if it was copied or moved \
+             without its log ({}), what its writer committed after its last checkpoint is \
+             not here; put the log beside it and verify again",
+            opjournal::FileLog::paths_for(journal)[0].display()
+        ),
         LogCheck::Absent => "none (the journal was closed cleanly)".into(),
         LogCheck::Current { records, bytes } => format!(
             "{} of the current cycle laid over the file ({} bytes)",
