@@ -672,6 +672,65 @@ impl Inspector {
         r
     }
 
+    /// As [`Inspector::for_each_receipt`], with each operation's recorded result (what
+    /// [`Inspector::result`] gives for it: `None` unless it is terminal, unretired and kept
+    /// one), all from the same one snapshot. Use it to walk results: each call of `result`
+    /// takes a snapshot of its own, which reads the journal's log again.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Corrupt`] (the first damaged receipt or result), [`ErrorKind::Io`], or
+    /// `f`'s error.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use opjournal::{Admission, Inspector, Intent, Journal, Operation, Outcome};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("project.opj");
+    /// {
+    ///     let j = Journal::open(&path)?;
+    ///     let op = Operation::new("op_1", Intent::from_json("edit", &serde_json::json!({}))?);
+    ///     if let Admission::Fresh(claim) = j.submit(op)? {
+    ///         j.complete(&claim, Outcome::applied(1, b"done".to_vec()))?;
+    ///     }
+    /// }
+    /// let mut seen = Vec::new();
+    /// Inspector::open(&path)?.for_each_receipt_and_result(|r, result| {
+    ///     seen.push((r.operation_id, result.map(|res| res.bytes)));
+    ///     Ok(true)
+    /// })?;
+    /// assert_eq!(seen, [("op_1".to_string(), Some(b"done".to_vec()))]);
+    /// # Ok::<(), opjournal::Error>(())
+    /// ```
+    pub fn for_each_receipt_and_result(
+        &self,
+        mut f: impl FnMut(Receipt, Option<OpResult>) -> Result<bool>,
+    ) -> Result<()> {
+        let mut caller_panic = None;
+        let r = guarded("receipts", || {
+            self.with_snapshot(|t, now| {
+                for entry in t.all::<index::Receipts>()? {
+                    let (k, v) = entry?;
+                    let rec = index::decode_receipt(&k, &v)?;
+                    let Some(rec) = machine::effective(rec, now) else {
+                        continue;
+                    };
+                    let result = machine::result_of(t, &rec)?;
+                    if let Some(r) = machine::into_view(rec)
+                        && !call_caller(&mut caller_panic, || f(r, result))?
+                    {
+                        break;
+                    }
+                }
+                Ok(())
+            })
+        });
+        resume_caller_panic(caller_panic);
+        r
+    }
+
     /// Calls `f` with every event whose seq is at least `from`, in order, from one
     /// snapshot, streaming. `f` returns `false` to stop.
     ///

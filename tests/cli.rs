@@ -612,6 +612,37 @@ fn verify_of_a_journal_not_closed_cleanly_without_its_log_says_where_the_log_sho
 }
 
 #[test]
+fn results_walked_from_one_snapshot_are_those_read_one_by_one() -> TestResult {
+    // A journal whose log holds commits (a crash leaves it so): `export --results` walks
+    // the receipts with their results from one snapshot instead of one per result.
+    let s = sample();
+    let crashed = s.dir.path().join("crashed.opj");
+    {
+        let j = s.open();
+        j.advance_revision("doc/readme", 6)?;
+        copy_with_log(&s.path, &crashed)?;
+    }
+    let insp = opjournal::Inspector::open(&crashed)?;
+    let mut walked = Vec::new();
+    insp.for_each_receipt_and_result(|r, result| {
+        walked.push((r.operation_id, result));
+        Ok(true)
+    })?;
+    assert!(
+        walked.iter().filter(|(_, r)| r.is_some()).count() >= 2,
+        "{walked:?}"
+    );
+    for (id, result) in &walked {
+        assert_eq!(&insp.result(id)?, result, "{id}");
+    }
+    let o = run(&["--json", "export", path_str(&crashed), "--results"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let exported = json_lines(&o).iter().filter(|(t, _)| t == "result").count();
+    assert_eq!(exported, walked.iter().filter(|(_, r)| r.is_some()).count());
+    Ok(())
+}
+
+#[test]
 fn repair_of_a_journal_whose_log_was_cut_does_not_say_nothing_was_lost() -> TestResult {
     let s = sample();
     let crashed = s.dir.path().join("cut.opj");

@@ -49,13 +49,13 @@ pub(super) fn run(args: &ExportArgs, out: &mut Out) -> Run {
     // A failed write stops the walk; it is reported after the library returns.
     let mut failure: Option<Failure> = None;
     if want_receipts {
-        insp.for_each_receipt(|r| {
+        let mut each = |r: opjournal::Receipt, result: Option<opjournal::OpResult>| {
             let mut write = || -> Result<(), Failure> {
                 out.record("receipt", &receipt_json(&r))?;
                 receipts += 1;
                 if args.results
                     && r.result_size.is_some()
-                    && let Some(res) = insp.result(&r.operation_id).map_err(&err)?
+                    && let Some(res) = result
                 {
                     let p = preview(&res.bytes, true);
                     out.record(
@@ -82,7 +82,15 @@ pub(super) fn run(args: &ExportArgs, out: &mut Out) -> Run {
                     Ok(false)
                 }
             }
-        })
+        };
+        // The results from the receipts' own snapshot: `Inspector::result` per receipt
+        // takes a snapshot each, which reads the journal's log again each time (17.6 s
+        // against 0.08 s for 680 results over a 4 MiB log).
+        if args.results {
+            insp.for_each_receipt_and_result(&mut each)
+        } else {
+            insp.for_each_receipt(|r| each(r, None))
+        }
         .map_err(&err)?;
     }
     if let Some(f) = failure.take() {
