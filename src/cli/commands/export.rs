@@ -50,7 +50,7 @@ pub(super) fn run(args: &ExportArgs, out: &mut Out) -> Run {
     let mut failure: Option<Failure> = None;
     if want_receipts {
         let mut each = |r: opjournal::Receipt, result: Option<opjournal::OpResult>| {
-            let mut write = || -> Result<(), Failure> {
+            let write = || -> Result<(), Failure> {
                 out.record("receipt", &receipt_json(&r))?;
                 receipts += 1;
                 if args.results
