@@ -653,23 +653,7 @@ impl Inspector {
     ///
     /// [`ErrorKind::Corrupt`] (the first damaged receipt), [`ErrorKind::Io`], or `f`'s error.
     pub fn for_each_receipt(&self, mut f: impl FnMut(Receipt) -> Result<bool>) -> Result<()> {
-        let mut caller_panic = None;
-        let r = guarded("receipts", || {
-            self.with_snapshot(|t, now| {
-                for entry in t.all::<index::Receipts>()? {
-                    let (k, v) = entry?;
-                    let rec = index::decode_receipt(&k, &v)?;
-                    if let Some(r) = machine::effective(rec, now).and_then(machine::into_view)
-                        && !call_caller(&mut caller_panic, || f(r))?
-                    {
-                        break;
-                    }
-                }
-                Ok(())
-            })
-        });
-        resume_caller_panic(caller_panic);
-        r
+        self.walk_receipts(false, &mut |r, _| f(r))
     }
 
     /// As [`Inspector::for_each_receipt`], with each operation's recorded result (what
@@ -708,6 +692,15 @@ impl Inspector {
         &self,
         mut f: impl FnMut(Receipt, Option<OpResult>) -> Result<bool>,
     ) -> Result<()> {
+        self.walk_receipts(true, &mut f)
+    }
+
+    /// Every receipt (clocks applied) from one snapshot, with its result when `results`.
+    fn walk_receipts(
+        &self,
+        results: bool,
+        f: &mut dyn FnMut(Receipt, Option<OpResult>) -> Result<bool>,
+    ) -> Result<()> {
         let mut caller_panic = None;
         let r = guarded("receipts", || {
             self.with_snapshot(|t, now| {
@@ -717,7 +710,11 @@ impl Inspector {
                     let Some(rec) = machine::effective(rec, now) else {
                         continue;
                     };
-                    let result = machine::result_of(t, &rec)?;
+                    let result = if results {
+                        machine::result_of(t, &rec)?
+                    } else {
+                        None
+                    };
                     if let Some(r) = machine::into_view(rec)
                         && !call_caller(&mut caller_panic, || f(r, result))?
                     {

@@ -575,6 +575,18 @@ mod tests {
         Ok((quick, verify(path)?, full))
     }
 
+    type TimerEntry<'a> = (
+        redb::AccessGuard<'a, (u8, u64, &'static str)>,
+        redb::AccessGuard<'a, ()>,
+    );
+
+    /// The key of a `timers` entry, owned (the table holds some in the fixture).
+    fn timer_key(entry: Option<TimerEntry<'_>>) -> (u8, u64, String) {
+        let (k, _) = entry.expect("timers");
+        let (kind, due, op) = k.value();
+        (kind, due, op.to_string())
+    }
+
     fn edit(path: &Path, f: impl FnOnce(&redb::WriteTransaction) -> Result<()>) -> Result<()> {
         let db = redb::Database::open(path)?;
         let txn = db.begin_write()?;
@@ -637,11 +649,7 @@ mod tests {
             }),
             ("a timer removed", |txn| {
                 let mut t = txn.open_table(TIMERS)?;
-                let key = t.first()?.map(|(k, _)| {
-                    let (kind, due, op) = k.value();
-                    (kind, due, op.to_string())
-                });
-                let (kind, due, op) = key.expect("timers");
+                let (kind, due, op) = timer_key(t.first()?);
                 t.remove((kind, due, op.as_str()))?;
                 Ok(())
             }),
@@ -651,11 +659,7 @@ mod tests {
             }),
             ("a timer moved to another due time", |txn| {
                 let mut t = txn.open_table(TIMERS)?;
-                let key = t.last()?.map(|(k, _)| {
-                    let (kind, due, op) = k.value();
-                    (kind, due, op.to_string())
-                });
-                let (kind, due, op) = key.expect("timers");
+                let (kind, due, op) = timer_key(t.last()?);
                 t.remove((kind, due, op.as_str()))?;
                 t.insert((kind, due + 1, op.as_str()), ())?;
                 Ok(())
