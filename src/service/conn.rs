@@ -3,7 +3,8 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::protocol::Reply;
@@ -17,7 +18,14 @@ pub(crate) struct Conn {
     writing: Mutex<()>,
     /// The session named by the latest `hello` on this connection.
     pub(crate) session: Mutex<Option<String>>,
+    /// Replies handed to threads of their own and not yet written ([`Conn::send_detached`]).
+    backlog: AtomicUsize,
 }
+
+/// The most replies a connection may have waiting for their own threads to write them: a
+/// client that far behind has stopped reading, and is dropped rather than given more
+/// threads (it hears its results again on its next `hello`).
+const MAX_BACKLOG: usize = 4;
 
 impl Conn {
     pub(crate) fn new(id: u64, stream: TcpStream) -> Conn {
@@ -26,7 +34,33 @@ impl Conn {
             stream,
             writing: Mutex::new(()),
             session: Mutex::new(None),
+            backlog: AtomicUsize::new(0),
         }
+    }
+
+    /// Sends `reply` on a thread of its own, so that the caller never waits for a client
+    /// that stopped reading (a write blocks until the write timeout closes it). With
+    /// [`MAX_BACKLOG`] replies already waiting, the connection is closed instead.
+    ///
+    /// # Errors
+    ///
+    /// The thread could not be started (the reply is not sent).
+    pub(crate) fn send_detached(self: &Arc<Self>, reply: Reply) -> std::io::Result<()> {
+        if self.backlog.fetch_add(1, Ordering::SeqCst) >= MAX_BACKLOG {
+            self.backlog.fetch_sub(1, Ordering::SeqCst);
+            self.close();
+            return Ok(());
+        }
+        let conn = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("opjournal-deliver".into())
+            .spawn(move || {
+                let _ = conn.send(&reply);
+                conn.backlog.fetch_sub(1, Ordering::SeqCst);
+            });
+        spawned.map(drop).inspect_err(|_| {
+            self.backlog.fetch_sub(1, Ordering::SeqCst);
+        })
     }
 
     pub(crate) fn stream(&self) -> &TcpStream {
@@ -173,6 +207,42 @@ mod tests {
         let client = TcpStream::connect(l.local_addr()?)?;
         let (server, _) = l.accept()?;
         Ok((client, server))
+    }
+
+    #[test]
+    fn a_client_with_too_many_answers_unwritten_is_closed_instead_of_given_more_threads()
+    -> TestResult {
+        let (client, server) = pair()?;
+        server.set_write_timeout(Some(Duration::from_secs(20)))?;
+        let conn = Arc::new(Conn::new(1, server));
+        // Each answer is larger than the sockets' buffers: the client never reads, so the
+        // first write blocks and the next ones wait behind it.
+        let big = || Reply::Error {
+            id: None,
+            kind: "internal".into(),
+            message: "x".repeat(8 << 20),
+        };
+        for _ in 0..MAX_BACKLOG {
+            conn.send_detached(big())?;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            conn.backlog.load(Ordering::SeqCst),
+            MAX_BACKLOG,
+            "all waiting"
+        );
+        // One more: the connection is closed (every waiting write then fails at once).
+        let started = Instant::now();
+        conn.send_detached(big())?;
+        while conn.backlog.load(Ordering::SeqCst) > 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the writes ended"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(client);
+        Ok(())
     }
 
     #[test]

@@ -34,7 +34,8 @@
 //!   as failed. An operation is never left `Running` for its lease to expire.
 //! - **Stay bounded.** At most [`ServiceConfig::max_connections`] connections (the next one
 //!   hears `too_many_connections` and is closed), one thread each plus one thread that
-//!   applies edits; an idle connection is closed after [`ServiceConfig::idle_timeout`];
+//!   applies edits (its answers are written by short-lived threads, at most 4 waiting per
+//!   connection, so it never waits for a client); an idle connection is closed after [`ServiceConfig::idle_timeout`];
 //!   request lines are at most [`MAX_LINE`] bytes; a client that stops reading is dropped
 //!   after [`ServiceConfig::write_timeout`]. Every socket has `TCP_NODELAY`: a reply is
 //!   one small write, and Nagle's algorithm would hold the next one back for an ACK.

@@ -243,12 +243,7 @@ impl Shared {
         // editor thread (every client's edits wait behind it) nor the other recipients may
         // wait for it. The deliveries are recorded above, before any copy is sent.
         for (conn, r) in sends {
-            let spawned = std::thread::Builder::new()
-                .name("opjournal-deliver".into())
-                .spawn(move || {
-                    let _ = conn.send(&r);
-                });
-            if let Err(e) = spawned {
+            if let Err(e) = conn.send_detached(r) {
                 self.note(format!(
                     "could not start a thread to send the answer of `{id}` (the client gets it by `status` or on its next `hello`): {e}"
                 ));
