@@ -20,6 +20,12 @@
 //!    every scope timer is a superseded revision event; every scope record is the one the
 //!    events give.
 //!
+//! The checks that match two tables entry for entry (an event and its `op_events` entry, a
+//! kept result and its `results` entry, an implied index entry and its table's) are first
+//! counted as keyed digests, each table read in its own order, without the point lookups
+//! named above; only when that run finds anything, or a pair of tables does not match, do
+//! the passes run again with the lookups, which name each problem (see `digest`).
+//!
 //! Findings are capped at [`MAX_FINDINGS`] (the rest are counted). Besides the records, the
 //! log beside the file is checked ([`LogCheck`]), bytes appended after the journal are a
 //! finding (a writer refuses such a file; `repair` trims them), and redb's page
@@ -199,9 +205,10 @@ impl Findings {
 /// against the events, the log beside the file, and what follows the journal's data. Damage
 /// is reported as findings, not errors.
 ///
-/// Memory is bounded: the tables are streamed and checked with point lookups (one entry per
-/// scope is held), findings are capped at [`MAX_FINDINGS`], and the page check runs on a
-/// scratch of at most [`INTEGRITY_SCRATCH_BYTES`] (or is skipped, saying why).
+/// Memory is bounded: the tables are streamed and checked with digests or point lookups
+/// (one entry per scope is held), findings are capped at [`MAX_FINDINGS`], and the page
+/// check runs on a scratch of at most [`INTEGRITY_SCRATCH_BYTES`] (or is skipped, saying
+/// why).
 ///
 /// # Errors
 ///
