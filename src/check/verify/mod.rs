@@ -160,6 +160,23 @@ pub struct VerifyReport {
 }
 
 impl VerifyReport {
+    /// A report before any pass has run: nothing found, nothing counted.
+    fn started(integrity: Integrity, trailing_bytes: u64) -> VerifyReport {
+        VerifyReport {
+            integrity,
+            findings: Vec::new(),
+            more_findings: 0,
+            events: 0,
+            receipts: 0,
+            results: 0,
+            scopes: 0,
+            index_entries: 0,
+            quarantined: 0,
+            log: LogCheck::Absent,
+            trailing_bytes,
+        }
+    }
+
     /// Whether nothing is wrong (a skipped page check is not a problem).
     pub fn is_clean(&self) -> bool {
         self.findings.is_empty() && !matches!(self.integrity, Integrity::Failed(_))
@@ -258,19 +275,7 @@ pub fn verify_inspected(
         ),
         _ => integrity_in_place(insp),
     };
-    let mut report = VerifyReport {
-        integrity,
-        findings: Vec::new(),
-        more_findings: 0,
-        events: 0,
-        receipts: 0,
-        results: 0,
-        scopes: 0,
-        index_entries: 0,
-        quarantined: 0,
-        log: LogCheck::Absent,
-        trailing_bytes: insp.trailing_bytes(),
-    };
+    let mut report = VerifyReport::started(integrity, insp.trailing_bytes());
     let mut findings = Findings::new();
     if report.trailing_bytes > 0 {
         let e = insp.extent();
@@ -548,15 +553,10 @@ mod tests {
         let insp = Inspector::open(path)?;
         // What `verify` reports before the passes run.
         let fresh = || -> Result<VerifyReport> {
+            let v = verify(path)?;
             Ok(VerifyReport {
-                findings: Vec::new(),
-                more_findings: 0,
-                events: 0,
-                receipts: 0,
-                results: 0,
-                scopes: 0,
-                index_entries: 0,
-                ..verify(path)?
+                log: v.log,
+                ..VerifyReport::started(v.integrity, v.trailing_bytes)
             })
         };
         let quick = insp.with_snapshot_and_log(false, |t, _, _| {
