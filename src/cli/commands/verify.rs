@@ -88,7 +88,7 @@ pub(super) fn run(args: &FileArgs, out: &mut Out) -> Run {
             "log",
             &serde_json::to_value(&report.log).unwrap_or_default(),
         )?;
-        for f in &report.findings {
+        for f in &rows(&report) {
             out.record("finding", &serde_json::to_value(f).unwrap_or_default())?;
         }
         return summary.write(out, outcome, counts);
@@ -150,18 +150,7 @@ fn human(
         return Ok(());
     }
     out.line(format!("{} found:", count(problems, "problem", "problems")))?;
-    let mut rows = report.findings.clone();
-    if let Integrity::Failed(detail) = &report.integrity {
-        rows.insert(
-            0,
-            Finding {
-                table: "(redb)".into(),
-                key: "(pages)".into(),
-                problem: detail.clone(),
-            },
-        );
-    }
-    findings_table(out, &rows)?;
+    findings_table(out, &rows(report))?;
     if report.more_findings > 0 {
         out.line(format!(
             "  ... and {} more (the first {} are listed)",
@@ -180,6 +169,21 @@ fn human(
             name.display()
         )),
     }
+}
+
+/// The findings as listed, both outputs alike: a failed page check first, as a finding of
+/// the storage engine's own structures, then the report's findings.
+fn rows(report: &VerifyReport) -> Vec<Finding> {
+    let mut rows = Vec::with_capacity(report.findings.len() + 1);
+    if let Integrity::Failed(detail) = &report.integrity {
+        rows.push(Finding {
+            table: "(redb)".into(),
+            key: "(pages)".into(),
+            problem: detail.clone(),
+        });
+    }
+    rows.extend(report.findings.iter().cloned());
+    rows
 }
 
 fn log_line(log: &LogCheck, recovered: bool, journal: &Path) -> String {
