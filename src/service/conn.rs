@@ -20,6 +20,10 @@ pub(crate) struct Conn {
     pub(crate) session: Mutex<Option<String>>,
     /// Replies handed to threads of their own and not yet written ([`Conn::send_detached`]).
     backlog: AtomicUsize,
+    /// How long one reply may take to write, from when it is ready: the socket's write
+    /// timeout when the connection was admitted. The socket's own timeout bounds each
+    /// `write` call, and a client that reads a little now and then would reset it.
+    reply_timeout: Option<Duration>,
 }
 
 /// The most replies a connection may have waiting for their own threads to write them: a
@@ -31,6 +35,7 @@ impl Conn {
     pub(crate) fn new(id: u64, stream: TcpStream) -> Conn {
         Conn {
             id,
+            reply_timeout: stream.write_timeout().ok().flatten(),
             stream,
             writing: Mutex::new(()),
             session: Mutex::new(None),
@@ -67,17 +72,39 @@ impl Conn {
         &self.stream
     }
 
-    /// Sends one reply as one line. A failed or timed-out write closes the connection: a
-    /// client that stops reading is dropped rather than let hold the service.
+    /// Sends one reply as one line. A failed write, or one not done within the reply
+    /// timeout of this call (waiting behind earlier replies included), closes the
+    /// connection: a client that stops reading is dropped rather than let hold the service.
     pub(crate) fn send(&self, reply: &Reply) -> std::io::Result<()> {
+        let deadline = self.reply_timeout.map(|t| Instant::now() + t);
         let mut line = serde_json::to_vec(reply).map_err(std::io::Error::other)?;
         line.push(b'\n');
         let _writing = lock(&self.writing);
-        let r = (&self.stream).write_all(&line);
+        let r = self.write_by(&line, deadline);
         if r.is_err() {
             self.close();
         }
         r
+    }
+
+    /// `write_all` that gives up at `deadline`, however the writes in between progress.
+    fn write_by(&self, mut buf: &[u8], deadline: Option<Instant>) -> std::io::Result<()> {
+        while !buf.is_empty() {
+            if let Some(deadline) = deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(ErrorKind::TimedOut.into());
+                }
+                self.stream.set_write_timeout(Some(left))?;
+            }
+            match (&self.stream).write(buf) {
+                Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                Ok(n) => buf = buf.get(n..).unwrap_or_default(),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Closes the socket at once; the reading thread sees the end and cleans up.
@@ -242,6 +269,41 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         drop(client);
+        Ok(())
+    }
+
+    #[test]
+    fn a_reply_read_too_slowly_is_cut_off_at_its_timeout_though_each_write_progresses() -> TestResult
+    {
+        let (mut client, server) = pair()?;
+        server.set_write_timeout(Some(Duration::from_millis(500)))?;
+        let conn = Conn::new(1, server);
+        // The client reads a little at a time, so no single `write` waits the whole
+        // timeout; it gives up after 4 s, far later than the reply's timeout.
+        let reader = std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut chunk = vec![0u8; 64 << 10];
+            while started.elapsed() < Duration::from_secs(4) {
+                match client.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        let huge = Reply::Error {
+            id: None,
+            kind: "internal".into(),
+            message: "x".repeat(64 << 20),
+        };
+        let started = Instant::now();
+        let sent = conn.send(&huge);
+        let took = started.elapsed();
+        let _ = reader.join();
+        assert!(sent.is_err(), "the reply was not written in full");
+        assert!(
+            took < Duration::from_secs(2),
+            "cut off at the reply's 500 ms timeout, not when the client gave up: {took:?}"
+        );
         Ok(())
     }
 

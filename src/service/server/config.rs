@@ -51,8 +51,10 @@ pub struct ServiceConfig {
     /// A connection that sends no whole request for this long is told `idle_timeout` and
     /// closed (default 5 min). Results are pushed again on the next `hello`.
     pub idle_timeout: Duration,
-    /// A reply that cannot be written for this long (the client stopped reading) closes the
-    /// connection (default 10 s).
+    /// A reply not written in full this long after it is ready (the client stopped
+    /// reading, or reads too slowly) closes the connection (default 10 s). It bounds the
+    /// whole reply, not each `write`, so a client that reads a little now and then does
+    /// not keep it open.
     pub write_timeout: Duration,
     /// How long the document remembers which operations it applied (default 90 days, the
     /// journal's default audit retention; keep it at least the journal's). In-doubt
