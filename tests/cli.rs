@@ -1251,6 +1251,50 @@ fn repair_dry_run_reports_without_writing_anything() {
 // ---- compact ----
 
 #[test]
+fn writing_commands_refuse_a_read_only_journal_with_a_hint_and_leave_it_as_it_was() -> TestResult {
+    let s = sample();
+    let p = path_str(&s.path);
+    let mut perms = std::fs::metadata(&s.path)?.permissions();
+    perms.set_readonly(true);
+    std::fs::set_permissions(&s.path, perms)?;
+    let before = s.bytes();
+    for args in [
+        vec!["compact", p],
+        vec!["repair", p],
+        vec![
+            "resolve",
+            p,
+            "op_doubt",
+            "--failed",
+            "lost with the machine",
+        ],
+    ] {
+        let o = run(&args);
+        let err = stderr(&o);
+        assert_eq!(code(&o), 2, "{args:?}: {err}");
+        assert!(
+            err.starts_with(&format!(
+                "error: cannot open `{p}` for writing: the file is read-only\n"
+            )) && err.contains(&format!("\nhint: make it writable (`chmod u+w {p}`)")),
+            "{args:?}: the refusal, then what to do: {err}"
+        );
+        assert!(s.bytes() == before, "{args:?} left the file as it was");
+    }
+    // A dry run writes only a temporary copy, so it runs.
+    let o = run(&["repair", p, "--dry-run"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(s.bytes() == before, "the dry run left the file as it was");
+    let backups = std::fs::read_dir(s.path.parent().ok_or("no parent")?)?
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".bak"))
+        })
+        .count();
+    assert_eq!(backups, 0, "no backup was written");
+    Ok(())
+}
+
+#[test]
 fn compact_fires_due_timers_and_reports_them_per_clock() -> TestResult {
     let s = sample();
     // Eight days on, every result is past its ack timeout and its retention.

@@ -205,6 +205,14 @@ pub(crate) fn explain(err: &Error, path: &Path, mode: Mode) -> CliError {
             "no operation `{operation_id}` is recorded in `{file}` (never submitted, released, or purged)"
         ))
         .hint(format!("list the operations with `opjournal ls {file}`")),
+        // The library refuses to open a read-only file for writing; its reason ends on
+        // the next step, which goes on the hint line like every other.
+        ErrorKind::InvalidInput { what: "journal file", reason, .. } if reason.contains("read-only") => {
+            let why = reason.split_once(": make it writable").map_or(reason.as_str(), |(why, _)| why);
+            CliError::new(format!("cannot open `{file}` for writing: {why}")).hint(format!(
+                "make it writable (`chmod u+w {file}`), or work on a writable copy; read-only commands such as `opjournal ls`, `verify` and `export` read it as it is, and `opjournal repair {file} --dry-run` shows what a repair would do"
+            ))
+        }
         ErrorKind::InvalidState { operation_id, .. } => CliError::new(err.to_string()).hint(format!(
             "only in-doubt operations are resolved; `opjournal show {file} {operation_id}` shows its state"
         )),

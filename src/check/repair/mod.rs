@@ -288,6 +288,8 @@ impl RepairReport {
 /// - [`ErrorKind::UnsupportedFormat`] for a journal of a newer format (never rewritten);
 /// - [`ErrorKind::Corrupt`] when redb refuses the file and no intact event
 ///   can be salvaged from its bytes;
+/// - [`ErrorKind::InvalidInput`] when the file is read-only, unless `dry_run` is set
+///   (opening it for writing is refused too);
 /// - [`ErrorKind::Io`] for an I/O error, naming the operation (read, write, sync, rename):
 ///   the journal is left as it was.
 ///
@@ -387,6 +389,16 @@ pub fn repair(
             }
             return Err(e);
         }
+    }
+    // Opening for writing refuses a read-only file; so does a repair, which would replace
+    // it (a dry run writes only a temporary copy).
+    if !options.dry_run && meta.permissions().readonly() {
+        return Err(Error::invalid(
+            "journal file",
+            &path.display().to_string(),
+            "the file is read-only: make it writable to repair it (`repair --dry-run` shows \
+             what the repair would do without writing)",
+        ));
     }
     let dropped_ops = absorb_log(&mut src, &mut report)?;
     let target = Target::create(path, options.dry_run)?;
