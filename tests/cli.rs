@@ -1248,6 +1248,51 @@ fn repair_dry_run_reports_without_writing_anything() {
     );
 }
 
+/// Runs `opjournal args...` without the power to read or write any file regardless of its
+/// permissions: as root (CI's machines), through `setpriv`, which drops the capabilities
+/// that let root ignore them.
+fn run_unprivileged(args: &[&str]) -> std::io::Result<std::process::Output> {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata("/proc/self")?.uid() != 0 {
+        return opjournal(args).output();
+    }
+    std::process::Command::new("setpriv")
+        .arg("--bounding-set=-dac_override,-dac_read_search")
+        .arg(env!("CARGO_BIN_EXE_opjournal"))
+        .args(args)
+        .output()
+}
+
+#[test]
+fn commands_that_only_read_say_reading_when_the_file_cannot_be_read() -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let s = sample();
+    let p = path_str(&s.path);
+    std::fs::set_permissions(&s.path, std::fs::Permissions::from_mode(0o000))?;
+    for args in [
+        vec!["repair", p, "--dry-run"],
+        vec!["verify", p],
+        vec!["ls", p],
+    ] {
+        let o = run_unprivileged(&args)?;
+        let err = stderr(&o);
+        assert_eq!(code(&o), 2, "{args:?}: {err}");
+        assert!(
+            err.starts_with(&format!("error: permission denied reading `{p}`\n"))
+                && err.contains("\nhint: run as a user who may read the file"),
+            "{args:?}: {err}"
+        );
+    }
+    // Writing says writing.
+    let o = run_unprivileged(&["repair", p])?;
+    assert!(
+        stderr(&o).starts_with(&format!("error: permission denied writing `{p}`\n")),
+        "{}",
+        stderr(&o)
+    );
+    Ok(())
+}
+
 // ---- compact ----
 
 #[test]

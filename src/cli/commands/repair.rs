@@ -8,7 +8,7 @@ use opjournal::{ErrorKind, FileLog};
 use serde_json::{Value, json};
 
 use super::verify::findings_table;
-use super::{Outcome, Run, Summary, note, write_err};
+use super::{Outcome, Run, Summary, note, read_err, write_err};
 use crate::cli::RepairArgs;
 use crate::cli::failure::{CliError, Failure};
 use crate::cli::format::{clean, count};
@@ -53,6 +53,8 @@ pub(super) fn run(args: &RepairArgs, out: &mut Out) -> Run {
             .hint("restore the journal from a backup; the file was left as it was")
             .into());
         }
+        // A dry run only reads the file (its writes go to a temporary copy).
+        Err(e) if args.dry_run => return Err(read_err(file)(e)),
         Err(e) => return Err(write_err(file)(e)),
     };
     // A dry run that finds damage reports problems (exit 1), like verify; a repair that ran
