@@ -1211,6 +1211,162 @@ async fn rmcp_client_over_stdio_initializes_lists_calls_and_gets_a_replay() -> T
     Ok(())
 }
 
+/// A child process killed when dropped, so that a failed assertion leaves none behind.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `opjournal serve --journal J --port 0` (the JSON Lines service) and its address.
+fn serve_json_lines(
+    journal: &Path,
+) -> Result<(KillOnDrop, SocketAddr), Box<dyn std::error::Error>> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_opjournal"))
+        .args(["serve", "--port", "0", "--journal"])
+        .arg(journal)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
+    let addr = line
+        .trim_end()
+        .strip_prefix("listening on ")
+        .ok_or_else(|| format!("unexpected first line {line:?}"))?
+        .parse()?;
+    Ok((KillOnDrop(child), addr))
+}
+
+/// One JSON Lines request on `stream`, and the next answer of `want` type.
+fn ask_json_lines(
+    stream: &mut BufReader<TcpStream>,
+    request: &Value,
+    want: &str,
+) -> Result<Value, Box<dyn std::error::Error>> {
+    stream
+        .get_mut()
+        .write_all(format!("{request}\n").as_bytes())?;
+    loop {
+        let mut line = String::new();
+        if stream.read_line(&mut line)? == 0 {
+            return Err(format!("closed before a `{want}` for {request}").into());
+        }
+        let v: Value = serde_json::from_str(&line)?;
+        if v["type"] == want {
+            return Ok(v);
+        }
+    }
+}
+
+/// `opjournal serve --mcp` over stdio with rmcp's client: one `scene.add` call, then the
+/// process is let exit (its journal free for the next server).
+async fn add_over_mcp(
+    journal: &Path,
+    id: &str,
+    object: &str,
+) -> Result<rmcp::model::CallToolResult, Box<dyn std::error::Error>> {
+    use rmcp::ServiceExt;
+    use rmcp::model::CallToolRequestParams;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_opjournal"))
+        .args(["serve", "--mcp", "--journal"])
+        .arg(journal)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let io = (
+        child.stdout.take().ok_or("no stdout")?,
+        child.stdin.take().ok_or("no stdin")?,
+    );
+    let client = ().serve(io).await?;
+    let args = add(id, object).as_object().ok_or("not an object")?.clone();
+    let result = client
+        .call_tool(CallToolRequestParams::new("scene.add").with_arguments(args))
+        .await?;
+    client.cancel().await?;
+    let status = tokio::time::timeout(WAIT, child.wait()).await??;
+    assert!(status.success(), "serve --mcp ended cleanly: {status}");
+    Ok(result)
+}
+
+#[tokio::test]
+async fn an_edit_made_over_one_front_end_replays_over_the_other_with_its_summary_and_assets()
+-> TestResult {
+    let dir = tempfile::tempdir()?;
+    let journal = dir.path().join("p.opj");
+    // Over MCP: `op_m` adds the lamp.
+    let made = add_over_mcp(&journal, "op_m", "lamp").await?;
+    let structured = made
+        .structured_content
+        .clone()
+        .ok_or("no structured content")?;
+    let summary = structured["summary"]
+        .as_str()
+        .ok_or("no summary")?
+        .to_string();
+    assert_eq!(structured["changed"], json!(["scene/main/lamp"]));
+    // Over JSON Lines: the same operation is a replay with that summary and asset, and
+    // `op_j` adds the chair.
+    let (server, addr) = serve_json_lines(&journal)?;
+    let stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(WAIT))?;
+    let mut jl = BufReader::new(stream);
+    ask_json_lines(
+        &mut jl,
+        &json!({"type": "hello", "session": "s"}),
+        "welcome",
+    )?;
+    let edit = |object: &str| json!({"kind": "add", "object": object, "beside": "door"});
+    let replay = ask_json_lines(
+        &mut jl,
+        &json!({"type": "submit", "id": "op_m", "base_revision": 0, "edit": edit("lamp")}),
+        "result",
+    )?;
+    assert_eq!(replay["replayed"], true, "{replay}");
+    assert_eq!(replay["revision"], 1, "{replay}");
+    assert_eq!(replay["summary"], summary.as_str(), "{replay}");
+    assert_eq!(replay["changed"], json!(["scene/main/lamp"]), "{replay}");
+    let chair = ask_json_lines(
+        &mut jl,
+        &json!({"type": "submit", "id": "op_j", "base_revision": 1, "edit": edit("chair")}),
+        "result",
+    )?;
+    assert_eq!(chair["replayed"], false, "{chair}");
+    let chair_summary = chair["summary"].as_str().ok_or("no summary")?.to_string();
+    drop(jl);
+    drop(server);
+    // Over MCP again: `op_j` is a replay in the form an MCP edit is answered.
+    let again = add_over_mcp(&journal, "op_j", "chair").await?;
+    let m = again.meta.as_ref().ok_or("no _meta")?;
+    assert_eq!(m.0.get("dev.opjournal/replayed"), Some(&json!(true)));
+    assert_eq!(again.is_error, Some(false));
+    let structured = again.structured_content.ok_or("no structured content")?;
+    assert_eq!(
+        structured,
+        json!({"revision": 2, "summary": chair_summary, "changed": ["scene/main/chair"]})
+    );
+    let text = again.content[0]
+        .as_text()
+        .map(|t| t.text.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        text,
+        format!("{chair_summary} (the scene is now at revision 2)")
+    );
+    // The journal recorded both operations' assets.
+    let insp = opjournal::Inspector::open(&journal)?;
+    for (id, asset) in [("op_m", "scene/main/lamp"), ("op_j", "scene/main/chair")] {
+        let result = insp.result(id)?.ok_or("no result")?;
+        assert_eq!(result.changed_assets, [asset], "{id}");
+    }
+    Ok(())
+}
+
 #[test]
 fn an_object_name_too_long_for_its_asset_is_a_tool_error_marked_invalid_and_nothing_runs()
 -> TestResult {

@@ -19,19 +19,32 @@ pub(super) fn status_name(status: ExecutionStatus) -> &'static str {
 }
 
 /// The recorded result as a `CallToolResult`: the stored one, or, for an outcome recorded
-/// another way (`opjournal resolve`), one made from the receipt.
+/// another way, one made from the receipt: `opjournal resolve`'s bytes as text, and a JSON
+/// object that is not a `CallToolResult` (another front end's result on the same journal,
+/// such as the JSON Lines service's `{"summary": ...}`) as text and as structured content.
 pub(super) fn recorded_result(receipt: &Receipt, bytes: &[u8]) -> CallToolResult {
-    if let Ok(result) = serde_json::from_slice::<CallToolResult>(bytes) {
-        return result;
-    }
+    let structured = match serde_json::from_slice::<serde_json::Value>(bytes) {
+        Ok(serde_json::Value::Object(map))
+            if map.contains_key("content") || map.contains_key("structuredContent") =>
+        {
+            if let Ok(result) = serde_json::from_value(serde_json::Value::Object(map)) {
+                return result;
+            }
+            None
+        }
+        Ok(v @ serde_json::Value::Object(_)) => Some(v),
+        _ => None,
+    };
     let text = String::from_utf8_lossy(bytes).into_owned();
-    match (&receipt.failure, receipt.result_revision) {
+    let mut result = match (&receipt.failure, receipt.result_revision) {
         (Some(message), _) => CallToolResult::error(vec![ContentBlock::text(message.clone())]),
         (None, Some(rev)) if text.is_empty() => CallToolResult::success(vec![ContentBlock::text(
             format!("applied at revision {rev}"),
         )]),
         _ => CallToolResult::success(vec![ContentBlock::text(text)]),
-    }
+    };
+    result.structured_content = structured;
+    result
 }
 
 /// Adds the `dev.opjournal/` entries to a result's `_meta`.

@@ -216,6 +216,7 @@ pub struct Effect {
     pub(super) kind: EffectKind,
     pub(super) result: CallToolResult,
     pub(super) revision: Option<u64>,
+    pub(super) changed_assets: Vec<String>,
 }
 
 /// Whether the effect happened (its outcome is recorded) or was refused before any change.
@@ -235,6 +236,7 @@ impl Effect {
             kind: EffectKind::Done,
             result,
             revision: None,
+            changed_assets: Vec::new(),
         }
     }
 
@@ -247,6 +249,7 @@ impl Effect {
             kind: EffectKind::NotApplied,
             result,
             revision: None,
+            changed_assets: Vec::new(),
         }
     }
 
@@ -255,6 +258,20 @@ impl Effect {
     /// tool without a scope may do.
     pub fn at_revision(mut self, revision: u64) -> Effect {
         self.revision = Some(revision);
+        self
+    }
+
+    /// The assets the effect changed, recorded on the receipt beside the result (what
+    /// `opjournal show` lists, and what the JSON Lines service answers as `changed` when
+    /// the same operation reaches it). Each must be a valid name of at most
+    /// [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) bytes, or the outcome cannot be recorded
+    /// and the call is answered as `unrecorded`.
+    pub fn changed_assets<I, S>(mut self, assets: I) -> Effect
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.changed_assets = assets.into_iter().map(Into::into).collect();
         self
     }
 }

@@ -271,7 +271,9 @@ impl SceneEditor {
         let path = self.document_path.clone();
         let journal = self.journaled.journal().clone();
         let notes = self.notes.clone();
-        self.journaled
+        let asked = edit.clone();
+        let result = self
+            .journaled
             .run(call.scope(SCOPE), move |claim| {
                 let at = Doc {
                     store: &document,
@@ -279,7 +281,8 @@ impl SceneEditor {
                 };
                 apply(&at, &journal, &notes, claim.operation_id(), &edit)
             })
-            .await
+            .await?;
+        Ok(in_editor_form(result, &asked))
     }
 }
 
@@ -302,7 +305,9 @@ fn apply(document: &Doc<'_>, journal: &Journal, notes: &Notes, id: &str, edit: &
                     crate::service::chain(&e)
                 ));
             }
-            Effect::done(edit_result(revision, &summary, edit)).at_revision(revision)
+            Effect::done(edit_result(revision, &summary, edit))
+                .at_revision(revision)
+                .changed_assets(edit.changed_assets())
         }
         Err(ApplyError::Refused(reason)) => {
             Effect::not_applied(CallToolResult::error(vec![ContentBlock::text(format!(
@@ -348,19 +353,41 @@ fn apply(document: &Doc<'_>, journal: &Journal, notes: &Notes, id: &str, edit: &
 /// The answer to a scene edit: the summary in words, and as structured content the
 /// revision and what changed.
 fn edit_result(revision: u64, summary: &str, edit: &Edit) -> CallToolResult {
-    let changed = match edit {
-        Edit::Add { object, .. } | Edit::Delete { object } => object,
-        Edit::Rename { to, .. } => to,
-    };
     let mut result = CallToolResult::success(vec![ContentBlock::text(format!(
         "{summary} (the scene is now at revision {revision})"
     ))]);
     result.structured_content = Some(json!({
         "revision": revision,
         "summary": summary,
-        "changed": [format!("{SCOPE}/{changed}")],
+        "changed": edit.changed_assets(),
     }));
     result
+}
+
+/// A replayed result the JSON Lines service recorded (`{"summary": ...}`, which the replay
+/// gives as structured content) in the form this editor answers an edit: the summary in
+/// words with the revision, and the revision, summary and changed assets as structured
+/// content. Every other result is returned as it is.
+fn in_editor_form(mut result: CallToolResult, edit: &Edit) -> CallToolResult {
+    let Some(structured) = &result.structured_content else {
+        return result;
+    };
+    if result.is_error == Some(true) || structured.get("revision").is_some() {
+        return result;
+    }
+    let revision = result
+        .meta
+        .as_ref()
+        .and_then(|m| m.0.get(super::META_RESULT_REVISION))
+        .and_then(serde_json::Value::as_u64);
+    match (structured["summary"].as_str(), revision) {
+        (Some(summary), Some(revision)) => {
+            let mut shaped = edit_result(revision, summary, edit);
+            shaped.meta = result.meta.take();
+            shaped
+        }
+        _ => result,
+    }
 }
 
 /// How an in-doubt operation ended, from the document: applied at its revision if its
@@ -375,7 +402,9 @@ fn resolution_from(doc: &Document, r: &Receipt) -> Resolution {
         Some(a) => {
             let bytes = serde_json::to_vec(&edit_result(a.revision, &a.summary, &a.edit))
                 .unwrap_or_default();
-            Resolution::Completed(Outcome::applied(a.revision, bytes))
+            Resolution::Completed(
+                Outcome::applied(a.revision, bytes).changed_assets(a.edit.changed_assets()),
+            )
         }
         None => Resolution::not_applied(),
     }

@@ -573,6 +573,7 @@ impl Inner {
             Outcome::failed(failure_text(&effect.result)).with_result(bytes)
         } else {
             Outcome::applied(effect.revision.unwrap_or(0), bytes)
+                .changed_assets(effect.changed_assets)
         };
         let receipt = match self.journal.complete(claim, outcome) {
             Ok(r) => r,

@@ -102,6 +102,30 @@ impl Edit {
         Intent::from_json(name, &args)
     }
 
+    /// The assets the edit changes, as its outcome records them: `scene/main/NAME` for the
+    /// object it adds, deletes or renames to. Empty for a name too long to record, which
+    /// only an edit applied before names were checked ([`Edit::validate`]) can have.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use opjournal::service::Edit;
+    ///
+    /// let edit = Edit::Rename { from: "lamp".into(), to: "light".into() };
+    /// assert_eq!(edit.changed_assets(), ["scene/main/light"]);
+    /// ```
+    pub fn changed_assets(&self) -> Vec<String> {
+        let name = match self {
+            Edit::Add { object, .. } | Edit::Delete { object } => object,
+            Edit::Rename { to, .. } => to,
+        };
+        let asset = format!("{}/{name}", super::SCOPE);
+        if asset.len() > crate::MAX_NAME_BYTES {
+            return Vec::new();
+        }
+        vec![asset]
+    }
+
     /// The edit in words, as asked: `add "light" beside "door"`.
     pub fn describe(&self) -> String {
         match self {

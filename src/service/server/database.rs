@@ -83,7 +83,7 @@ impl Shared {
             }
             Ok(
                 Outcome::applied(applied.revision, payload(&applied.summary))
-                    .changed_assets(changed_assets(edit)),
+                    .changed_assets(edit.changed_assets()),
             )
         });
         let commit = |txn: crate::postgres::Transaction<'_>| {

@@ -51,7 +51,7 @@ impl Shared {
         //    answered with this result, never executed again.
         let result = OpResult {
             bytes: payload(&summary),
-            changed_assets: changed_assets(&job.edit),
+            changed_assets: job.edit.changed_assets(),
         };
         let outcome = Outcome::applied(revision, result.bytes.clone())
             .changed_assets(result.changed_assets.clone());

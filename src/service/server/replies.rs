@@ -42,7 +42,7 @@ pub(super) fn reconcile(
     let resolution = match applied {
         Some(a) => Resolution::Completed(
             Outcome::applied(a.revision, payload(&a.summary))
-                .changed_assets(changed_assets(&a.edit)),
+                .changed_assets(a.edit.changed_assets()),
         ),
         None => Resolution::not_applied(),
     };
@@ -63,28 +63,44 @@ pub(super) fn journal_error(what: &str, source: crate::Error) -> ServiceError {
     }
 }
 
-pub(super) fn changed_assets(edit: &Edit) -> Vec<String> {
-    let name = match edit {
-        Edit::Add { object, .. } | Edit::Delete { object } => object,
-        Edit::Rename { to, .. } => to,
-    };
-    // Every edit submitted now has a name that fits (`Edit::validate`); one applied before
-    // names were checked is still recorded when it is settled, without its asset.
-    let asset = format!("{SCOPE}/{name}");
-    if asset.len() > crate::MAX_NAME_BYTES {
-        return Vec::new();
-    }
-    vec![asset]
+/// The summary and changed assets of a result the MCP front end recorded (a
+/// `CallToolResult`: `structuredContent` with `summary` and `changed`, or text content),
+/// for an operation made over MCP and asked again over JSON Lines.
+fn from_tool_result(bytes: &[u8]) -> Option<(String, Vec<String>)> {
+    let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let structured = &v["structuredContent"];
+    let summary = structured["summary"]
+        .as_str()
+        .or_else(|| v["content"][0]["text"].as_str())?;
+    let changed = structured["changed"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    Some((summary.to_string(), changed))
 }
 
 pub(super) fn result_msg(receipt: &Receipt, result: &OpResult, replayed: bool) -> ResultMsg {
+    let mut changed = result.changed_assets.clone();
     let summary = match (
         &receipt.failure,
         serde_json::from_slice::<Stored>(&result.bytes),
     ) {
         (Some(message), _) => message.clone(),
         (None, Ok(stored)) => stored.summary,
-        (None, Err(_)) => String::from_utf8_lossy(&result.bytes).into_owned(),
+        (None, Err(_)) => match from_tool_result(&result.bytes) {
+            Some((summary, listed)) => {
+                // Recorded by a build whose MCP front end kept the assets only in the result.
+                if changed.is_empty() {
+                    changed = listed;
+                }
+                summary
+            }
+            None => String::from_utf8_lossy(&result.bytes).into_owned(),
+        },
     };
     ResultMsg {
         id: receipt.operation_id.clone(),
@@ -94,7 +110,7 @@ pub(super) fn result_msg(receipt: &Receipt, result: &OpResult, replayed: bool) -
         },
         revision: receipt.result_revision,
         summary,
-        changed: result.changed_assets.clone(),
+        changed,
         replayed,
         delivery: receipt.delivery_count,
     }
