@@ -1048,3 +1048,44 @@ fn a_dry_run_reports_damage_wherever_verify_finds_a_page_that_fails_its_check() 
     assert!(failed_pages > 0, "some flip fails the page check");
     Ok(())
 }
+
+#[test]
+fn a_crashed_journal_whose_file_the_engine_refuses_is_restored_from_its_log() -> TestResult {
+    // Every event of a journal that crashed before its first checkpoint is in the log: a
+    // page of the file that the storage engine cannot do without (its header, its system
+    // tree) left nothing to salvage from the file's bytes, and repair gave up as "damaged
+    // beyond salvage" with the whole history beside it.
+    let (dir, p, _) = crashed_with_log(6);
+    let expected = answers(&p, None);
+    assert_eq!(expected.len(), 6);
+    let pristine = std::fs::read(&p)?;
+    let damaged = dir.path().join("damaged.opj");
+    let mut refused = 0;
+    for page in 0..pristine.len() / 4096 {
+        let mut bytes = pristine.clone();
+        bytes[page * 4096 + 100] ^= 0xff;
+        std::fs::write(&damaged, &bytes)?;
+        std::fs::copy(log_of(&p), log_of(&damaged))?;
+        let r = opjournal::repair(&damaged, &no_backup(), &mut |_, _| {})
+            .map_err(|e| format!("page {page}: {e}"))?;
+        if r.engine != opjournal::EngineAccess::Refused {
+            continue;
+        }
+        refused += 1;
+        assert_eq!(r.log_records, 12, "page {page}: every log record was taken");
+        let now = answers(&damaged, None);
+        for (id, (receipt, result, _)) in &expected {
+            let (r2, res2, _) = &now[id];
+            let status = |r: &Option<Receipt>| r.as_ref().map(|r| r.status);
+            assert_eq!(status(r2), status(receipt), "page {page}: {id}");
+            assert_eq!(
+                res2.as_ref().map(|r| &r.bytes),
+                result.as_ref().map(|r| &r.bytes),
+                "page {page}: {id} answers its recorded result"
+            );
+        }
+        assert!(opjournal::verify(&damaged)?.is_clean(), "page {page}");
+    }
+    assert!(refused > 0, "some page makes the engine refuse the file");
+    Ok(())
+}

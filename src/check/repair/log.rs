@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use crate::error::{Error, Result};
 use crate::index::{self, Memtable, Table, View};
 use crate::log::{self, FileLog};
+use crate::record::CheckpointRecord;
 
 use super::RepairReport;
 use crate::check::source::Source;
@@ -16,7 +17,15 @@ use crate::check::verify::Finding;
 /// Reads the log's records of the file's current cycle into the source (as recovery would:
 /// up to a damaged or undecodable record), and names the operations whose changes are in
 /// the records recovery drops.
-pub(super) fn absorb_log(src: &mut Source, report: &mut RepairReport) -> Result<BTreeSet<String>> {
+///
+/// `salvaged` is the latest checkpoint found in the file's raw bytes, used when the
+/// engine cannot read the file's own: a crash before the first checkpoint leaves every
+/// event in the log, and the salvage would otherwise have none.
+pub(super) fn absorb_log(
+    src: &mut Source,
+    salvaged: Option<CheckpointRecord>,
+    report: &mut RepairReport,
+) -> Result<BTreeSet<String>> {
     let mut dropped_ops = BTreeSet::new();
     let open = |p: &std::path::Path| {
         FileLog::open_read_only(p).map_err(|e| {
@@ -37,7 +46,12 @@ pub(super) fn absorb_log(src: &mut Source, report: &mut RepairReport) -> Result<
     if logs.is_empty() {
         return Ok(dropped_ops);
     }
-    let Ok(Some(cp)) = src.view(|v| v.checkpoint()) else {
+    let cp = match src.view(|v| v.checkpoint()) {
+        Ok(Some(cp)) => Some(cp),
+        Ok(None) => None,
+        Err(_) => salvaged,
+    };
+    let Some(cp) = cp else {
         // The file's checkpoint (which names the log's current cycle) cannot be read, so
         // the log cannot be laid over the file: its records are not taken. They may hold
         // the only trace of recent operations, so every operation they touch is named as

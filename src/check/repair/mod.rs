@@ -66,7 +66,7 @@ use serde::Serialize;
 
 use crate::codec::FORMAT_VERSION;
 use crate::error::{Error, ErrorKind, Result};
-use crate::index::View;
+use crate::index::{self, Table, View};
 use crate::preflight::file::check_redb_magic;
 use crate::preflight::reading::{Extent, existing_journal_file};
 
@@ -361,6 +361,10 @@ pub fn repair(
             super::verify::Integrity::Failed(_)
         );
     }
+    // A file with no intact event is beyond salvage unless its log holds events to lay
+    // over what the file's bytes give (a journal that crashed before its first
+    // checkpoint keeps every event in the log): decided once the log is read.
+    let mut no_event_in_file = None;
     if !src.readable() {
         // Only raw bytes: refuse what holds no intact journal event (nothing to salvage),
         // and a newer build's records, before anything is written.
@@ -382,12 +386,12 @@ pub fn repair(
                 "(file)",
                 path.display(),
                 "the storage engine refuses the file and no intact event could be salvaged \
-                 from its bytes",
+                 from its bytes or its log",
             );
             if let Some(refused) = src.refused.take() {
                 e = Error::with_source(e.kind().clone(), refused);
             }
-            return Err(e);
+            no_event_in_file = Some(e);
         }
     }
     // Opening for writing refuses a read-only file; so does a repair, which would replace
@@ -400,13 +404,21 @@ pub fn repair(
              what the repair would do without writing)",
         ));
     }
-    let dropped_ops = absorb_log(&mut src, &mut report)?;
-    let target = Target::create(path, options.dry_run)?;
     let mut candidates: Option<Candidates> = if src.readable() {
         None
     } else {
         Some(Candidates::scan(&file, &src, &TableGaps::all())?)
     };
+    // The log is laid over the checkpoint the file names; over the latest one salvaged from
+    // its bytes when the engine refuses the file.
+    let salvaged_cp = candidates.as_ref().and_then(|c| c.checkpoint.clone());
+    let dropped_ops = absorb_log(&mut src, salvaged_cp, &mut report)?;
+    if let Some(e) = no_event_in_file
+        && index::Events::map(&src.mem).is_empty()
+    {
+        return Err(e);
+    }
+    let target = Target::create(path, options.dry_run)?;
     let rebuilt = loop {
         let db = target.database()?;
         let mut b = Build::new(db, &mut src, &mut report, candidates.as_ref())?;

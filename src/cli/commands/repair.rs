@@ -47,7 +47,7 @@ pub(super) fn run(args: &RepairArgs, out: &mut Out) -> Run {
         Ok(r) => r,
         Err(e) if matches!(e.kind(), ErrorKind::Corrupt { table, .. } if table == "(file)") => {
             return Err(CliError::new(format!(
-                "`{}` is damaged beyond salvage: the storage engine refuses it and no intact journal event was found in its bytes",
+                "`{}` is damaged beyond salvage: the storage engine refuses it and no intact journal event was found in its bytes or its log",
                 file.display()
             ))
             .hint("restore the journal from a backup; the file was left as it was")
