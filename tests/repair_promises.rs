@@ -1073,6 +1073,16 @@ fn a_crashed_journal_whose_file_the_engine_refuses_is_restored_from_its_log() ->
         }
         refused += 1;
         assert_eq!(r.log_records, 12, "page {page}: every log record was taken");
+        // What verify counts for a salvage, on the damaged copy (the repair replaced it).
+        std::fs::write(&damaged, &bytes)?;
+        std::fs::copy(log_of(&p), log_of(&damaged))?;
+        let intact = opjournal::intact_records(&damaged)?;
+        assert_eq!(
+            (intact.events, intact.log_records, intact.log_events),
+            (0, 12, 12),
+            "page {page}: no event in the file, all 12 (each operation's submission and completion) in its log"
+        );
+        opjournal::repair(&damaged, &no_backup(), &mut |_, _| {})?;
         let now = answers(&damaged, None);
         for (id, (receipt, result, _)) in &expected {
             let (r2, res2, _) = &now[id];

@@ -11,6 +11,29 @@ use std::fs::File;
 
 use crate::codec::{self, FORMAT_VERSION, RecordKind};
 use crate::error::{Error, Result};
+use crate::record::{CheckpointRecord, StateRecord};
+
+/// A meta record found in the raw bytes. A meta record does not name its key: it is a
+/// checkpoint or a state record if it decodes as exactly one of them (each decode consumes
+/// every byte, so their field counts tell them apart).
+pub(crate) enum MetaFound {
+    Checkpoint(CheckpointRecord),
+    State(StateRecord),
+}
+
+impl MetaFound {
+    /// The meta record `frame` (of kind [`RecordKind::Meta`]) holds, if it is one of the two.
+    pub(crate) fn of(frame: &[u8]) -> Option<MetaFound> {
+        let (version, payload) = codec::unframe_versioned(RecordKind::Meta, frame).ok()?;
+        let cp = codec::decode_payload::<CheckpointRecord>(version, payload).ok();
+        let st = codec::decode_payload::<StateRecord>(version, payload).ok();
+        match (cp, st) {
+            (Some(cp), None) => Some(MetaFound::Checkpoint(cp)),
+            (None, Some(st)) => Some(MetaFound::State(st)),
+            _ => None,
+        }
+    }
+}
 
 /// Scans raw bytes for framed records whose CRC holds.
 pub(crate) fn scan_frames(bytes: &[u8]) -> Vec<(RecordKind, &[u8])> {
@@ -152,6 +175,13 @@ pub struct IntactRecords {
     pub records: u64,
     /// Intact event records among them.
     pub events: u64,
+    /// Records of the journal's log that a repair lays over what it salvages: those of the
+    /// cycle named by the latest checkpoint record found in the file, up to the first it
+    /// could not take (a journal that crashed before its first checkpoint has every event
+    /// there).
+    pub log_records: u64,
+    /// Events among the log's changes (an event in each submission, completion and so on).
+    pub log_events: u64,
 }
 
 /// How much of a file that does not start with redb's signature is read to
@@ -195,10 +225,28 @@ pub fn intact_records(path: impl AsRef<std::path::Path>) -> Result<IntactRecords
     {
         return Ok(IntactRecords::default());
     }
-    let summary = scan_file(&file, extent.journal_len(), |_, _, _| Ok(()))?;
+    // The latest checkpoint found names the log cycle a repair lays over the salvage.
+    let mut latest: Option<CheckpointRecord> = None;
+    let summary = scan_file(&file, extent.journal_len(), |_, kind, frame| {
+        if kind == RecordKind::Meta
+            && let Some(MetaFound::Checkpoint(cp)) = MetaFound::of(frame)
+            && latest
+                .as_ref()
+                .is_none_or(|old| old.generation < cp.generation)
+        {
+            latest = Some(cp);
+        }
+        Ok(())
+    })?;
+    let (log_records, log_events) = match latest {
+        Some(cp) => super::repair::log_over(path, &cp)?,
+        None => (0, 0),
+    };
     Ok(IntactRecords {
         records: summary.frames,
         events: summary.events,
+        log_records,
+        log_events,
     })
 }
 

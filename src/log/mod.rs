@@ -65,7 +65,7 @@ mod writer;
 pub(crate) use damage::dropped;
 pub use file::FileLog;
 pub(crate) use format::*;
-pub(crate) use reader::{own_cursor, scan_cycles, scan_storage};
+pub(crate) use reader::{Cycle, own_cursor, scan_cycles, scan_storage};
 pub use storage::{LogStorage, MemoryLog};
 pub(crate) use writer::{Spare, Writer};
 

@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::index;
 use crate::record::{CheckpointRecord, Event, ExecRecord, ReceiptRecord, StateRecord};
 
-use crate::check::salvage::scan_file;
+use crate::check::salvage::{MetaFound, scan_file};
 use crate::check::source::{Gap, Source};
 
 /// Records found in the raw bytes where redb could not read the events,
@@ -74,32 +74,21 @@ impl Candidates {
                             .or_insert_with(|| frame.to_vec());
                     }
                 }
-                RecordKind::Meta if gaps.meta => {
-                    // A meta record does not name its key: it is a checkpoint or state
-                    // record if it decodes as exactly one of them (each decode consumes
-                    // every byte, so their field counts tell them apart).
-                    if let Ok((version, payload)) =
-                        codec::unframe_versioned(RecordKind::Meta, frame)
+                RecordKind::Meta if gaps.meta => match MetaFound::of(frame) {
+                    Some(MetaFound::Checkpoint(cp))
+                        if c.checkpoint
+                            .as_ref()
+                            .is_none_or(|old| old.generation < cp.generation) =>
                     {
-                        let cp = codec::decode_payload::<CheckpointRecord>(version, payload).ok();
-                        let st = codec::decode_payload::<StateRecord>(version, payload).ok();
-                        match (cp, st) {
-                            (Some(cp), None)
-                                if c.checkpoint
-                                    .as_ref()
-                                    .is_none_or(|old| old.generation < cp.generation) =>
-                            {
-                                c.checkpoint = Some(cp);
-                            }
-                            (None, Some(s))
-                                if c.state.as_ref().is_none_or(|old| old.next_seq < s.next_seq) =>
-                            {
-                                c.state = Some(s);
-                            }
-                            _ => {}
-                        }
+                        c.checkpoint = Some(cp);
                     }
-                }
+                    Some(MetaFound::State(s))
+                        if c.state.as_ref().is_none_or(|old| old.next_seq < s.next_seq) =>
+                    {
+                        c.state = Some(s);
+                    }
+                    _ => {}
+                },
                 _ => {}
             }
             Ok(())

@@ -114,32 +114,12 @@ pub(super) fn absorb_log(
         )
     };
     let files: Vec<&dyn log::LogStorage> = logs.iter().map(|(l, _)| l as _).collect();
-    let mut mem = Memtable::default();
-    let mut bad: Option<(u64, String)> = None;
-    let mut records = 0u64;
-    let cycles = log::scan_cycles(&files, cursor, |r| -> Result<()> {
-        if bad.is_some() {
-            return Ok(());
-        }
-        let mut next = Memtable::default();
-        let applied = if r.kind == log::KIND_BATCH {
-            next.apply_encoded(r.payload)
-        } else {
-            Err(format!(
-                "record kind {} is not one this build writes",
-                r.kind
-            ))
-        };
-        match applied {
-            Ok(()) => {
-                mem.absorb(next);
-                records += 1;
-            }
-            Err(detail) => bad = Some((r.lsn, detail)),
-        }
-        Ok(())
-    })
-    .map_err(io)?;
+    let Laid {
+        mem,
+        records,
+        bad,
+        cycles,
+    } = lay(&files, cursor).map_err(io)?;
     src.mem = mem;
     report.log_records = records;
     let note_ops = |m: &Memtable, ops: &mut BTreeSet<String>| {
@@ -229,4 +209,82 @@ pub(super) fn absorb_log(
         }
     }
     Ok(dropped_ops)
+}
+
+/// The log's records from a cycle on, as recovery takes them.
+struct Laid {
+    /// Their changes, in order.
+    mem: Memtable,
+    /// How many were taken.
+    records: u64,
+    /// The first that could not be (its number and why): it and every one after it are
+    /// left out, as a writer's open refuses them.
+    bad: Option<(u64, String)>,
+    cycles: Vec<log::Cycle>,
+}
+
+fn lay(files: &[&dyn log::LogStorage], cursor: log::Cursor) -> Result<Laid> {
+    let mut mem = Memtable::default();
+    let mut bad: Option<(u64, String)> = None;
+    let mut records = 0u64;
+    let cycles = log::scan_cycles(files, cursor, |r| -> Result<()> {
+        if bad.is_some() {
+            return Ok(());
+        }
+        let mut next = Memtable::default();
+        let applied = if r.kind == log::KIND_BATCH {
+            next.apply_encoded(r.payload)
+        } else {
+            Err(format!(
+                "record kind {} is not one this build writes",
+                r.kind
+            ))
+        };
+        match applied {
+            Ok(()) => {
+                mem.absorb(next);
+                records += 1;
+            }
+            Err(detail) => bad = Some((r.lsn, detail)),
+        }
+        Ok(())
+    })?;
+    Ok(Laid {
+        mem,
+        records,
+        bad,
+        cycles,
+    })
+}
+
+/// How many records of the log beside the journal at `path` a repair would lay over the
+/// checkpoint `cp` (salvaged from the file's bytes), and how many events their changes
+/// hold. `(0, 0)` without a log.
+///
+/// # Errors
+///
+/// An I/O error reading the log.
+pub(crate) fn log_over(path: &std::path::Path, cp: &CheckpointRecord) -> Result<(u64, u64)> {
+    let io =
+        |e: std::io::Error| Error::io_while("read the journal's log", "nothing was changed", e);
+    let mut logs = Vec::new();
+    for p in FileLog::paths_for(path) {
+        if let Some(log) = FileLog::open_read_only(&p).map_err(io)? {
+            logs.push(log);
+        }
+    }
+    if logs.is_empty() {
+        return Ok((0, 0));
+    }
+    let files: Vec<&dyn log::LogStorage> = logs.iter().map(|l| l as _).collect();
+    let cursor = log::Cursor {
+        journal_id: cp.journal_id,
+        generation: cp.generation,
+        first_lsn: cp.next_lsn,
+    };
+    let laid = lay(&files, cursor)?;
+    let events = index::Events::map(&laid.mem)
+        .values()
+        .filter(|v| v.is_some());
+    Ok((laid.records, events.count() as u64))
 }

@@ -77,6 +77,7 @@ use super::verify::Finding;
 use candidates::{Candidates, TableGaps};
 use install::Target;
 use log::absorb_log;
+pub(crate) use log::log_over;
 use rebuild::{Build, Finished};
 
 /// How [`repair`] runs.

@@ -257,17 +257,32 @@ fn refused(args: &FileArgs, out: &mut Out, summary: &Summary, e: &opjournal::Err
             }
         }
     };
-    let salvage = if frames.events > 0 {
+    let log = if frames.log_records > 0 {
         format!(
-            "{} intact ({}) found in the raw bytes; `opjournal repair {}` salvages them into a new file",
-            count(frames.records, "record is", "records are"),
+            ", and {} of its log ({}) to lay over them",
+            count(frames.log_records, "record", "records"),
+            count(frames.log_events, "event", "events"),
+        )
+    } else {
+        String::new()
+    };
+    let salvage = if frames.events + frames.log_events > 0 {
+        format!(
+            "{} ({}) found in the raw bytes{log}; `opjournal repair {}` salvages them into a new file",
+            count(frames.records, "intact record", "intact records"),
             count(frames.events, "event", "events"),
             args.file.display()
         )
     } else {
-        "no intact event found in the raw bytes: nothing can be salvaged; restore the file from a backup".to_string()
+        "no intact event found in the raw bytes or the log: nothing can be salvaged; restore the file from a backup".to_string()
     };
-    let counts = json!({"problems": 1, "salvageable_records": frames.records, "salvageable_events": frames.events});
+    let counts = json!({
+        "problems": 1,
+        "salvageable_records": frames.records,
+        "salvageable_events": frames.events,
+        "salvageable_log_records": frames.log_records,
+        "salvageable_log_events": frames.log_events,
+    });
     if out.json() {
         out.record(
             "integrity",
