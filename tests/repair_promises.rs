@@ -1099,3 +1099,37 @@ fn a_crashed_journal_whose_file_the_engine_refuses_is_restored_from_its_log() ->
     assert!(refused > 0, "some page makes the engine refuse the file");
     Ok(())
 }
+
+#[test]
+fn operations_whose_records_all_follow_a_damaged_log_record_are_held_in_doubt_not_forgotten()
+-> TestResult {
+    // A byte flipped in op_2's submission (record 5): it and the seven valid records after
+    // it are not taken, as a writer's open refuses them. op_2 to op_5 then have no
+    // receipt left in what is taken; forgotten, each would run again when resubmitted. The
+    // receipts in the records not taken are the evidence that they existed.
+    let (_dir, p, records) = crashed_with_log(6);
+    let (from, to) = records[4];
+    edit_log(&p, |log| log[((from + to) / 2) as usize] ^= 0x20);
+    let r = opjournal::repair(&p, &no_backup(), &mut |_, _| {})?;
+    assert_eq!(r.log_records, 4, "op_0 and op_1 taken");
+    for id in ["op_2", "op_3", "op_4", "op_5"] {
+        let lost = r
+            .lost
+            .iter()
+            .find(|l| l.operation_id == id)
+            .ok_or_else(|| format!("{id} is named: {:?}", r.lost))?;
+        assert_eq!(lost.now, "in_doubt", "{id}: {lost:?}");
+    }
+    assert!(opjournal::verify(&p)?.is_clean());
+    let a = answers(&p, None);
+    for id in ["op_2", "op_3", "op_4", "op_5"] {
+        let status = a[id].0.as_ref().map(|r| r.status);
+        assert_eq!(
+            status,
+            Some(opjournal::ExecutionStatus::InDoubt),
+            "{id} is held until resolved"
+        );
+    }
+    assert!(a["op_1"].1.is_some(), "op_1 keeps its result");
+    Ok(())
+}

@@ -23,10 +23,7 @@ use crate::check::verify::{Finding, corrupt_detail};
 impl<'s> Build<'s> {
     /// Phase 3: every operation compared with what the file answered. Returns the events
     /// to append (in id order).
-    pub(super) fn compare_operations(
-        &mut self,
-        dropped_ops: &BTreeSet<String>,
-    ) -> Result<Vec<Action>> {
+    pub(super) fn compare_operations(&mut self, dropped: &super::Dropped) -> Result<Vec<Action>> {
         let mut actions = Vec::new();
         // Every operation of the new file, in id order (what phase 1 built, written out:
         // nothing below writes until the actions are applied).
@@ -54,10 +51,10 @@ impl<'s> Build<'s> {
             let ids = ids_of_new(self, last.as_ref(), 1024)?;
             let Some(l) = ids.last().cloned() else { break };
             for id in ids {
-                if let Some(a) = self.compare_one(&id, dropped_ops, None)? {
+                if let Some(a) = self.compare_one(&id, dropped, None)? {
                     actions.push(a);
                 }
-                if self.damaged.contains_key(id.as_str()) || dropped_ops.contains(id.as_str()) {
+                if self.damaged.contains_key(id.as_str()) || dropped.ops.contains(id.as_str()) {
                     checked.insert(id.to_string());
                 }
             }
@@ -91,7 +88,7 @@ impl<'s> Build<'s> {
         }
         for id in &known {
             if self.new_receipt(id)?.is_none()
-                && let Some(a) = self.compare_one(id, dropped_ops, None)?
+                && let Some(a) = self.compare_one(id, dropped, None)?
             {
                 actions.push(a);
             }
@@ -102,16 +99,22 @@ impl<'s> Build<'s> {
         let rest: Vec<String> = self
             .damaged
             .keys()
-            .chain(dropped_ops.iter())
+            .chain(dropped.ops.iter())
             .filter(|k| !checked.contains(*k))
             .cloned()
             .collect::<BTreeSet<String>>()
             .into_iter()
             .collect();
         for id in rest {
+            // The latest receipt the dropped log records hold, unless it says released (the
+            // id was free anyway): what holds the operation in doubt if nothing else is left.
+            let copy = dropped.receipts.get(&id).filter(|r| {
+                machine::effective((*r).clone(), self.now)
+                    .is_some_and(|e| !matches!(e.state, ExecRecord::Vacant { .. }))
+            });
             if self.new_receipt(&id)?.is_none()
                 && !actions.iter().any(|a| a.op() == id)
-                && let Some(a) = self.compare_one(&id, dropped_ops, None)?
+                && let Some(a) = self.compare_one(&id, dropped, copy)?
             {
                 actions.push(a);
             }
@@ -139,7 +142,7 @@ impl<'s> Build<'s> {
             let id = rec.operation_id.clone();
             if self.new_receipt(&id)?.is_none()
                 && !actions.iter().any(|a| a.op() == id)
-                && let Some(a) = self.compare_one(&id, dropped_ops, Some(&rec))?
+                && let Some(a) = self.compare_one(&id, dropped, Some(&rec))?
             {
                 actions.push(a);
             }
@@ -149,11 +152,12 @@ impl<'s> Build<'s> {
 
     /// Compares one operation; names it in the report if it does not answer as before, and
     /// returns the event that settles it, if one is needed. `copy` is an intact copy of its
-    /// receipt found in the raw bytes, for an operation that left nothing else.
+    /// receipt found in the raw bytes or in the log records not taken, for an operation
+    /// that left nothing else.
     pub(super) fn compare_one(
         &mut self,
         id: &str,
-        dropped_ops: &BTreeSet<String>,
+        dropped: &super::Dropped,
         copy: Option<&ReceiptRecord>,
     ) -> Result<Option<Action>> {
         let now = self.now;
@@ -198,7 +202,7 @@ impl<'s> Build<'s> {
         };
         let lost_events = quarantined.max(missing);
         let index_readable = orig_seqs.is_ok();
-        let in_log_drop = dropped_ops.contains(id);
+        let in_log_drop = dropped.ops.contains(id);
         // Only an intact copy of its receipt is left: its history is not complete.
         let copy = copy.filter(|_| after.is_none() && !matches!(before, Ok(Some(_))));
         let complete = index_readable && lost_events == 0 && !uncertain && copy.is_none();
@@ -230,7 +234,13 @@ impl<'s> Build<'s> {
                 }
                 s
             }
-            Ok(None) => "unknown (no receipt)".into(),
+            Ok(None) => match copy {
+                Some(c) if in_log_drop => format!(
+                    "unknown (no receipt; the log records not taken say {})",
+                    describe_view(Some(c))
+                ),
+                _ => "unknown (no receipt)".into(),
+            },
             // What its events say it was: the stored receipt is gone with the damage, and
             // its history is the record of what it answered.
             Err(e) if complete && !in_log_drop && after.is_some() => format!(
@@ -367,11 +377,13 @@ impl<'s> Build<'s> {
             why.push("some of its changes were in log records that were dropped".to_string());
         }
         if copy.is_some() {
-            why.push(
+            why.push(if in_log_drop {
+                "all it left is a receipt in the log records that were dropped".to_string()
+            } else {
                 "none of its events and not its stored receipt could be read; an intact copy \
                  of its receipt was found in the file's raw bytes"
-                    .to_string(),
-            );
+                    .to_string()
+            });
         }
         if matches!(action, Some(Action::Retire { .. })) {
             let was_retired = matches!(

@@ -3,12 +3,12 @@
 //! operations changed by the records recovery drops are named, so that the comparison can
 //! report them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::error::{Error, Result};
 use crate::index::{self, Memtable, Table, View};
 use crate::log::{self, FileLog};
-use crate::record::CheckpointRecord;
+use crate::record::{CheckpointRecord, ReceiptRecord};
 
 use super::RepairReport;
 use crate::check::source::Source;
@@ -25,8 +25,8 @@ pub(super) fn absorb_log(
     src: &mut Source,
     salvaged: Option<CheckpointRecord>,
     report: &mut RepairReport,
-) -> Result<BTreeSet<String>> {
-    let mut dropped_ops = BTreeSet::new();
+) -> Result<Dropped> {
+    let mut dropped_ops = Dropped::default();
     let open = |p: &std::path::Path| {
         FileLog::open_read_only(p).map_err(|e| {
             Error::io_while(
@@ -70,15 +70,7 @@ pub(super) fn absorb_log(
             };
             let mut records = 0u64;
             log::scan_storage(log, cursor, |r| -> Result<()> {
-                let mut m = Memtable::default();
-                if m.apply_encoded(r.payload).is_ok() {
-                    for op in index::Receipts::map(&m).keys() {
-                        dropped_ops.insert(op.to_string());
-                    }
-                    for (op, _) in index::OpEvents::map(&m).keys() {
-                        dropped_ops.insert(op.to_string());
-                    }
-                }
+                dropped_ops.note(r.payload);
                 records += 1;
                 Ok(())
             })
@@ -122,23 +114,12 @@ pub(super) fn absorb_log(
     } = lay(&files, cursor).map_err(io)?;
     src.mem = mem;
     report.log_records = records;
-    let note_ops = |m: &Memtable, ops: &mut BTreeSet<String>| {
-        for op in index::Receipts::map(m).keys() {
-            ops.insert(op.to_string());
-        }
-        for (op, _) in index::OpEvents::map(m).keys() {
-            ops.insert(op.to_string());
-        }
-    };
     if let Some((lsn, detail)) = &bad {
         let lsn = *lsn;
         // The records from this one on were not absorbed: a writer's open refuses them.
         let after = log::scan_cycles(&files, cursor, |r| -> Result<()> {
             if r.lsn >= lsn {
-                let mut m = Memtable::default();
-                if m.apply_encoded(r.payload).is_ok() {
-                    note_ops(&m, &mut dropped_ops);
-                }
+                dropped_ops.note(r.payload);
             }
             Ok(())
         })
@@ -163,7 +144,7 @@ pub(super) fn absorb_log(
         let log_key = path.display().to_string();
         let cursor = cycle.cursor;
         let dropped = log::dropped(log, cursor, |r| -> Result<()> {
-            crate::check::ops_of_log_record(r.payload, &mut dropped_ops);
+            dropped_ops.note(r.payload);
             Ok(())
         })
         .map_err(io)?;
@@ -209,6 +190,43 @@ pub(super) fn absorb_log(
         }
     }
     Ok(dropped_ops)
+}
+
+/// The operations changed by log records that a repair does not take, with the latest
+/// receipt those records hold for each: the evidence that holds an operation in doubt when
+/// nothing else of it is left (forgotten, it would run again when resubmitted).
+#[derive(Default)]
+pub(super) struct Dropped {
+    pub(super) ops: BTreeSet<String>,
+    pub(super) receipts: BTreeMap<String, ReceiptRecord>,
+}
+
+impl Dropped {
+    /// Notes what one dropped record changed: its changes if they decode, else its intact
+    /// frames (a damaged record's values keep their own CRCs). Records come in log order,
+    /// so a later receipt replaces an earlier one.
+    fn note(&mut self, payload: &[u8]) {
+        let mut m = Memtable::default();
+        if m.apply_encoded(payload).is_ok() {
+            for (op, value) in index::Receipts::map(&m) {
+                if let Some(rec) = value
+                    .as_ref()
+                    .and_then(|v| index::decode_receipt_frame(v).ok())
+                {
+                    self.receipts.insert(op.to_string(), rec);
+                }
+            }
+        } else {
+            for (kind, frame) in crate::check::scan_frames(payload) {
+                if kind == crate::codec::RecordKind::Receipt
+                    && let Ok(rec) = index::decode_receipt_frame(frame)
+                {
+                    self.receipts.insert(rec.operation_id.clone(), rec);
+                }
+            }
+        }
+        crate::check::ops_of_log_record(payload, &mut self.ops);
+    }
 }
 
 /// The log's records from a cycle on, as recovery takes them.

@@ -76,8 +76,8 @@ use super::verify::Finding;
 
 use candidates::{Candidates, TableGaps};
 use install::Target;
-use log::absorb_log;
 pub(crate) use log::log_over;
+use log::{Dropped, absorb_log};
 use rebuild::{Build, Finished};
 
 /// How [`repair`] runs.

@@ -2,7 +2,7 @@
 //! known of each damaged operation while the phases run (`events`, `results`, `compare`),
 //! then writes the meta records and commits durably ([`Build::finish`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use redb::Database;
 use smol_str::SmolStr;
@@ -169,7 +169,7 @@ impl<'s> Build<'s> {
     }
 
     /// Phases 3 and 4, then the meta records and a durable commit.
-    pub(super) fn finish(mut self, dropped_ops: &BTreeSet<String>) -> Result<Finished> {
+    pub(super) fn finish(mut self, dropped_ops: &super::Dropped) -> Result<Finished> {
         self.results()?;
         // The other tables are rebuilt from the events; their damaged values are
         // quarantined and their unreadable ranges reported.
