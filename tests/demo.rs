@@ -123,6 +123,10 @@ fn demo_applies_every_edit_exactly_once_at_every_boundary() -> TestResult {
     let summary = run.summary();
     assert_eq!(summary["ok"], true, "{summary}");
     assert_eq!(summary["problems"], Value::Array(Vec::new()));
+    // The fields every command's summary starts with (docs/cli.md).
+    assert_eq!(summary["command"], "demo", "{summary}");
+    assert_eq!(summary["file"].as_str(), run.journal.to_str(), "{summary}");
+    assert!(summary["elapsed_ms"].is_u64(), "{summary}");
     Ok(())
 }
 

@@ -220,6 +220,31 @@ fn types(msgs: &[Value]) -> Vec<&str> {
 /// the acknowledgement it answered `acked` committed (a kill may lose it: it is committed
 /// lazily, and only a clean close commits it without a later change).
 #[test]
+fn status_of_a_released_operation_lists_its_events() -> TestResult {
+    let server = Server::start(&[])?;
+    let mut c = server.connect()?;
+    c.hello("tab-1")?;
+    // Deleting an object that is not there is refused before any change: released.
+    c.send(&json!({
+        "type": "submit", "id": "op_gone", "base_revision": 0,
+        "edit": {"kind": "delete", "object": "nothing"},
+    }))?;
+    let seen = c.until_final("op_gone")?;
+    assert_eq!(
+        seen.last().map(|m| m["type"].clone()),
+        Some(json!("rejected"))
+    );
+    let status = c.ask(&status("op_gone"))?;
+    assert_eq!(status["state"], "unknown", "{status}");
+    assert_eq!(
+        status["history"],
+        json!(["submitted", "released"]),
+        "the events are kept after the receipt is gone: {status}"
+    );
+    Ok(())
+}
+
+#[test]
 fn sigterm_and_sigint_stop_the_service_cleanly_with_the_acknowledgement_committed() -> TestResult {
     for signal in ["-TERM", "-INT"] {
         let mut server = Server::start(&[])?;

@@ -156,6 +156,10 @@ fn conclude(paths: &Paths, report: &Report, problems: &[String], out: &mut Trans
     out.rows(&report.rows);
     if out.json() {
         out.summary(serde_json::json!({
+            // The fields every command's summary starts with.
+            "command": "demo",
+            "file": paths.journal.display().to_string(),
+            "access": null,
             "ok": problems.is_empty(),
             "problems": problems,
             "document": {"revision": doc.revision(), "objects": doc.objects()},

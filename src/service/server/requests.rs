@@ -298,17 +298,8 @@ impl Shared {
     pub(super) fn status(&self, id: &str) -> Result<Reply, ServiceError> {
         validate_name("operation id", id).map_err(|e| journal_error("look up", e))?;
         let journal = self.journal()?;
-        let Some(r) = journal.lookup(id).doing(|| format!("look up `{id}`"))? else {
-            return Ok(Reply::Status(StatusMsg {
-                id: id.to_string(),
-                state: "unknown".into(),
-                revision: None,
-                delivery: None,
-                deliveries: 0,
-                ack_deadline: None,
-                history: Vec::new(),
-            }));
-        };
+        // The events are kept after the receipt is gone (a released operation's): listed
+        // either way.
         let history = journal
             .history(id)
             .doing(|| format!("read the history of `{id}`"))?
@@ -322,6 +313,17 @@ impl Shared {
                 other => other.name().to_string(),
             })
             .collect();
+        let Some(r) = journal.lookup(id).doing(|| format!("look up `{id}`"))? else {
+            return Ok(Reply::Status(StatusMsg {
+                id: id.to_string(),
+                state: "unknown".into(),
+                revision: None,
+                delivery: None,
+                deliveries: 0,
+                ack_deadline: None,
+                history,
+            }));
+        };
         Ok(Reply::Status(StatusMsg {
             id: id.to_string(),
             state: r.status.name().to_string(),
