@@ -1015,8 +1015,20 @@ struct Process {
 
 impl Process {
     fn start(journal: &Path, extra: &[&str]) -> Result<Process, Box<dyn std::error::Error>> {
+        Process::serve(&["--mcp"], journal, extra)
+    }
+
+    /// `opjournal serve FRONT --port 0 --journal JOURNAL EXTRA...`; `url` is what its
+    /// first line announces (`127.0.0.1:PORT` for the JSON Lines service).
+    fn serve(
+        front: &[&str],
+        journal: &Path,
+        extra: &[&str],
+    ) -> Result<Process, Box<dyn std::error::Error>> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_opjournal"))
-            .args(["serve", "--mcp", "--port", "0", "--journal"])
+            .arg("serve")
+            .args(front)
+            .args(["--port", "0", "--journal"])
             .arg(journal)
             .args(extra)
             .stdin(Stdio::null())
@@ -1211,37 +1223,6 @@ async fn rmcp_client_over_stdio_initializes_lists_calls_and_gets_a_replay() -> T
     Ok(())
 }
 
-/// A child process killed when dropped, so that a failed assertion leaves none behind.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// `opjournal serve --journal J --port 0` (the JSON Lines service) and its address.
-fn serve_json_lines(
-    journal: &Path,
-) -> Result<(KillOnDrop, SocketAddr), Box<dyn std::error::Error>> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_opjournal"))
-        .args(["serve", "--port", "0", "--journal"])
-        .arg(journal)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
-    let addr = line
-        .trim_end()
-        .strip_prefix("listening on ")
-        .ok_or_else(|| format!("unexpected first line {line:?}"))?
-        .parse()?;
-    Ok((KillOnDrop(child), addr))
-}
-
 /// One JSON Lines request on `stream`, and the next answer of `want` type.
 fn ask_json_lines(
     stream: &mut BufReader<TcpStream>,
@@ -1312,8 +1293,8 @@ async fn an_edit_made_over_one_front_end_replays_over_the_other_with_its_summary
     assert_eq!(structured["changed"], json!(["scene/main/lamp"]));
     // Over JSON Lines: the same operation is a replay with that summary and asset, and
     // `op_j` adds the chair.
-    let (server, addr) = serve_json_lines(&journal)?;
-    let stream = TcpStream::connect(addr)?;
+    let server = Process::serve(&[], &journal, &[])?;
+    let stream = TcpStream::connect(server.url.parse::<SocketAddr>()?)?;
     stream.set_read_timeout(Some(WAIT))?;
     let mut jl = BufReader::new(stream);
     ask_json_lines(
@@ -1321,21 +1302,17 @@ async fn an_edit_made_over_one_front_end_replays_over_the_other_with_its_summary
         &json!({"type": "hello", "session": "s"}),
         "welcome",
     )?;
-    let edit = |object: &str| json!({"kind": "add", "object": object, "beside": "door"});
-    let replay = ask_json_lines(
-        &mut jl,
-        &json!({"type": "submit", "id": "op_m", "base_revision": 0, "edit": edit("lamp")}),
-        "result",
-    )?;
+    let mut add_jl = |id: &str, base: u64, object: &str| {
+        let edit = json!({"kind": "add", "object": object, "beside": "door"});
+        let submit = json!({"type": "submit", "id": id, "base_revision": base, "edit": edit});
+        ask_json_lines(&mut jl, &submit, "result")
+    };
+    let replay = add_jl("op_m", 0, "lamp")?;
     assert_eq!(replay["replayed"], true, "{replay}");
     assert_eq!(replay["revision"], 1, "{replay}");
     assert_eq!(replay["summary"], summary.as_str(), "{replay}");
     assert_eq!(replay["changed"], json!(["scene/main/lamp"]), "{replay}");
-    let chair = ask_json_lines(
-        &mut jl,
-        &json!({"type": "submit", "id": "op_j", "base_revision": 1, "edit": edit("chair")}),
-        "result",
-    )?;
+    let chair = add_jl("op_j", 1, "chair")?;
     assert_eq!(chair["replayed"], false, "{chair}");
     let chair_summary = chair["summary"].as_str().ok_or("no summary")?.to_string();
     drop(jl);
