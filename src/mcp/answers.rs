@@ -23,17 +23,12 @@ pub(super) fn status_name(status: ExecutionStatus) -> &'static str {
 /// object that is not a `CallToolResult` (another front end's result on the same journal,
 /// such as the JSON Lines service's `{"summary": ...}`) as text and as structured content.
 pub(super) fn recorded_result(receipt: &Receipt, bytes: &[u8]) -> CallToolResult {
-    let structured = match serde_json::from_slice::<serde_json::Value>(bytes) {
-        Ok(serde_json::Value::Object(map))
-            if map.contains_key("content") || map.contains_key("structuredContent") =>
-        {
-            if let Ok(result) = serde_json::from_value(serde_json::Value::Object(map)) {
-                return result;
-            }
-            None
-        }
-        Ok(v @ serde_json::Value::Object(_)) => Some(v),
-        _ => None,
+    let structured = match serde_json::from_slice::<CallToolResult>(bytes) {
+        Ok(result) => return result,
+        // Read again only when it is not one: another front end's JSON object.
+        Err(_) => serde_json::from_slice::<serde_json::Value>(bytes)
+            .ok()
+            .filter(serde_json::Value::is_object),
     };
     let text = String::from_utf8_lossy(bytes).into_owned();
     let mut result = match (&receipt.failure, receipt.result_revision) {

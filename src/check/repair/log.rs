@@ -202,30 +202,9 @@ pub(super) struct Dropped {
 }
 
 impl Dropped {
-    /// Notes what one dropped record changed: its changes if they decode, else its intact
-    /// frames (a damaged record's values keep their own CRCs). Records come in log order,
-    /// so a later receipt replaces an earlier one.
+    /// Notes what one dropped record changed (see [`crate::check::ops_of_log_record`]).
     fn note(&mut self, payload: &[u8]) {
-        let mut m = Memtable::default();
-        if m.apply_encoded(payload).is_ok() {
-            for (op, value) in index::Receipts::map(&m) {
-                if let Some(rec) = value
-                    .as_ref()
-                    .and_then(|v| index::decode_receipt_frame(v).ok())
-                {
-                    self.receipts.insert(op.to_string(), rec);
-                }
-            }
-        } else {
-            for (kind, frame) in crate::check::scan_frames(payload) {
-                if kind == crate::codec::RecordKind::Receipt
-                    && let Ok(rec) = index::decode_receipt_frame(frame)
-                {
-                    self.receipts.insert(rec.operation_id.clone(), rec);
-                }
-            }
-        }
-        crate::check::ops_of_log_record(payload, &mut self.ops);
+        crate::check::ops_of_log_record(payload, &mut self.ops, Some(&mut self.receipts));
     }
 }
 

@@ -99,7 +99,7 @@ fn check_file(log_path: &Path, cursor: Cursor, findings: &mut Findings) -> Resul
     };
     let read = |ops: &mut std::collections::BTreeSet<String>| {
         crate::log::dropped(&file, cursor, |r| -> Result<()> {
-            crate::check::ops_of_log_record(r.payload, ops);
+            crate::check::ops_of_log_record(r.payload, ops, None);
             Ok(())
         })
         .map_err(|e| {
